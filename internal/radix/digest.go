@@ -23,12 +23,19 @@ func fmix(h uint64) uint64 {
 	return h
 }
 
+// mediumKeys separate the media in entry hashes.
+var mediumKeys = [NumMedia]uint64{0x243f6a8885a308d3, 0x13198a2e03707344, 0xa4093822299f31d0, 0x082efa98ec4e6c89}
+
+// blockKey is the part of an entry's hash that depends on the block alone, so
+// that a block shared by many workers is mixed once.
+func blockKey(block, parent uint64) uint64 {
+	return fmix(fmix(block^0x9e3779b97f4a7c15) ^ parent)
+}
+
 // entryHash is one (block, parent, worker, medium) entry's share of the
-// digest. Each field goes through the finaliser in turn so that no two
-// different entries combine their fields into the same value by design.
-func entryHash(block, parent, workerHash uint64, m Medium) uint64 {
-	h := fmix(block ^ 0x9e3779b97f4a7c15)
-	h = fmix(h ^ parent)
-	h = fmix(h ^ workerHash)
-	return fmix(h ^ (uint64(m)+1)*0xbf58476d1ce4e5b9)
+// digest: the block key, the worker's name hash and the medium key, mixed.
+// Worker name hashes and medium keys are independent random-looking values, so
+// two different entries of a block collide only by a 2^-64 chance.
+func entryHash(blockKey, workerHash uint64, m Medium) uint64 {
+	return fmix(blockKey ^ workerHash ^ mediumKeys[m])
 }

@@ -159,6 +159,7 @@ type Index struct {
 
 	workers []*worker // by slot; nil when free
 	byName  map[string]int32
+	known   []uint64 // slots read so far, while a snapshot is being read
 
 	usedMedia    uint8 // bit m set once any block was held on medium m
 	heldBlocks   int64
@@ -394,6 +395,9 @@ func (x *Index) growWords(w int) {
 // a cycle: a detached segment waiting for h is seg or one of its ancestors.
 // Content hashes make this impossible; it guards against corrupt input.
 func (x *Index) wouldCycle(h uint64, seg int32) bool {
+	if len(x.detached) == 0 {
+		return false
+	}
 	waiting := x.detached[h]
 	if len(waiting) == 0 {
 		return false
@@ -439,6 +443,9 @@ func (x *Index) addBlock(h, prev uint64, cur location, have bool) location {
 	}
 	l := at(id, o)
 	x.locs[h] = l
+	if len(x.detached) == 0 {
+		return l
+	}
 	if waiting, ok := x.detached[h]; ok {
 		delete(x.detached, h)
 		for _, c := range waiting {
@@ -532,7 +539,7 @@ func (x *Index) set(l location, slot int32, m Medium, parent uint64) {
 		x.heldBlocks++
 	}
 	x.usedMedia |= 1 << m
-	x.digest += entryHash(s.hashes[o], parent, wk.nameHash, m)
+	x.digest += entryHash(blockKey(s.hashes[o], parent), wk.nameHash, m)
 }
 
 // unset clears slot's bit for the block at l on medium m.
@@ -554,7 +561,7 @@ func (x *Index) unset(l location, slot int32, m Medium) {
 		s.live--
 		x.heldBlocks--
 	}
-	x.digest -= entryHash(s.hashes[o], x.parentOf(l), wk.nameHash, m)
+	x.digest -= entryHash(blockKey(s.hashes[o], x.parentOf(l)), wk.nameHash, m)
 }
 
 // heldBy reports whether bit is set for the block at offset o on any medium,

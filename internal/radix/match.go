@@ -80,46 +80,11 @@ func (x *Index) MatchInto(dst []WorkerMatch, chain []uint64) ([]WorkerMatch, err
 			dst = append(dst, WorkerMatch{Worker: x.workers[slot].name})
 		}
 	}
-	media := x.usedMedia
-	depth := 1
-	for ; depth < len(chain); depth++ {
-		h := chain[depth]
-		if o+1 < len(s.hashes) && s.hashes[o+1] == h {
-			o++
-		} else {
-			nl, ok := x.locs[h]
-			if !ok || x.parentOf(nl) != chain[depth-1] {
-				break
-			}
-			s, o = x.segs[nl.seg()], nl.off()
-		}
-		alive := false
-		for k := 0; k < w; k++ {
-			var held uint64
-			for m := 0; m < NumMedia; m++ {
-				if media&(1<<m) == 0 {
-					continue
-				}
-				var mw uint64
-				if mask := s.masks[m]; mask != nil {
-					mw = mask[o*w+k]
-				}
-				held |= mw
-				am := sc.alive[1+m]
-				if gone := am[k] &^ mw; gone != 0 {
-					recordDepth(dst, pos, k, gone, depth, 1+m)
-					am[k] &= mw
-				}
-			}
-			if gone := any[k] &^ held; gone != 0 {
-				recordDepth(dst, pos, k, gone, depth, 0)
-				any[k] &= held
-			}
-			alive = alive || any[k] != 0
-		}
-		if !alive {
-			break
-		}
+	var depth int
+	if w == 1 {
+		depth = x.walk1(sc, dst, pos, chain, s, o)
+	} else {
+		depth = x.walkN(sc, dst, pos, chain, s, o)
 	}
 	// Whoever is still alive holds the whole walked prefix.
 	for i, a := range sc.alive {
@@ -136,6 +101,142 @@ func (x *Index) MatchInto(dst []WorkerMatch, chain []uint64) ([]WorkerMatch, err
 		return strings.Compare(a.Worker, b.Worker)
 	})
 	return dst, nil
+}
+
+// next returns the location of chain[depth], the block after the one at
+// (s, o), or false where the chain leaves the index.
+func (x *Index) next(chain []uint64, depth int, s *segment, o int) (*segment, int, bool) {
+	h := chain[depth]
+	if o+1 < len(s.hashes) && s.hashes[o+1] == h {
+		return s, o + 1, true
+	}
+	l, ok := x.locs[h]
+	if !ok || x.parentOf(l) != chain[depth-1] {
+		return nil, 0, false
+	}
+	return x.segs[l.seg()], l.off(), true
+}
+
+// walk1 is the walk for indexes of at most 64 workers (one mask word per
+// block). It returns the depth reached, having recorded the depth of every
+// worker that dropped out before it.
+func (x *Index) walk1(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []uint64, s *segment, o int) int {
+	alive := sc.alive[0][0]
+	var aliveM [NumMedia]uint64
+	for m := range aliveM {
+		aliveM[m] = sc.alive[1+m][0]
+	}
+	defer func() {
+		sc.alive[0][0] = alive
+		for m := range aliveM {
+			sc.alive[1+m][0] = aliveM[m]
+		}
+	}()
+	var present [NumMedia]int
+	np := 0
+	depth := 1
+	for ; depth < len(chain); depth++ {
+		if np == 1 {
+			// Fast path: the rest of a single-medium run, compared
+			// block by block without leaving the segment's arrays.
+			m := present[0]
+			lim := min(len(s.hashes)-(o+1), len(chain)-depth)
+			run, want, mk := s.hashes[o+1:o+1+lim], chain[depth:depth+lim], s.masks[m][o+1:o+1+lim]
+			i := 0
+			for ; i < lim && run[i] == want[i]; i++ {
+				mw := mk[i]
+				if alive&^mw == 0 {
+					continue
+				}
+				if gone := aliveM[m] &^ mw; gone != 0 {
+					recordDepth(dst, pos, 0, gone, depth+i, 1+m)
+					aliveM[m] &= mw
+				}
+				recordDepth(dst, pos, 0, alive&^mw, depth+i, 0)
+				if alive &= mw; alive == 0 {
+					return depth + i
+				}
+			}
+			o += i
+			if depth += i; depth == len(chain) {
+				break
+			}
+		}
+		ns, no, ok := x.next(chain, depth, s, o)
+		if !ok {
+			break
+		}
+		if ns != s || np == 0 {
+			// Entering a segment: workers alive on a medium the segment has
+			// no mask for drop out of that medium here.
+			np = 0
+			for m := range NumMedia {
+				if ns.masks[m] != nil {
+					present[np] = m
+					np++
+				} else if aliveM[m] != 0 {
+					recordDepth(dst, pos, 0, aliveM[m], depth, 1+m)
+					aliveM[m] = 0
+				}
+			}
+		}
+		s, o = ns, no
+		var held uint64
+		for _, m := range present[:np] {
+			mw := s.masks[m][o]
+			held |= mw
+			if gone := aliveM[m] &^ mw; gone != 0 {
+				recordDepth(dst, pos, 0, gone, depth, 1+m)
+				aliveM[m] &= mw
+			}
+		}
+		if gone := alive &^ held; gone != 0 {
+			recordDepth(dst, pos, 0, gone, depth, 0)
+			if alive &= held; alive == 0 {
+				break
+			}
+		}
+	}
+	return depth
+}
+
+// walkN is walk1 for any number of mask words.
+func (x *Index) walkN(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []uint64, s *segment, o int) int {
+	w := x.w
+	anyAlive := sc.alive[0]
+	depth := 1
+	for ; depth < len(chain); depth++ {
+		ns, no, ok := x.next(chain, depth, s, o)
+		if !ok {
+			break
+		}
+		s, o = ns, no
+		alive := false
+		for k := range w {
+			var held uint64
+			for m := range NumMedia {
+				var mw uint64
+				if mask := s.masks[m]; mask != nil {
+					mw = mask[o*w+k]
+				}
+				held |= mw
+				am := sc.alive[1+m]
+				if gone := am[k] &^ mw; gone != 0 {
+					recordDepth(dst, pos, k, gone, depth, 1+m)
+					am[k] &= mw
+				}
+			}
+			if gone := anyAlive[k] &^ held; gone != 0 {
+				recordDepth(dst, pos, k, gone, depth, 0)
+				anyAlive[k] &= held
+			}
+			alive = alive || anyAlive[k] != 0
+		}
+		if !alive {
+			break
+		}
+	}
+	return depth
 }
 
 // recordDepth sets depth for the workers in bits (word k): into Blocks when

@@ -128,7 +128,7 @@ func (r *reference) digest() uint64 {
 		for h, media := range hm {
 			for m := range Medium(NumMedia) {
 				if media&(1<<m) != 0 {
-					d += entryHash(h, r.f.parent[h], hashString(w), m)
+					d += entryHash(blockKey(h, r.f.parent[h]), hashString(w), m)
 				}
 			}
 		}
@@ -371,7 +371,7 @@ func checkInvariants(t testing.TB, x *Index) {
 							fail("bit for free slot %d", slot)
 						}
 						wk.media[m]++
-						digest += entryHash(h, parent, x.workers[slot].nameHash, Medium(m))
+						digest += entryHash(blockKey(h, parent), x.workers[slot].nameHash, Medium(m))
 					}
 				}
 			}

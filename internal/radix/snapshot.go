@@ -246,6 +246,8 @@ func (x *Index) readBody(c *crcReader) error {
 		return fmt.Errorf("%w: %d mask words per block (limit %d workers)", ErrCorruptSnapshot, w, x.opts.MaxWorkers)
 	}
 	x.w = w
+	x.known = make([]uint64, w)
+	defer func() { x.known = nil }()
 	x.locs = make(map[uint64]location, min(binary.LittleEndian.Uint64(h[16:]), maxSizeHint))
 	for {
 		tag, err := c.ReadByte()
@@ -300,6 +302,7 @@ func (x *Index) readWorker(c *crcReader) error {
 	}
 	x.workers[slot] = &worker{name: name, nameHash: hashString(name)}
 	x.byName[name] = int32(slot)
+	x.known[slot/64] |= 1 << (slot % 64)
 	return nil
 }
 
@@ -335,32 +338,70 @@ func (x *Index) readSegment(c *crcReader) error {
 		if h == Root {
 			return fmt.Errorf("%w: %w", ErrCorruptSnapshot, ErrZeroHash)
 		}
-		if _, dup := x.locs[h]; dup || h == prev || (have && x.wouldCycle(h, cur.seg())) {
+		if h == prev || (have && x.wouldCycle(h, cur.seg())) {
+			return fmt.Errorf("%w: block %016x would be its own ancestor", ErrCorruptSnapshot, h)
+		}
+		before := len(x.locs)
+		cur, have, prev = x.addBlock(h, prev, cur, have), true, h
+		if len(x.locs) == before {
 			return fmt.Errorf("%w: block %016x repeated", ErrCorruptSnapshot, h)
 		}
-		cur, have, prev = x.addBlock(h, prev, cur, have), true, h
 		locs[i] = cur
 	}
+	// The blocks are new, so their masks are copied whole and the counters
+	// and digest are added up from them.
+	keys := make([]uint64, n)
+	for i, l := range locs {
+		keys[i] = blockKey(x.segs[l.seg()].hashes[l.off()], x.parentOf(l))
+	}
+	w := x.w
 	for m := Medium(0); m < NumMedia; m++ {
 		if media&(1<<m) == 0 {
 			continue
 		}
-		mb, err := c.full(8 * n * x.w)
+		mb, err := c.full(8 * n * w)
 		if err != nil {
 			return err
 		}
+		x.usedMedia |= 1 << m
 		for i, l := range locs {
-			parent := x.parentOf(l)
-			for k := range x.w {
-				v := binary.LittleEndian.Uint64(mb[8*(i*x.w+k):])
+			s, o := x.segs[l.seg()], l.off()
+			if s.masks[m] == nil {
+				s.masks[m] = make([]uint64, len(s.hashes)*w, cap(s.hashes)*w)
+			}
+			for k := range w {
+				v := binary.LittleEndian.Uint64(mb[8*(i*w+k):])
+				if v&^x.known[k] != 0 {
+					return fmt.Errorf("%w: mask names an unknown worker slot", ErrCorruptSnapshot)
+				}
+				s.masks[m][o*w+k] = v
 				for ; v != 0; v &= v - 1 {
-					slot := k*64 + bits.TrailingZeros64(v)
-					if slot >= len(x.workers) || x.workers[slot] == nil {
-						return fmt.Errorf("%w: mask names unknown worker slot %d", ErrCorruptSnapshot, slot)
-					}
-					x.set(l, int32(slot), m, parent)
+					wk := x.workers[k*64+bits.TrailingZeros64(v)]
+					wk.media[m]++
+					x.digest += entryHash(keys[i], wk.nameHash, m)
 				}
 			}
+		}
+	}
+	for _, l := range locs {
+		s, o := x.segs[l.seg()], l.off()
+		live := false
+		for k := range w {
+			var held uint64
+			for _, mask := range s.masks {
+				if mask != nil {
+					held |= mask[o*w+k]
+				}
+			}
+			live = live || held != 0
+			x.entries += int64(bits.OnesCount64(held))
+			for ; held != 0; held &= held - 1 {
+				x.workers[k*64+bits.TrailingZeros64(held)].entries++
+			}
+		}
+		if live {
+			s.live++
+			x.heldBlocks++
 		}
 	}
 	return nil

@@ -1,0 +1,97 @@
+package radix_test
+
+import (
+	"bytes"
+	"io"
+	"sync"
+	"testing"
+
+	"github.com/kvdir/kvdir/bench/indexshape"
+	"github.com/kvdir/kvdir/internal/radix"
+)
+
+// The Go benchmarks run on a tenth of the full shape (1 M entries) so that
+// their set-up stays short; `make bench-index` measures the full shape.
+var (
+	benchOnce  sync.Once
+	benchLoad  *indexshape.Workload
+	benchIndex *radix.Index
+)
+
+func benchSetup(b *testing.B) (*indexshape.Workload, *radix.Index) {
+	benchOnce.Do(func() {
+		benchLoad = indexshape.Generate(indexshape.Full.Scaled(0.1))
+		benchIndex = radix.New(radix.Options{})
+		if _, err := benchLoad.Populate(benchIndex); err != nil {
+			b.Fatal(err)
+		}
+	})
+	return benchLoad, benchIndex
+}
+
+// BenchmarkChurn removes a session from one of its holders and inserts it
+// back; it reports block events per second.
+func BenchmarkChurn(b *testing.B) {
+	w, x := benchSetup(b)
+	events := 0
+	for i := 0; b.Loop(); i++ {
+		s := i % len(w.Sessions)
+		h := w.Sessions[s].Holders[0]
+		n, err := w.RemoveSession(x, s, h)
+		if err != nil {
+			b.Fatal(err)
+		}
+		m, err := w.InsertSession(x, s, h)
+		if err != nil {
+			b.Fatal(err)
+		}
+		events += n + m
+	}
+	b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkMatch2048 matches 2,048-block chains of sessions long enough.
+func BenchmarkMatch2048(b *testing.B) {
+	w, x := benchSetup(b)
+	var chains [][]uint64
+	for i := range w.Sessions {
+		if c := w.Chain(i, 2048); len(c) == 2048 {
+			chains = append(chains, c)
+		}
+	}
+	var dst []radix.WorkerMatch
+	var err error
+	for i := 0; b.Loop(); i++ {
+		if dst, err = x.MatchInto(dst, chains[i%len(chains)]); err != nil || len(dst) == 0 {
+			b.Fatalf("match: %v %v", dst, err)
+		}
+	}
+}
+
+func BenchmarkSnapshotWrite(b *testing.B) {
+	_, x := benchSetup(b)
+	n, err := x.WriteSnapshot(io.Discard)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(n)
+	for b.Loop() {
+		if _, err := x.WriteSnapshot(io.Discard); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkSnapshotRead(b *testing.B) {
+	_, x := benchSetup(b)
+	var buf bytes.Buffer
+	if _, err := x.WriteSnapshot(&buf); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(buf.Len()))
+	for b.Loop() {
+		if _, err := radix.ReadSnapshot(bytes.NewReader(buf.Bytes()), radix.Options{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
