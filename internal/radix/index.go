@@ -152,7 +152,7 @@ type Index struct {
 	w        int // mask words per block
 	segs     []*segment
 	free     []int32
-	locs     map[uint64]location
+	locs     blockTable
 	detached map[uint64][]int32 // missing parent hash -> detached segments
 	orphanQ  []orphanRef        // detached roots, oldest first (may be stale)
 	created  uint64
@@ -174,7 +174,7 @@ func New(opts Options) *Index {
 	return &Index{
 		opts:     opts.withDefaults(),
 		w:        1,
-		locs:     make(map[uint64]location),
+		locs:     newBlockTable(),
 		detached: make(map[uint64][]int32),
 		byName:   make(map[string]int32),
 	}
@@ -212,13 +212,13 @@ func (x *Index) Insert(workerName string, parent uint64, hashes []uint64, m Medi
 		return fmt.Errorf("insert: %w", err)
 	}
 	prev := parent
-	cur, have := x.locs[parent]
+	cur, have := x.locs.Get(parent)
 	have = have && parent != Root
 	for i, h := range hashes {
 		if i%writeChunk == writeChunk-1 {
 			x.yieldToReaders()
 		}
-		l, ok := x.locs[h]
+		l, ok := x.locs.Get(h)
 		switch {
 		case ok:
 			if p := x.parentOf(l); p != prev {
@@ -260,7 +260,7 @@ func (x *Index) Remove(workerName string, hashes []uint64, m Medium) error {
 		if i%writeChunk == writeChunk-1 {
 			x.yieldToReaders()
 		}
-		l, ok := x.locs[h]
+		l, ok := x.locs.Get(h)
 		if !ok {
 			continue
 		}
@@ -442,7 +442,7 @@ func (x *Index) addBlock(h, prev uint64, cur location, have bool) location {
 		x.orphanBlocks++
 	}
 	l := at(id, o)
-	x.locs[h] = l
+	x.locs.Put(h, l)
 	if len(x.detached) == 0 {
 		return l
 	}
@@ -608,7 +608,7 @@ func (x *Index) collectSegment(id int32) {
 		n := len(s.hashes)
 		for n > 0 && !x.blockLive(s, n-1) && !x.hasChildAt(s, n-1) {
 			n--
-			delete(x.locs, s.hashes[n])
+			x.locs.Delete(s.hashes[n])
 			if s.orphan {
 				x.orphanBlocks--
 			}
@@ -721,7 +721,7 @@ func (x *Index) dropSubtree(root int32) {
 			}
 		}
 		for _, h := range s.hashes {
-			delete(x.locs, h)
+			x.locs.Delete(h)
 		}
 		x.orphanBlocks -= int64(len(s.hashes))
 		x.dropped += int64(len(s.hashes))

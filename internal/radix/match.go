@@ -46,7 +46,7 @@ func (x *Index) MatchInto(dst []WorkerMatch, chain []uint64) ([]WorkerMatch, err
 	}
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	l, ok := x.locs[chain[0]]
+	l, ok := x.locs.Get(chain[0])
 	if !ok || x.parentOf(l) != Root {
 		return dst, nil
 	}
@@ -110,7 +110,7 @@ func (x *Index) next(chain []uint64, depth int, s *segment, o int) (*segment, in
 	if o+1 < len(s.hashes) && s.hashes[o+1] == h {
 		return s, o + 1, true
 	}
-	l, ok := x.locs[h]
+	l, ok := x.locs.Get(h)
 	if !ok || x.parentOf(l) != chain[depth-1] {
 		return nil, 0, false
 	}

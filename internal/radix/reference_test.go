@@ -332,7 +332,7 @@ func checkInvariants(t testing.TB, x *Index) {
 				fail("root segment %d has parent hash %x", id, s.parentHash)
 			}
 		case parentDetached:
-			if _, ok := x.locs[s.parentHash]; ok {
+			if _, ok := x.locs.Get(s.parentHash); ok {
 				fail("detached segment %d waits for present block %x", id, s.parentHash)
 			}
 			if l := x.detached[s.parentHash]; int(s.childIdx) >= len(l) || l[s.childIdx] != int32(id) {
@@ -349,7 +349,7 @@ func checkInvariants(t testing.TB, x *Index) {
 		}
 		var live int32
 		for o, h := range s.hashes {
-			if x.locs[h] != at(int32(id), o) {
+			if l, _ := x.locs.Get(h); l != at(int32(id), o) {
 				fail("locs[%x] wrong", h)
 			}
 			parent := x.parentOf(at(int32(id), o))
@@ -401,8 +401,8 @@ func checkInvariants(t testing.TB, x *Index) {
 			}
 		}
 	}
-	if stored != int64(len(x.locs)) {
-		fail("locs has %d blocks, segments %d", len(x.locs), stored)
+	if stored != int64(x.locs.Len()) {
+		fail("locs has %d blocks, segments %d", x.locs.Len(), stored)
 	}
 	if held != x.heldBlocks || entries != x.entries || orphans != x.orphanBlocks || digest != x.digest {
 		fail("counters held %d/%d entries %d/%d orphans %d/%d digest %x/%x",

@@ -8,13 +8,12 @@ import (
 	"hash"
 	"hash/crc32"
 	"io"
-	"math/bits"
 )
 
 // Snapshot format, version 1. All integers are little-endian; "uvarint" is
 // encoding/binary's unsigned varint.
 //
-//	header   magic "KVDIRRDX" | u16 version (1) | u16 flags (0) | u32 mask words W | u64 stored blocks (a size hint)
+//	header   magic "KVDIRRDX" | u16 version (1) | u16 flags (0) | u32 mask words W | u64 stored blocks
 //	worker   'W' | u32 slot | uvarint name length | name             (every worker, before any segment)
 //	segment  'S' | u64 parent hash | uvarint n (1..65,536) | u8 media bitmap |
 //	         n × u64 block hashes | for each medium in the bitmap, lowest first: n × W × u64 mask words
@@ -28,7 +27,6 @@ const (
 	snapshotMagic   = "KVDIRRDX"
 	snapshotVersion = 1
 	maxRecordBlocks = 1 << 16
-	maxSizeHint     = 1 << 22
 )
 
 // ErrCorruptSnapshot is returned, wrapped with details, for any snapshot that
@@ -78,7 +76,7 @@ func (x *Index) writeBody(bw *bufio.Writer) error {
 	buf = binary.LittleEndian.AppendUint16(buf, snapshotVersion)
 	buf = binary.LittleEndian.AppendUint16(buf, 0)
 	buf = binary.LittleEndian.AppendUint32(buf, uint32(x.w))
-	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(x.locs)))
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(x.locs.Len()))
 	nworkers := 0
 	for slot, wk := range x.workers {
 		if wk == nil {
@@ -136,7 +134,7 @@ func (x *Index) writeBody(bw *bufio.Writer) error {
 	}
 	buf = append(buf, 'E')
 	buf = binary.AppendUvarint(buf, uint64(nworkers))
-	buf = binary.AppendUvarint(buf, uint64(len(x.locs)))
+	buf = binary.AppendUvarint(buf, uint64(x.locs.Len()))
 	buf = binary.AppendUvarint(buf, uint64(x.entries))
 	buf = binary.LittleEndian.AppendUint64(buf, x.digest)
 	buf = binary.AppendUvarint(buf, uint64(x.dropped))
@@ -246,9 +244,9 @@ func (x *Index) readBody(c *crcReader) error {
 		return fmt.Errorf("%w: %d mask words per block (limit %d workers)", ErrCorruptSnapshot, w, x.opts.MaxWorkers)
 	}
 	x.w = w
+	blocks := binary.LittleEndian.Uint64(h[16:]) // h is reused by later reads
 	x.known = make([]uint64, w)
 	defer func() { x.known = nil }()
-	x.locs = make(map[uint64]location, min(binary.LittleEndian.Uint64(h[16:]), maxSizeHint))
 	for {
 		tag, err := c.ReadByte()
 		if err != nil {
@@ -260,7 +258,13 @@ func (x *Index) readBody(c *crcReader) error {
 		case 'S':
 			err = x.readSegment(c)
 		case 'E':
-			return x.readEnd(c)
+			if err := x.readEnd(c); err != nil {
+				return err
+			}
+			if blocks != uint64(x.locs.Len()) {
+				return fmt.Errorf("%w: header names %d blocks, %d read", ErrCorruptSnapshot, blocks, x.locs.Len())
+			}
+			return nil
 		default:
 			err = fmt.Errorf("%w: unknown record tag %#x", ErrCorruptSnapshot, tag)
 		}
@@ -331,28 +335,15 @@ func (x *Index) readSegment(c *crcReader) error {
 	if err != nil {
 		return err
 	}
-	locs := make([]location, n)
-	cur, have := x.locs[prev]
-	for i := range n {
-		h := binary.LittleEndian.Uint64(hb[8*i:])
-		if h == Root {
+	// The record becomes a segment of its own; it is linked to its parent
+	// and entered in the block table once the whole snapshot is read (see
+	// link).
+	x.created++
+	seg := &segment{parentHash: prev, created: x.created, hashes: make([]uint64, n)}
+	for i := range seg.hashes {
+		if seg.hashes[i] = binary.LittleEndian.Uint64(hb[8*i:]); seg.hashes[i] == Root {
 			return fmt.Errorf("%w: %w", ErrCorruptSnapshot, ErrZeroHash)
 		}
-		if h == prev || (have && x.wouldCycle(h, cur.seg())) {
-			return fmt.Errorf("%w: block %016x would be its own ancestor", ErrCorruptSnapshot, h)
-		}
-		before := len(x.locs)
-		cur, have, prev = x.addBlock(h, prev, cur, have), true, h
-		if len(x.locs) == before {
-			return fmt.Errorf("%w: block %016x repeated", ErrCorruptSnapshot, h)
-		}
-		locs[i] = cur
-	}
-	// The blocks are new, so their masks are copied whole and the counters
-	// and digest are added up from them.
-	keys := make([]uint64, n)
-	for i, l := range locs {
-		keys[i] = blockKey(x.segs[l.seg()].hashes[l.off()], x.parentOf(l))
 	}
 	w := x.w
 	for m := Medium(0); m < NumMedia; m++ {
@@ -363,45 +354,61 @@ func (x *Index) readSegment(c *crcReader) error {
 		if err != nil {
 			return err
 		}
-		x.usedMedia |= 1 << m
-		for i, l := range locs {
-			s, o := x.segs[l.seg()], l.off()
-			if s.masks[m] == nil {
-				s.masks[m] = make([]uint64, len(s.hashes)*w, cap(s.hashes)*w)
-			}
-			for k := range w {
-				v := binary.LittleEndian.Uint64(mb[8*(i*w+k):])
+		mask := make([]uint64, n*w)
+		for i := range mask {
+			mask[i] = binary.LittleEndian.Uint64(mb[8*i:])
+		}
+		for o := range n {
+			for k, v := range mask[o*w : o*w+w] {
 				if v&^x.known[k] != 0 {
 					return fmt.Errorf("%w: mask names an unknown worker slot", ErrCorruptSnapshot)
 				}
-				s.masks[m][o*w+k] = v
-				for ; v != 0; v &= v - 1 {
-					wk := x.workers[k*64+bits.TrailingZeros64(v)]
-					wk.media[m]++
-					x.digest += entryHash(keys[i], wk.nameHash, m)
-				}
 			}
+		}
+		seg.masks[m] = mask
+	}
+	x.segs = append(x.segs, seg)
+	return nil
+}
+
+// link builds the block table from the segments read and hangs each segment
+// under its parent: the root, a block of an earlier record, or (when the
+// snapshot lacks the parent) the detached set.
+func (x *Index) link() error {
+	if dup, ok := x.locs.buildFrom(x.segs); !ok {
+		return fmt.Errorf("%w: block %016x repeated", ErrCorruptSnapshot, dup)
+	}
+	x.recount()
+	for id, s := range x.segs {
+		switch l, ok := x.locs.Get(s.parentHash); {
+		case s.parentHash == Root:
+			s.parent = parentRoot
+		case ok:
+			if l.seg() >= int32(id) {
+				return fmt.Errorf("%w: segment %d precedes its parent", ErrCorruptSnapshot, id)
+			}
+			p := x.segs[l.seg()]
+			s.parent, s.parentOff = l.seg(), int32(l.off())
+			s.childIdx = int32(len(p.children))
+			s.orphan = p.orphan
+			p.children = append(p.children, int32(id))
+		default:
+			s.parent = parentDetached
+			s.orphan = true
+			list := x.detached[s.parentHash]
+			s.childIdx = int32(len(list))
+			x.detached[s.parentHash] = append(list, int32(id))
+			x.orphanQ = append(x.orphanQ, orphanRef{seg: int32(id), created: s.created})
+		}
+		if s.orphan {
+			x.orphanBlocks += int64(len(s.hashes))
 		}
 	}
-	for _, l := range locs {
-		s, o := x.segs[l.seg()], l.off()
-		live := false
-		for k := range w {
-			var held uint64
-			for _, mask := range s.masks {
-				if mask != nil {
-					held |= mask[o*w+k]
-				}
-			}
-			live = live || held != 0
-			x.entries += int64(bits.OnesCount64(held))
-			for ; held != 0; held &= held - 1 {
-				x.workers[k*64+bits.TrailingZeros64(held)].entries++
-			}
-		}
-		if live {
-			s.live++
-			x.heldBlocks++
+	// A writer never leaves an unheld block at a run's end with nothing
+	// under it (such blocks are collected at once).
+	for id, s := range x.segs {
+		if n := len(s.hashes); !x.blockLive(s, n-1) && !x.hasChildAt(s, n-1) {
+			return fmt.Errorf("%w: segment %d ends in a block nobody holds", ErrCorruptSnapshot, id)
 		}
 	}
 	return nil
@@ -438,11 +445,14 @@ func (x *Index) readEnd(c *crcReader) error {
 	if got := binary.LittleEndian.Uint32(tb); got != want {
 		return fmt.Errorf("%w: checksum %08x, computed %08x", ErrCorruptSnapshot, got, want)
 	}
+	if err := x.link(); err != nil {
+		return err
+	}
 	switch {
 	case int(nworkers) != len(x.byName):
 		return fmt.Errorf("%w: %d workers recorded, %d read", ErrCorruptSnapshot, nworkers, len(x.byName))
-	case int(stored) != len(x.locs):
-		return fmt.Errorf("%w: %d blocks recorded, %d read", ErrCorruptSnapshot, stored, len(x.locs))
+	case int(stored) != x.locs.Len():
+		return fmt.Errorf("%w: %d blocks recorded, %d read", ErrCorruptSnapshot, stored, x.locs.Len())
 	case int64(entries) != x.entries:
 		return fmt.Errorf("%w: %d entries recorded, %d read", ErrCorruptSnapshot, entries, x.entries)
 	case digest != x.digest:

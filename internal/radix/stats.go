@@ -35,7 +35,7 @@ func (x *Index) Stats() Stats {
 	st := Stats{
 		Blocks:              x.heldBlocks,
 		Entries:             x.entries,
-		StoredBlocks:        int64(len(x.locs)),
+		StoredBlocks:        int64(x.locs.Len()),
 		OrphanBlocks:        x.orphanBlocks,
 		DroppedOrphanBlocks: x.dropped,
 		MaskWords:           x.w,
@@ -56,9 +56,9 @@ func (x *Index) Stats() Stats {
 			st.ApproxBytes += int64(cap(m)) * 8
 		}
 	}
-	// A Go map slot holds a key and a value plus a control byte, at a load
-	// of up to 7/8; count 1.5 slots per entry on average.
-	st.ApproxBytes += int64(len(x.locs)) * (8 + 8 + 1) * 3 / 2
+	for i := range x.locs.shards {
+		st.ApproxBytes += int64(len(x.locs.shards[i].slots)) * int64(unsafe.Sizeof(tableSlot{}))
+	}
 	return st
 }
 

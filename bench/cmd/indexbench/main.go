@@ -342,7 +342,7 @@ func snapshots(x *radix.Index, res *Results) error {
 		return err
 	}
 	res.SnapshotBytes = n
-	const runs = 5
+	const runs = 9
 	var w, r []time.Duration
 	for range runs {
 		t := time.Now()
