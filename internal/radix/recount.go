@@ -3,7 +3,6 @@ package radix
 import (
 	"math/bits"
 	"runtime"
-	"sync"
 )
 
 // recount computes every counter and the digest from the segments' masks, on
@@ -18,52 +17,48 @@ func (x *Index) recount() {
 	n := min(runtime.GOMAXPROCS(0), 8)
 	tallies := make([]tally, n)
 	w := x.w
-	var wg sync.WaitGroup
-	for g := range n {
-		wg.Go(func() {
-			t := &tallies[g]
-			t.workers = make([]worker, len(x.workers))
-			for id := g; id < len(x.segs); id += n {
-				s := x.segs[id]
-				if s == nil {
-					continue
+	parallel(n, func(g int) {
+		t := &tallies[g]
+		t.workers = make([]worker, len(x.workers))
+		for id := g; id < len(x.segs); id += n {
+			s := x.segs[id]
+			if s == nil {
+				continue
+			}
+			s.live = 0
+			parent := s.parentHash
+			for o, h := range s.hashes {
+				key := blockKey(h, parent)
+				parent = h
+				live := false
+				for k := range w {
+					var held uint64
+					for m, mask := range s.masks {
+						if mask == nil {
+							continue
+						}
+						t.media |= 1 << m
+						v := mask[o*w+k]
+						held |= v
+						for ; v != 0; v &= v - 1 {
+							slot := k*64 + bits.TrailingZeros64(v)
+							t.workers[slot].media[m]++
+							t.digest += entryHash(key, x.workers[slot].nameHash, Medium(m))
+						}
+					}
+					live = live || held != 0
+					t.entries += int64(bits.OnesCount64(held))
+					for ; held != 0; held &= held - 1 {
+						t.workers[k*64+bits.TrailingZeros64(held)].entries++
+					}
 				}
-				s.live = 0
-				parent := s.parentHash
-				for o, h := range s.hashes {
-					key := blockKey(h, parent)
-					parent = h
-					live := false
-					for k := range w {
-						var held uint64
-						for m, mask := range s.masks {
-							if mask == nil {
-								continue
-							}
-							t.media |= 1 << m
-							v := mask[o*w+k]
-							held |= v
-							for ; v != 0; v &= v - 1 {
-								slot := k*64 + bits.TrailingZeros64(v)
-								t.workers[slot].media[m]++
-								t.digest += entryHash(key, x.workers[slot].nameHash, Medium(m))
-							}
-						}
-						live = live || held != 0
-						t.entries += int64(bits.OnesCount64(held))
-						for ; held != 0; held &= held - 1 {
-							t.workers[k*64+bits.TrailingZeros64(held)].entries++
-						}
-					}
-					if live {
-						s.live++
-						t.held++
-					}
+				if live {
+					s.live++
+					t.held++
 				}
 			}
-		})
-	}
-	wg.Wait()
+		}
+	})
 	x.heldBlocks, x.entries, x.digest, x.usedMedia = 0, 0, 0, 0
 	for _, wk := range x.workers {
 		if wk != nil {

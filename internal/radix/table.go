@@ -134,60 +134,64 @@ func (t *blockTable) Delete(h uint64) {
 // buildFrom fills an empty table with every block of segs, shard by shard.
 // It returns a repeated hash, if any (the table is then incomplete).
 func (t *blockTable) buildFrom(segs []*segment) (dup uint64, ok bool) {
-	var counts [tableShards]int
-	total := 0
-	for _, s := range segs {
-		if s == nil {
-			continue
-		}
-		for _, h := range s.hashes {
-			counts[t.mix(h)>>(64-tableShardBits)]++
-		}
-		total += len(s.hashes)
-	}
-	// Scatter the keys by shard, then fill the shards, each while it is
-	// small enough to stay in cache.
-	var starts [tableShards + 1]int
-	for i, c := range counts {
-		starts[i+1] = starts[i] + c
-	}
-	next := starts
-	byShard := make([]tableSlot, total)
-	for id, s := range segs {
-		if s == nil {
-			continue
-		}
-		for o, h := range s.hashes {
-			k := t.mix(h) >> (64 - tableShardBits)
-			byShard[next[k]] = tableSlot{h, at(int32(id), o)}
-			next[k]++
-		}
-	}
-	// Shards are independent: fill them on every core.
 	workers := min(runtime.GOMAXPROCS(0), 8)
-	dups := make([]uint64, workers)
-	var wg sync.WaitGroup
-	for g := range workers {
-		wg.Go(func() {
-			for k := g; k < tableShards; k += workers {
-				// Allocated just before it is filled, so that it is
-				// still in cache while it is.
-				sh := &t.shards[k]
-				size := minShardSlots
-				for size*3 < counts[k]*4+4 {
-					size *= 2
-				}
-				sh.slots = make([]tableSlot, size)
-				for _, sl := range byShard[starts[k]:starts[k+1]] {
-					if !sh.put(t.mix(sl.key), sl.key, sl.val) {
-						dups[g] = sl.key
-						return
-					}
+	// Each goroutine takes every workers-th segment: it counts its keys
+	// per shard, then (at offsets that leave room for the goroutines
+	// before it) scatters them by shard into one array.
+	counts := make([][tableShards]int, workers)
+	parallel(workers, func(g int) {
+		for id := g; id < len(segs); id += workers {
+			if s := segs[id]; s != nil {
+				for _, h := range s.hashes {
+					counts[g][t.mix(h)>>(64-tableShardBits)]++
 				}
 			}
-		})
+		}
+	})
+	var starts [tableShards + 1]int
+	offsets := make([][tableShards]int, workers)
+	total := 0
+	for k := range tableShards {
+		starts[k] = total
+		for g := range workers {
+			offsets[g][k] = total
+			total += counts[g][k]
+		}
 	}
-	wg.Wait()
+	starts[tableShards] = total
+	byShard := make([]tableSlot, total)
+	parallel(workers, func(g int) {
+		next := &offsets[g]
+		for id := g; id < len(segs); id += workers {
+			if s := segs[id]; s != nil {
+				for o, h := range s.hashes {
+					k := t.mix(h) >> (64 - tableShardBits)
+					byShard[next[k]] = tableSlot{h, at(int32(id), o)}
+					next[k]++
+				}
+			}
+		}
+	})
+	// Then each fills its share of the shards, one at a time, each
+	// allocated just before it is filled so that it stays in cache.
+	dups := make([]uint64, workers)
+	parallel(workers, func(g int) {
+		for k := g; k < tableShards; k += workers {
+			sh := &t.shards[k]
+			n := starts[k+1] - starts[k]
+			size := minShardSlots
+			for size*3 < n*4+4 {
+				size *= 2
+			}
+			sh.slots = make([]tableSlot, size)
+			for _, sl := range byShard[starts[k]:starts[k+1]] {
+				if !sh.put(t.mix(sl.key), sl.key, sl.val) {
+					dups[g] = sl.key
+					return
+				}
+			}
+		}
+	})
 	for _, d := range dups {
 		if d != 0 {
 			return d, false
@@ -195,4 +199,13 @@ func (t *blockTable) buildFrom(segs []*segment) (dup uint64, ok bool) {
 	}
 	t.n = total
 	return 0, true
+}
+
+// parallel runs f(0) .. f(n-1) on their own goroutines and waits for them.
+func parallel(n int, f func(g int)) {
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() { f(g) })
+	}
+	wg.Wait()
 }
