@@ -4,6 +4,12 @@ GO        ?= go
 FUZZTIME  ?= 15s
 BENCH_OUT ?= bench/results/index.json
 
+# Code generators, pinned; `make proto` installs them into ./bin.
+BUF_VERSION                ?= v1.75.0
+PROTOC_GEN_GO_VERSION      ?= v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
+BIN := $(CURDIR)/bin
+
 .DEFAULT_GOAL := help
 
 .PHONY: help
@@ -44,3 +50,21 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 15s)
 	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
 	  done; \
 	done
+
+.PHONY: proto
+proto: tools ## Lint the protobuf files and regenerate the Go code in proto/
+	PATH="$(BIN):$$PATH" buf lint
+	PATH="$(BIN):$$PATH" buf generate
+
+.PHONY: tools
+tools: $(BIN)/buf-$(BUF_VERSION) $(BIN)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION) $(BIN)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)
+
+$(BIN)/buf-$(BUF_VERSION):
+	GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+	@touch $@
+$(BIN)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION):
+	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	@touch $@
+$(BIN)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION):
+	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	@touch $@
