@@ -449,3 +449,32 @@ func must(t testing.TB, err error) {
 }
 
 func crcOf(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+func TestChainTo(t *testing.T) {
+	x := New(Options{MaxChain: 20})
+	sys, s1 := chainOf(40, 5), chainOf(41, 6)
+	must(t, x.Insert("a", Root, sys, GPU))
+	must(t, x.Insert("a", sys[2], s1, GPU))
+	got, ok := x.ChainTo(s1[5])
+	want := append(slices.Clone(sys[:3]), s1...)
+	if !ok || !slices.Equal(got, want) {
+		t.Fatalf("ChainTo = %x %v, want %x", got, ok, want)
+	}
+	if _, ok := x.ChainTo(0x1234); ok {
+		t.Fatal("unknown tail found")
+	}
+	must(t, x.Insert("a", 0x99, chainOf(42, 2), GPU))
+	if _, ok := x.ChainTo(chainOf(42, 2)[1]); ok {
+		t.Fatal("detached tail found")
+	}
+	long := chainOf(43, 20)
+	must(t, x.Insert("b", Root, long[:10], GPU))
+	must(t, x.Insert("b", long[9], long[10:], GPU))
+	if _, ok := x.ChainTo(long[19]); !ok {
+		t.Fatal("20-block chain not found")
+	}
+	must(t, x.Insert("b", long[19], chainOf(44, 1), GPU))
+	if _, ok := x.ChainTo(chainOf(44, 1)[0]); ok {
+		t.Fatal("chain over MaxChain returned")
+	}
+}

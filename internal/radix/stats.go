@@ -171,3 +171,31 @@ func (x *Index) WorkerChains(name string, limit int) []Chain {
 	}
 	return out
 }
+
+// ChainTo returns the chain from the root to tail, first block first, by
+// following parent links; false if tail is unknown or not connected to the
+// root, or the chain is longer than the index's MaxChain.
+func (x *Index) ChainTo(tail uint64) ([]uint64, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	l, ok := x.locs.Get(tail)
+	if !ok || x.segs[l.seg()].orphan {
+		return nil, false
+	}
+	var chain []uint64
+	s, o := x.segs[l.seg()], l.off()
+	for {
+		if len(chain)+o+1 > x.opts.MaxChain {
+			return nil, false
+		}
+		for i := o; i >= 0; i-- {
+			chain = append(chain, s.hashes[i])
+		}
+		if s.parent < 0 {
+			break
+		}
+		s, o = x.segs[s.parent], int(s.parentOff)
+	}
+	slices.Reverse(chain)
+	return chain, true
+}

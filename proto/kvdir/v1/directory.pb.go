@@ -139,8 +139,12 @@ type RegisterResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Epoch uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// The first sequence number the directory expects in this epoch (1).
-	NextSeq       uint64 `protobuf:"varint,2,opt,name=next_seq,json=nextSeq,proto3" json:"next_seq,omitempty"`
-	RaftIndex     uint64 `protobuf:"varint,3,opt,name=raft_index,json=raftIndex,proto3" json:"raft_index,omitempty"`
+	NextSeq   uint64 `protobuf:"varint,2,opt,name=next_seq,json=nextSeq,proto3" json:"next_seq,omitempty"`
+	RaftIndex uint64 `protobuf:"varint,3,opt,name=raft_index,json=raftIndex,proto3" json:"raft_index,omitempty"`
+	// When the directory enforces roles: the token that Publish, Heartbeat
+	// and Deregister calls for this worker must carry (metadata
+	// "kvdir-worker-token"). It binds the agent to the worker it registered.
+	WorkerToken   string `protobuf:"bytes,4,opt,name=worker_token,json=workerToken,proto3" json:"worker_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -194,6 +198,13 @@ func (x *RegisterResponse) GetRaftIndex() uint64 {
 		return x.RaftIndex
 	}
 	return 0
+}
+
+func (x *RegisterResponse) GetWorkerToken() string {
+	if x != nil {
+		return x.WorkerToken
+	}
+	return ""
 }
 
 type PublishRequest struct {
@@ -2697,12 +2708,13 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\n" +
 	"\x18kvdir/v1/directory.proto\x12\bkvdir.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x14kvdir/v1/types.proto\"?\n" +
 	"\x0fRegisterRequest\x12,\n" +
-	"\x06worker\x18\x01 \x01(\v2\x14.kvdir.v1.WorkerSpecR\x06worker\"b\n" +
+	"\x06worker\x18\x01 \x01(\v2\x14.kvdir.v1.WorkerSpecR\x06worker\"\x85\x01\n" +
 	"\x10RegisterResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x19\n" +
 	"\bnext_seq\x18\x02 \x01(\x04R\anextSeq\x12\x1d\n" +
 	"\n" +
-	"raft_index\x18\x03 \x01(\x04R\traftIndex\"<\n" +
+	"raft_index\x18\x03 \x01(\x04R\traftIndex\x12!\n" +
+	"\fworker_token\x18\x04 \x01(\tR\vworkerToken\"<\n" +
 	"\x0ePublishRequest\x12*\n" +
 	"\x05batch\x18\x01 \x01(\v2\x14.kvdir.v1.EventBatchR\x05batch\"\xac\x02\n" +
 	"\x0fPublishResponse\x12\x1b\n" +

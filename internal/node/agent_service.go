@@ -1,0 +1,192 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/kvdir/kvdir/internal/raftfsm"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+type agentService struct {
+	kvdirv1.UnimplementedAgentServiceServer
+	n *Node
+}
+
+func (s *agentService) Register(ctx context.Context, req *kvdirv1.RegisterRequest) (*kvdirv1.RegisterResponse, error) {
+	n := s.n
+	if req.Worker == nil || req.Worker.Id == "" {
+		return nil, status.Error(codes.InvalidArgument, "register: worker.id is required")
+	}
+	return proposeOrForward(ctx, n, kvdirv1.CommandType_COMMAND_TYPE_REGISTER, &kvdirv1.RegisterCommand{Worker: req.Worker},
+		func(res any, index uint64) (*kvdirv1.RegisterResponse, error) {
+			epoch := res.(*raftfsm.RegisterResult).Epoch
+			n.leases.renew(req.Worker.Id, epoch, nil, time.Now())
+			return &kvdirv1.RegisterResponse{
+				Epoch: epoch, NextSeq: 1, RaftIndex: index, WorkerToken: n.auth.workerToken(req.Worker.Id),
+			}, nil
+		},
+		func(ctx context.Context, c *leaderClient) (*kvdirv1.RegisterResponse, error) {
+			return c.agent.Register(ctx, req)
+		})
+}
+
+func (s *agentService) Heartbeat(ctx context.Context, req *kvdirv1.HeartbeatRequest) (*kvdirv1.HeartbeatResponse, error) {
+	n := s.n
+	if err := n.auth.checkWorker(ctx, req.WorkerId); err != nil {
+		return nil, err
+	}
+	if !n.IsLeader() {
+		c, err := n.fwd.leader(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return c.agent.Heartbeat(c.outgoing(ctx), req)
+	}
+	resp := &kvdirv1.HeartbeatResponse{Lease: durationpb.New(n.cfg.Lease)}
+	w, ok := n.fsm.Worker(req.WorkerId)
+	if ok {
+		resp.CurrentEpoch, resp.State = w.Epoch, w.State
+	}
+	if !ok || w.Epoch != req.Epoch || (w.State != kvdirv1.WorkerState_WORKER_STATE_ACTIVE &&
+		w.State != kvdirv1.WorkerState_WORKER_STATE_DRAINING) {
+		return resp, nil // known = false: the agent must register again
+	}
+	resp.Known = true
+	n.leases.renew(req.WorkerId, req.Epoch, req.Load, time.Now())
+	return resp, nil
+}
+
+func (s *agentService) Deregister(ctx context.Context, req *kvdirv1.DeregisterRequest) (*kvdirv1.DeregisterResponse, error) {
+	n := s.n
+	if err := n.auth.checkWorker(ctx, req.WorkerId); err != nil {
+		return nil, err
+	}
+	return proposeOrForward(ctx, n, kvdirv1.CommandType_COMMAND_TYPE_DEREGISTER,
+		&kvdirv1.DeregisterCommand{WorkerId: req.WorkerId, Epoch: req.Epoch},
+		func(_ any, index uint64) (*kvdirv1.DeregisterResponse, error) {
+			return &kvdirv1.DeregisterResponse{RaftIndex: index}, nil
+		},
+		func(ctx context.Context, c *leaderClient) (*kvdirv1.DeregisterResponse, error) {
+			return c.agent.Deregister(ctx, req)
+		})
+}
+
+// maxInFlight bounds the batches of one Publish stream that are proposed
+// and not yet answered.
+const maxInFlight = 64
+
+// Publish answers each batch once it is applied, in order. On the leader the
+// batches of a stream are proposed without waiting for the previous ones to
+// commit (Raft commits them in order), so one stream can keep the log busy.
+// A follower pipes the stream to the leader.
+func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error {
+	n := s.n
+	ctx := stream.Context()
+	if !n.IsLeader() {
+		return s.forwardPublish(stream)
+	}
+	// A receiver proposes each batch as it arrives; this goroutine waits for
+	// them in order and answers. If answering fails, returning ends the
+	// stream, which ends the receiver too. Batches proposed but not answered
+	// still apply; the agent re-sends them and gets DUPLICATE.
+	inflight := make(chan *pending, maxInFlight)
+	recvErr := make(chan error, 1)
+	go func() {
+		defer close(inflight)
+		recvErr <- func() error {
+			for {
+				req, err := stream.Recv()
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				b := req.Batch
+				if b == nil {
+					return status.Error(codes.InvalidArgument, "publish: request without a batch")
+				}
+				if err := n.auth.checkWorker(ctx, b.WorkerId); err != nil {
+					return err
+				}
+				p, err := n.start(kvdirv1.CommandType_COMMAND_TYPE_PUBLISH,
+					&kvdirv1.PublishCommand{Batches: []*kvdirv1.EventBatch{b}})
+				if errors.Is(err, errNotLeader) {
+					return status.Error(codes.Unavailable, "leadership moved; reconnect and resend unacknowledged batches")
+				}
+				if err != nil {
+					return err
+				}
+				select {
+				case inflight <- p:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}()
+	}()
+	for p := range inflight {
+		res, _, err := n.wait(p)
+		if err != nil {
+			return err
+		}
+		for _, r := range res.(*raftfsm.PublishResult).Responses {
+			n.metrics.publish(r)
+			if err := stream.Send(r); err != nil {
+				return err
+			}
+		}
+	}
+	return <-recvErr
+}
+
+// forwardPublish pipes a Publish stream to the leader.
+func (s *agentService) forwardPublish(stream kvdirv1.AgentService_PublishServer) error {
+	ctx := stream.Context()
+	c, err := s.n.fwd.leader(ctx)
+	if err != nil {
+		return err
+	}
+	up, err := c.agent.Publish(c.outgoing(ctx))
+	if err != nil {
+		return err
+	}
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			resp, err := up.Recv()
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					err = nil
+				}
+				errc <- err
+				return
+			}
+			if err := stream.Send(resp); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	for {
+		req, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			up.CloseSend()
+			return <-errc
+		}
+		if err != nil {
+			return err
+		}
+		if err := up.Send(req); err != nil {
+			// The leader's side ended; its status says why.
+			return <-errc
+		}
+	}
+}

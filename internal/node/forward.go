@@ -1,0 +1,116 @@
+package node
+
+import (
+	"context"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// Metadata keys kvdir uses between clients and nodes.
+const (
+	// mdForwarded marks a request a follower forwarded to the leader: a node
+	// that is not the leader (any more) refuses it instead of forwarding it
+	// again.
+	mdForwarded = "kvdir-forwarded"
+	// MDLeader is set on responses to the leader's API address, when known,
+	// so that clients can send their writes there directly.
+	MDLeader = "kvdir-leader"
+	// MDWorkerToken carries the token Register returned, on calls for that
+	// worker.
+	MDWorkerToken = "kvdir-worker-token"
+)
+
+// forwarder keeps a connection to the current leader's API.
+type forwarder struct {
+	n    *Node
+	mu   sync.Mutex
+	addr string
+	conn *grpc.ClientConn
+}
+
+func newForwarder(n *Node) *forwarder { return &forwarder{n: n} }
+
+// leaderClient is a connection to the leader's API.
+type leaderClient struct {
+	agent kvdirv1.AgentServiceClient
+	dir   kvdirv1.DirectoryServiceClient
+	admin kvdirv1.AdminServiceClient
+}
+
+// outgoing returns a context for a forwarded call: the caller's credentials
+// and the forwarded mark.
+func (c *leaderClient) outgoing(ctx context.Context) context.Context {
+	out := metadata.MD{}
+	if in, ok := metadata.FromIncomingContext(ctx); ok {
+		for _, k := range []string{"authorization", MDWorkerToken} {
+			if v := in.Get(k); len(v) > 0 {
+				out.Set(k, v...)
+			}
+		}
+	}
+	out.Set(mdForwarded, "1")
+	return metadata.NewOutgoingContext(ctx, out)
+}
+
+// leaderAPI returns the leader's API address, if known.
+func (n *Node) leaderAPI() (string, bool) {
+	_, id := n.raft.LeaderWithID()
+	if id == "" {
+		return "", false
+	}
+	if string(id) == n.cfg.ID {
+		return n.cfg.APIAdvertise, true
+	}
+	addr, ok := n.fsm.Members()[string(id)]
+	return addr, ok && addr != ""
+}
+
+// leader returns a client for the leader's API, or an Unavailable status
+// when there is no leader to forward to.
+func (f *forwarder) leader(ctx context.Context) (*leaderClient, error) {
+	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get(mdForwarded)) > 0 {
+		return nil, status.Error(codes.Unavailable, "this node is no longer the leader; retry")
+	}
+	addr, ok := f.n.leaderAPI()
+	if !ok {
+		return nil, status.Error(codes.Unavailable, "no leader is known; the cluster may be electing one, retry")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conn == nil || f.addr != addr {
+		if f.conn != nil {
+			f.conn.Close()
+		}
+		creds := insecure.NewCredentials()
+		if f.n.cfg.ClientTLS != nil {
+			creds = credentials.NewTLS(f.n.cfg.ClientTLS)
+		}
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "dial leader at %s: %v", addr, err)
+		}
+		f.conn, f.addr = conn, addr
+	}
+	return &leaderClient{
+		agent: kvdirv1.NewAgentServiceClient(f.conn),
+		dir:   kvdirv1.NewDirectoryServiceClient(f.conn),
+		admin: kvdirv1.NewAdminServiceClient(f.conn),
+	}, nil
+}
+
+func (f *forwarder) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conn != nil {
+		f.conn.Close()
+		f.conn = nil
+	}
+}

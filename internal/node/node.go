@@ -1,0 +1,380 @@
+// Package node runs one directory node: a Raft member (hashicorp/raft, with
+// BoltDB for the log and stable store and files for snapshots) whose state
+// machine is internal/raftfsm, serving the gRPC API (agent, directory and
+// admin services, health and reflection) and HTTP (metrics, health). Writes
+// that reach a follower are forwarded to the leader; reads are served from
+// the local state. The leader also keeps workers' leases, gathers their
+// loads and expires old sessions.
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/kvdir/kvdir/internal/raftfsm"
+)
+
+// Config configures a node. Zero durations take the defaults.
+type Config struct {
+	// ID is the node's Raft server id, unique in the cluster.
+	ID string
+	// RaftAddr is the address the Raft transport binds; RaftAdvertise the
+	// one other members dial (defaults to RaftAddr).
+	RaftAddr      string
+	RaftAdvertise string
+	// APIAddr is the gRPC listen address; APIAdvertise the address other
+	// nodes and clients dial (defaults to APIAddr).
+	APIAddr      string
+	APIAdvertise string
+	// HTTPAddr serves /metrics, /healthz and /readyz ("" disables it).
+	HTTPAddr string
+	// DataDir holds raft.db (log and stable store) and snapshots/.
+	DataDir string
+
+	// Bootstrap makes this node a single-member cluster when it has no
+	// state yet. InitialCluster, if set, bootstraps every listed member
+	// (id -> Raft address) instead; each listed node can be given the
+	// same list.
+	Bootstrap      bool
+	InitialCluster map[string]string
+	// Join lists API addresses of existing members; a node without state
+	// asks them to add it.
+	Join []string
+
+	// Lease is how long a worker stays without a heartbeat before the
+	// leader expires it (default 10s).
+	Lease time.Duration
+	// LoadInterval is how often the leader commits the loads it gathered
+	// from heartbeats (default 1s).
+	LoadInterval time.Duration
+	// SessionTTL forgets sessions not recorded for this long (default 24h).
+	SessionTTL time.Duration
+
+	// SnapshotInterval and SnapshotThreshold are Raft's: how often to check
+	// and how many new log entries make a snapshot (defaults 30s, 8192).
+	SnapshotInterval  time.Duration
+	SnapshotThreshold uint64
+	// TrailingLogs are kept after a snapshot (default 10,240).
+	TrailingLogs uint64
+	// HeartbeatTimeout and ElectionTimeout are Raft's (defaults 1s each).
+	HeartbeatTimeout time.Duration
+	ElectionTimeout  time.Duration
+	// ApplyTimeout bounds how long a write waits to be committed (default 10s).
+	ApplyTimeout time.Duration
+
+	// FSM bounds the state machine (batch sizes, sessions, index limits).
+	FSM raftfsm.Options
+
+	// TLS, if set, serves the API over TLS. ClientTLS is used to dial other
+	// nodes when forwarding (nil: plaintext).
+	TLS       *tls.Config
+	ClientTLS *tls.Config
+	// Tokens enables bearer-token authorisation by role (see auth.go).
+	Tokens Tokens
+
+	// Transport and stores replace the TCP transport and BoltDB (tests
+	// only: in-memory Raft with partitions).
+	Transport   raft.Transport
+	LogStore    raft.LogStore
+	StableStore raft.StableStore
+	Snapshots   raft.SnapshotStore
+
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+func (c *Config) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.Lease, 10*time.Second)
+	def(&c.LoadInterval, time.Second)
+	def(&c.SessionTTL, 24*time.Hour)
+	def(&c.SnapshotInterval, 30*time.Second)
+	def(&c.HeartbeatTimeout, time.Second)
+	def(&c.ElectionTimeout, time.Second)
+	def(&c.ApplyTimeout, 10*time.Second)
+	if c.SnapshotThreshold == 0 {
+		c.SnapshotThreshold = 8192
+	}
+	if c.TrailingLogs == 0 {
+		c.TrailingLogs = 10240
+	}
+	if c.RaftAdvertise == "" {
+		c.RaftAdvertise = c.RaftAddr
+	}
+	if c.APIAdvertise == "" {
+		c.APIAdvertise = c.APIAddr
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+}
+
+// Node is a running directory node.
+type Node struct {
+	cfg  Config
+	log  *slog.Logger
+	fsm  *raftfsm.FSM
+	raft *raft.Raft
+
+	closers []func() error // stores and transport, closed on shutdown
+
+	grpc    *grpc.Server
+	apiLis  net.Listener
+	http    *http.Server
+	httpLis net.Listener
+
+	fwd     *forwarder
+	leases  *leases
+	watch   *watchHub
+	metrics *metrics
+	auth    *authorizer
+
+	writeErr   errorBox
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	closeOnce  sync.Once
+	shutdownMu sync.Mutex
+}
+
+// New creates the node, opens its stores and starts Raft, the gRPC server
+// and the HTTP server. It returns once everything listens; it does not wait
+// for a leader.
+func New(cfg Config) (*Node, error) {
+	cfg.setDefaults()
+	if cfg.ID == "" {
+		return nil, errors.New("node: an id is required")
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), stop: make(chan struct{})}
+	n.metrics = newMetrics(cfg.Registerer)
+	n.watch = newWatchHub()
+	fsmOpts := cfg.FSM
+	fsmOpts.Logger = n.log
+	fsmOpts.Metrics = raftfsm.NewMetrics(cfg.Registerer)
+	fsmOpts.OnWorkersChanged = n.watch.changed
+	n.fsm = raftfsm.New(fsmOpts)
+	auth, err := newAuthorizer(cfg.Tokens)
+	if err != nil {
+		return nil, err
+	}
+	n.auth = auth
+	n.fwd = newForwarder(n)
+	n.leases = newLeases()
+
+	if err := n.startRaft(); err != nil {
+		n.closeStores()
+		return nil, err
+	}
+	if err := n.startGRPC(); err != nil {
+		n.raft.Shutdown().Error()
+		n.closeStores()
+		return nil, err
+	}
+	if err := n.startHTTP(); err != nil {
+		n.grpc.Stop()
+		n.raft.Shutdown().Error()
+		n.closeStores()
+		return nil, err
+	}
+	n.metrics.watchNode(n)
+	n.wg.Add(2)
+	go n.leaderLoop()
+	go n.memberLoop()
+	n.log.Info("directory node started", "raft", cfg.RaftAdvertise, "api", n.APIAddr(), "http", n.HTTPAddr())
+	return n, nil
+}
+
+func (n *Node) startRaft() error {
+	cfg := n.cfg
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.ID)
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = min(cfg.HeartbeatTimeout, cfg.ElectionTimeout) / 2
+	rc.CommitTimeout = 5 * time.Millisecond
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.BatchApplyCh = true
+	rc.MaxAppendEntries = 256
+	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
+
+	logs, stable, snaps, trans := cfg.LogStore, cfg.StableStore, cfg.Snapshots, cfg.Transport
+	if logs == nil || stable == nil {
+		if cfg.DataDir == "" {
+			return errors.New("node: a data directory is required")
+		}
+		if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+			return fmt.Errorf("node: data directory: %w", err)
+		}
+		bolt, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db")})
+		if err != nil {
+			return fmt.Errorf("node: open raft.db: %w", err)
+		}
+		n.closers = append(n.closers, bolt.Close)
+		cached, err := raft.NewLogCache(1024, bolt)
+		if err != nil {
+			return fmt.Errorf("node: log cache: %w", err)
+		}
+		logs, stable = cached, bolt
+	}
+	if snaps == nil {
+		s, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, "snapshots"), 2, rc.Logger)
+		if err != nil {
+			return fmt.Errorf("node: snapshot store: %w", err)
+		}
+		snaps = s
+	}
+	if trans == nil {
+		adv, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
+		if err != nil {
+			return fmt.Errorf("node: raft advertise address: %w", err)
+		}
+		t, err := raft.NewTCPTransportWithLogger(cfg.RaftAddr, adv, 8, 10*time.Second, rc.Logger)
+		if err != nil {
+			return fmt.Errorf("node: raft transport: %w", err)
+		}
+		n.closers = append(n.closers, t.Close)
+		trans = t
+	}
+	if n.cfg.RaftAdvertise == "" {
+		n.cfg.RaftAdvertise = string(trans.LocalAddr())
+	}
+	hasState, err := raft.HasExistingState(logs, stable, snaps)
+	if err != nil {
+		return fmt.Errorf("node: read raft state: %w", err)
+	}
+	r, err := raft.NewRaft(rc, n.fsm, logs, stable, snaps, trans)
+	if err != nil {
+		return fmt.Errorf("node: start raft: %w", err)
+	}
+	n.raft = r
+	if hasState {
+		return nil
+	}
+	var servers []raft.Server
+	switch {
+	case len(cfg.InitialCluster) > 0:
+		for id, addr := range cfg.InitialCluster {
+			servers = append(servers, raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(addr)})
+		}
+	case cfg.Bootstrap:
+		servers = []raft.Server{{ID: rc.LocalID, Address: trans.LocalAddr()}}
+	}
+	if len(servers) > 0 {
+		err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+		if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+			return fmt.Errorf("node: bootstrap: %w", err)
+		}
+	}
+	return nil
+}
+
+func (n *Node) closeStores() {
+	for i := len(n.closers) - 1; i >= 0; i-- {
+		if err := n.closers[i](); err != nil {
+			n.log.Warn("close", "err", err)
+		}
+	}
+}
+
+// ID returns the node's id.
+func (n *Node) ID() string { return n.cfg.ID }
+
+// APIAddr returns the address the gRPC server listens on.
+func (n *Node) APIAddr() string { return n.apiLis.Addr().String() }
+
+// HTTPAddr returns the address the HTTP server listens on, or "".
+func (n *Node) HTTPAddr() string {
+	if n.httpLis == nil {
+		return ""
+	}
+	return n.httpLis.Addr().String()
+}
+
+// Raft exposes the Raft instance (tests and the admin service).
+func (n *Node) Raft() *raft.Raft { return n.raft }
+
+// FSM exposes the state machine (tests and reads).
+func (n *Node) FSM() *raftfsm.FSM { return n.fsm }
+
+// IsLeader reports whether this node is the Raft leader.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// Shutdown stops the node: if it leads, it first hands leadership to
+// another member, then stops serving, stops Raft and closes its stores.
+func (n *Node) Shutdown(ctx context.Context) error {
+	var err error
+	n.closeOnce.Do(func() {
+		if n.IsLeader() && len(n.raft.GetConfiguration().Configuration().Servers) > 1 {
+			if e := n.raft.LeadershipTransfer().Error(); e != nil {
+				n.log.Warn("leadership transfer on shutdown failed", "err", e)
+			} else {
+				n.log.Info("handed over leadership")
+			}
+		}
+		close(n.stop)
+		n.watch.close()
+		done := make(chan struct{})
+		go func() { n.grpc.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			n.grpc.Stop()
+		}
+		if n.http != nil {
+			n.http.Shutdown(ctx)
+		}
+		n.fwd.close()
+		if e := n.raft.Shutdown().Error(); e != nil {
+			err = fmt.Errorf("raft shutdown: %w", e)
+		}
+		n.wg.Wait()
+		n.closeStores()
+		n.log.Info("directory node stopped")
+	})
+	return err
+}
+
+// errorBox holds the latest write failure, for status and readiness.
+type errorBox struct {
+	mu  sync.Mutex
+	err error
+	at  time.Time
+}
+
+func (b *errorBox) set(err error) {
+	b.mu.Lock()
+	b.err, b.at = err, time.Now()
+	b.mu.Unlock()
+}
+
+func (b *errorBox) get() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err != nil && time.Since(b.at) > time.Minute {
+		b.err = nil // a failure that has not recurred for a minute is over
+	}
+	return b.err
+}

@@ -1,0 +1,142 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
+
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// maxMessage bounds gRPC messages: a batch of a million blocks fits.
+const maxMessage = 64 << 20
+
+func (n *Node) startGRPC() error {
+	lis, err := net.Listen("tcp", n.cfg.APIAddr)
+	if err != nil {
+		return fmt.Errorf("node: listen for gRPC on %s: %w", n.cfg.APIAddr, err)
+	}
+	n.apiLis = lis
+	if n.cfg.APIAdvertise == "" || n.cfg.APIAdvertise == n.cfg.APIAddr {
+		n.cfg.APIAdvertise = advertise(lis.Addr(), n.cfg.APIAdvertise)
+	}
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(maxMessage),
+		grpc.MaxSendMsgSize(maxMessage),
+		grpc.ChainUnaryInterceptor(n.metrics.unary, n.auth.unary, n.leaderHeaderUnary),
+		grpc.ChainStreamInterceptor(n.metrics.stream, n.auth.stream, n.leaderHeaderStream),
+	}
+	if n.cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
+	}
+	s := grpc.NewServer(opts...)
+	kvdirv1.RegisterAgentServiceServer(s, &agentService{n: n})
+	kvdirv1.RegisterDirectoryServiceServer(s, &directoryService{n: n})
+	kvdirv1.RegisterAdminServiceServer(s, &adminService{n: n})
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(s, hs)
+	reflection.Register(s)
+	n.grpc = s
+	go func() {
+		if err := s.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			n.log.Error("gRPC server stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// advertise turns a listener's address into one others can dial: a
+// wildcard host becomes 127.0.0.1 unless an advertised address was given.
+func advertise(a net.Addr, given string) string {
+	if given != "" {
+		if host, _, err := net.SplitHostPort(given); err == nil && host != "" && host != "0.0.0.0" && host != "::" {
+			if _, port, _ := net.SplitHostPort(a.String()); port != "" {
+				return net.JoinHostPort(host, port)
+			}
+		}
+	}
+	tcp, ok := a.(*net.TCPAddr)
+	if ok && (tcp.IP == nil || tcp.IP.IsUnspecified()) {
+		return fmt.Sprintf("127.0.0.1:%d", tcp.Port)
+	}
+	return a.String()
+}
+
+// leaderHeader tells clients where the leader's API is.
+func (n *Node) leaderHeader(ctx context.Context) {
+	if addr, ok := n.leaderAPI(); ok {
+		grpc.SetHeader(ctx, metadata.Pairs(MDLeader, addr))
+	}
+}
+
+func (n *Node) leaderHeaderUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	n.leaderHeader(ctx)
+	return h(ctx, req)
+}
+
+func (n *Node) leaderHeaderStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	n.leaderHeader(ss.Context())
+	return h(srv, ss)
+}
+
+func (n *Node) startHTTP() error {
+	if n.cfg.HTTPAddr == "" {
+		return nil
+	}
+	lis, err := net.Listen("tcp", n.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("node: listen for HTTP on %s: %w", n.cfg.HTTPAddr, err)
+	}
+	n.httpLis = lis
+	mux := http.NewServeMux()
+	gatherer, ok := n.cfg.Registerer.(prometheus.Gatherer)
+	if !ok {
+		gatherer = prometheus.DefaultGatherer
+	}
+	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := n.ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := n.http.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			n.log.Error("HTTP server stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// ready reports why the node should not get traffic, if it should not:
+// no leader known, its state far behind the commit index, or a recent write
+// failure (a full or failing disk).
+func (n *Node) ready() error {
+	if _, id := n.raft.LeaderWithID(); id == "" {
+		return errors.New("no leader known")
+	}
+	if commit, applied := n.raft.CommitIndex(), n.fsm.AppliedIndex(); commit > applied+10_000 {
+		return fmt.Errorf("catching up: applied %d of %d", applied, commit)
+	}
+	if err := n.writeErr.get(); err != nil {
+		return fmt.Errorf("writes failing: %v", err)
+	}
+	return nil
+}

@@ -1,0 +1,362 @@
+// Package raftfsm is the directory's replicated state machine: the commands
+// that go through the Raft log, how each is applied to the state (the
+// block-prefix index, the worker registry and the session table), and the
+// snapshots that compact the log.
+//
+// Apply is deterministic: it reads no clock (the proposer's time travels in
+// the command envelope), draws no random numbers and never lets map order
+// reach a result, so every node that applies the same log holds the same
+// state. A command that cannot be decoded stops the node (Options.Fatal);
+// a domain refusal (unknown worker, stale epoch, sequence gap, invalid
+// input) is the command's result, the same on every node.
+package raftfsm
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvdir/kvdir/internal/radix"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// Domain refusals, returned (wrapped) as Apply's result.
+var (
+	ErrInvalid       = errors.New("invalid command")
+	ErrUnknownWorker = errors.New("unknown worker")
+	ErrStaleEpoch    = errors.New("stale epoch")
+	ErrTooMany       = errors.New("limit reached")
+)
+
+// Options bound the state machine. Zero fields take the defaults.
+type Options struct {
+	Index radix.Options
+	// MaxBatchEvents and MaxBatchBlocks bound one event batch.
+	MaxBatchEvents int // default 65,536
+	MaxBatchBlocks int // default 1,048,576
+	// MaxSessions bounds the session table; the least recently recorded
+	// sessions go first (default 1,000,000).
+	MaxSessions int
+	// MaxGoneWorkers bounds the records kept of expired and deregistered
+	// workers (default 1,024).
+	MaxGoneWorkers int
+	// Fatal is called when a command cannot be decoded; it must not return
+	// (default: panic, which stops the node).
+	Fatal func(error)
+	// OnWorkersChanged, if set, is called after a command changed workers'
+	// state, with their ids and the command's log index. It runs on the
+	// apply path and must not block.
+	OnWorkersChanged func(ids []string, index uint64)
+	// Metrics, if set, receives apply timings and event counts.
+	Metrics *Metrics
+	Logger  *slog.Logger
+}
+
+// Default limits.
+const (
+	DefaultMaxBatchEvents = 1 << 16
+	DefaultMaxBatchBlocks = 1 << 20
+	DefaultMaxSessions    = 1_000_000
+	DefaultMaxGoneWorkers = 1024
+	maxIDLen              = 256
+)
+
+func (o Options) withDefaults() Options {
+	if o.MaxBatchEvents <= 0 {
+		o.MaxBatchEvents = DefaultMaxBatchEvents
+	}
+	if o.MaxBatchBlocks <= 0 {
+		o.MaxBatchBlocks = DefaultMaxBatchBlocks
+	}
+	if o.MaxSessions <= 0 {
+		o.MaxSessions = DefaultMaxSessions
+	}
+	if o.MaxGoneWorkers <= 0 {
+		o.MaxGoneWorkers = DefaultMaxGoneWorkers
+	}
+	if o.Fatal == nil {
+		o.Fatal = func(err error) { panic(err) }
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// state is everything a snapshot holds. Restore builds a new one and swaps
+// it in whole.
+type state struct {
+	index    *radix.Index
+	workers  map[string]*kvdirv1.Worker
+	sessions *sessionTable
+	members  map[string]string // Raft server id -> API address
+}
+
+func newState(opts Options) *state {
+	return &state{
+		index:    radix.New(opts.Index),
+		workers:  make(map[string]*kvdirv1.Worker),
+		sessions: newSessionTable(),
+		members:  make(map[string]string),
+	}
+}
+
+// FSM is the state machine. It implements raft.FSM and raft.BatchingFSM.
+type FSM struct {
+	opts Options
+
+	mu      sync.RWMutex // guards st's maps (the index locks itself)
+	st      *state
+	applied atomic.Uint64
+}
+
+var (
+	_ raft.FSM         = (*FSM)(nil)
+	_ raft.BatchingFSM = (*FSM)(nil)
+)
+
+// New returns an empty state machine.
+func New(opts Options) *FSM {
+	opts = opts.withDefaults()
+	return &FSM{opts: opts, st: newState(opts)}
+}
+
+// AppliedIndex is the log index of the last command applied.
+func (f *FSM) AppliedIndex() uint64 { return f.applied.Load() }
+
+// Apply applies one log entry and returns its result: a *RegisterResult,
+// *PublishResult, nil, or an error for a domain refusal.
+func (f *FSM) Apply(l *raft.Log) any {
+	return f.ApplyBatch([]*raft.Log{l})[0]
+}
+
+// ApplyBatch applies log entries in order, one result per entry.
+func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
+	out := make([]any, len(logs))
+	var changed []string
+	f.mu.Lock()
+	for i, l := range logs {
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		start := time.Now()
+		d, err := Decode(l.Data)
+		if err != nil {
+			f.mu.Unlock()
+			f.opts.Logger.Error("stopping: cannot apply log entry", "index", l.Index, "term", l.Term, "err", err)
+			f.opts.Fatal(fmt.Errorf("log index %d: %w", l.Index, err))
+			return out // reached only with a Fatal that returns (tests)
+		}
+		var ids []string
+		out[i], ids = f.apply(d, l.Index)
+		changed = append(changed, ids...)
+		f.applied.Store(l.Index)
+		f.opts.Metrics.applied(d.Type, time.Since(start))
+	}
+	f.mu.Unlock()
+	if len(changed) > 0 && f.opts.OnWorkersChanged != nil {
+		slices.Sort(changed)
+		f.opts.OnWorkersChanged(slices.Compact(changed), logs[len(logs)-1].Index)
+	}
+	return out
+}
+
+// apply runs one decoded command under f.mu and returns its result and the
+// ids of workers whose state changed.
+func (f *FSM) apply(d Decoded, index uint64) (any, []string) {
+	st := f.st
+	switch c := d.Payload.(type) {
+	case nil:
+		return nil, nil // an ignorable command of a type this build does not know
+	case *kvdirv1.RegisterCommand:
+		return f.register(c, index)
+	case *kvdirv1.PublishCommand:
+		res := &PublishResult{Responses: make([]*kvdirv1.PublishResponse, len(c.Batches))}
+		for i, b := range c.Batches {
+			res.Responses[i] = f.publish(b, index)
+		}
+		return res, nil
+	case *kvdirv1.LoadsCommand:
+		var ids []string
+		for _, wl := range c.Loads {
+			if w := st.workers[wl.WorkerId]; w != nil && w.Epoch == wl.Epoch && alive(w) {
+				w.Load = wl.Load
+				w.LoadTimeUnixNano = d.TimeUnixNano
+				ids = append(ids, wl.WorkerId)
+			}
+		}
+		return nil, ids
+	case *kvdirv1.ExpireWorkerCommand:
+		return f.retire(c.WorkerId, c.Epoch, kvdirv1.WorkerState_WORKER_STATE_EXPIRED)
+	case *kvdirv1.DeregisterCommand:
+		return f.retire(c.WorkerId, c.Epoch, kvdirv1.WorkerState_WORKER_STATE_DEREGISTERED)
+	case *kvdirv1.DrainCommand:
+		w := st.workers[c.WorkerId]
+		if w == nil || !alive(w) {
+			return fmt.Errorf("drain %q: %w", c.WorkerId, ErrUnknownWorker), nil
+		}
+		w.State = kvdirv1.WorkerState_WORKER_STATE_DRAINING
+		return nil, []string{c.WorkerId}
+	case *kvdirv1.RecordSessionsCommand:
+		for _, s := range c.Sessions {
+			if err := validSession(s); err != nil {
+				return err, nil // the whole batch is refused
+			}
+		}
+		for _, s := range c.Sessions {
+			r := proto.Clone(s).(*kvdirv1.SessionRecord)
+			r.TimeUnixNano = d.TimeUnixNano
+			st.sessions.put(r)
+		}
+		st.sessions.evictOver(f.opts.MaxSessions)
+		return nil, nil
+	case *kvdirv1.ExpireSessionsCommand:
+		st.sessions.expireBefore(c.BeforeUnixNano)
+		return nil, nil
+	case *kvdirv1.MemberAPICommand:
+		if c.Id == "" || len(c.Id) > maxIDLen || len(c.ApiAddress) > maxIDLen {
+			return fmt.Errorf("member api: %w: id %q", ErrInvalid, c.Id), nil
+		}
+		st.members[c.Id] = c.ApiAddress
+		return nil, nil
+	default:
+		// Decode only returns the types above.
+		return fmt.Errorf("%w: unhandled command %T", ErrInvalid, c), nil
+	}
+}
+
+// RegisterResult is the result of a registration.
+type RegisterResult struct {
+	Epoch uint64
+}
+
+// PublishResult holds one response per batch of a publish command.
+type PublishResult struct {
+	Responses []*kvdirv1.PublishResponse
+}
+
+func alive(w *kvdirv1.Worker) bool {
+	return w.State == kvdirv1.WorkerState_WORKER_STATE_ACTIVE || w.State == kvdirv1.WorkerState_WORKER_STATE_DRAINING
+}
+
+func (f *FSM) register(c *kvdirv1.RegisterCommand, index uint64) (any, []string) {
+	spec := c.Worker
+	switch {
+	case spec == nil || spec.Id == "" || len(spec.Id) > maxIDLen:
+		return fmt.Errorf("register: %w: worker id must be 1 to %d bytes", ErrInvalid, maxIDLen), nil
+	case spec.BlockSize < 1 || spec.BlockSize > 1<<16:
+		return fmt.Errorf("register %q: %w: block size %d not in [1, 65536]", spec.Id, ErrInvalid, spec.BlockSize), nil
+	case len(spec.Address) > 2048 || len(spec.Model) > 1024:
+		return fmt.Errorf("register %q: %w: address or model too long", spec.Id, ErrInvalid), nil
+	}
+	st := f.st
+	w := st.workers[spec.Id]
+	if (w == nil || !alive(w)) && f.countAlive() >= st.index.Options().MaxWorkers {
+		return fmt.Errorf("register %q: %w: %d workers", spec.Id, ErrTooMany, st.index.Options().MaxWorkers), nil
+	}
+	epoch := uint64(1)
+	if w != nil {
+		epoch = w.Epoch + 1
+	}
+	st.index.ClearWorker(spec.Id)
+	st.workers[spec.Id] = &kvdirv1.Worker{
+		Spec:            proto.Clone(spec).(*kvdirv1.WorkerSpec),
+		State:           kvdirv1.WorkerState_WORKER_STATE_ACTIVE,
+		Epoch:           epoch,
+		RegisteredIndex: index,
+	}
+	f.pruneGone()
+	return &RegisterResult{Epoch: epoch}, []string{spec.Id}
+}
+
+func (f *FSM) countAlive() int {
+	n := 0
+	for _, w := range f.st.workers {
+		if alive(w) {
+			n++
+		}
+	}
+	return n
+}
+
+// pruneGone forgets the oldest records of gone workers over the bound.
+func (f *FSM) pruneGone() {
+	var gone []*kvdirv1.Worker
+	for _, w := range f.st.workers {
+		if !alive(w) {
+			gone = append(gone, w)
+		}
+	}
+	if len(gone) <= f.opts.MaxGoneWorkers {
+		return
+	}
+	slices.SortFunc(gone, func(a, b *kvdirv1.Worker) int {
+		if a.RegisteredIndex != b.RegisteredIndex {
+			return cmp.Compare(a.RegisteredIndex, b.RegisteredIndex)
+		}
+		return strings.Compare(a.Spec.Id, b.Spec.Id)
+	})
+	for _, w := range gone[:len(gone)-f.opts.MaxGoneWorkers] {
+		delete(f.st.workers, w.Spec.Id)
+	}
+}
+
+// retire expires or deregisters a worker at epoch and removes its blocks.
+func (f *FSM) retire(id string, epoch uint64, to kvdirv1.WorkerState) (any, []string) {
+	w := f.st.workers[id]
+	switch {
+	case w == nil || !alive(w):
+		return fmt.Errorf("%v %q: %w", to, id, ErrUnknownWorker), nil
+	case w.Epoch != epoch:
+		return fmt.Errorf("%v %q: %w: epoch %d, current %d", to, id, ErrStaleEpoch, epoch, w.Epoch), nil
+	}
+	f.st.index.ClearWorker(id)
+	w.State = to
+	w.Load = nil
+	f.pruneGone()
+	return nil, []string{id}
+}
+
+func validSession(s *kvdirv1.SessionRecord) error {
+	switch {
+	case s.SessionId == "" || len(s.SessionId) > maxIDLen:
+		return fmt.Errorf("record session: %w: session id must be 1 to %d bytes", ErrInvalid, maxIDLen)
+	case len(s.WorkerId) > maxIDLen:
+		return fmt.Errorf("record session %q: %w: worker id too long", s.SessionId, ErrInvalid)
+	}
+	return nil
+}
+
+// Snapshot captures the state; Persist then streams it (see snapshot.go).
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.capture()
+}
+
+// Restore replaces the state with a snapshot's.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	st, applied, err := readState(rc, f.opts)
+	if err != nil {
+		return fmt.Errorf("restore snapshot: %w", err)
+	}
+	f.mu.Lock()
+	f.st = st
+	f.applied.Store(applied)
+	f.mu.Unlock()
+	if f.opts.OnWorkersChanged != nil {
+		f.opts.OnWorkersChanged(nil, applied)
+	}
+	return nil
+}

@@ -1,0 +1,138 @@
+package raftfsm
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvdir/kvdir/internal/radix"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// publish applies one event batch if it is the next of its worker's
+// current epoch, and says what became of it.
+func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) *kvdirv1.PublishResponse {
+	resp := &kvdirv1.PublishResponse{
+		WorkerId: b.WorkerId, Epoch: b.Epoch, FirstSeq: b.FirstSeq, LastSeq: b.LastSeq, RaftIndex: index,
+	}
+	w := f.st.workers[b.WorkerId]
+	if w == nil || !alive(w) {
+		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_UNKNOWN_WORKER
+		resp.Message = "worker is not registered; register it again"
+		return resp
+	}
+	resp.CurrentEpoch, resp.AppliedSeq = w.Epoch, w.AppliedSeq
+	switch {
+	case b.Epoch < w.Epoch:
+		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_STALE_EPOCH
+		resp.Message = fmt.Sprintf("epoch %d was fenced by a registration at epoch %d", b.Epoch, w.Epoch)
+		return resp
+	case b.Epoch > w.Epoch:
+		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_REJECTED
+		resp.Message = fmt.Sprintf("epoch %d was never issued (current %d)", b.Epoch, w.Epoch)
+		return resp
+	case b.FirstSeq < 1 || b.LastSeq < b.FirstSeq:
+		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_REJECTED
+		resp.Message = fmt.Sprintf("bad sequence range %d..%d", b.FirstSeq, b.LastSeq)
+		return resp
+	case b.LastSeq <= w.AppliedSeq:
+		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_DUPLICATE
+		return resp
+	case b.FirstSeq != w.AppliedSeq+1:
+		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_GAP
+		resp.Message = fmt.Sprintf("expected sequence %d, batch starts at %d", w.AppliedSeq+1, b.FirstSeq)
+		return resp
+	}
+	if err := f.checkEvents(b); err != nil {
+		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_REJECTED
+		resp.Message = err.Error()
+		return resp
+	}
+	var conflicts int
+	x := f.st.index
+	for _, ev := range b.Events {
+		switch k := ev.Kind.(type) {
+		case *kvdirv1.Event_Stored:
+			err := x.Insert(b.WorkerId, k.Stored.Parent, k.Stored.Hashes, medium(k.Stored.Medium))
+			if errors.Is(err, radix.ErrParentMismatch) {
+				conflicts++ // a hash collision or an engine bug; the rest applies
+			}
+			f.opts.Metrics.events("stored", len(k.Stored.Hashes))
+		case *kvdirv1.Event_Removed:
+			m := medium(k.Removed.Medium)
+			if k.Removed.AllMedia {
+				m = radix.AnyMedium
+			}
+			_ = x.Remove(b.WorkerId, k.Removed.Hashes, m) // validated by checkEvents
+			f.opts.Metrics.events("removed", len(k.Removed.Hashes))
+		case *kvdirv1.Event_Cleared:
+			x.ClearWorker(b.WorkerId)
+			f.opts.Metrics.events("cleared", 1)
+		}
+	}
+	w.AppliedSeq = b.LastSeq
+	resp.AppliedSeq = w.AppliedSeq
+	resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_APPLIED
+	if conflicts > 0 {
+		resp.Message = fmt.Sprintf("%d stored pieces conflicted with blocks indexed under another parent and were cut short", conflicts)
+	}
+	return resp
+}
+
+// checkEvents validates a batch before any of it is applied, so that a
+// malformed batch changes nothing.
+func (f *FSM) checkEvents(b *kvdirv1.EventBatch) error {
+	if len(b.Events) > f.opts.MaxBatchEvents {
+		return fmt.Errorf("%d events, limit %d", len(b.Events), f.opts.MaxBatchEvents)
+	}
+	maxChain := f.st.index.Options().MaxChain
+	blocks := 0
+	for i, ev := range b.Events {
+		var hashes []uint64
+		var m kvdirv1.Medium
+		switch k := ev.Kind.(type) {
+		case *kvdirv1.Event_Stored:
+			if k.Stored == nil {
+				return fmt.Errorf("event %d: empty stored event", i)
+			}
+			hashes, m = k.Stored.Hashes, k.Stored.Medium
+		case *kvdirv1.Event_Removed:
+			if k.Removed == nil {
+				return fmt.Errorf("event %d: empty removed event", i)
+			}
+			hashes, m = k.Removed.Hashes, k.Removed.Medium
+		case *kvdirv1.Event_Cleared:
+			continue
+		default:
+			return fmt.Errorf("event %d: no kind set", i)
+		}
+		if len(hashes) > maxChain {
+			return fmt.Errorf("event %d: %d blocks, limit %d per piece", i, len(hashes), maxChain)
+		}
+		if _, ok := kvdirv1.Medium_name[int32(m)]; !ok {
+			return fmt.Errorf("event %d: unknown medium %d", i, m)
+		}
+		for _, h := range hashes {
+			if h == radix.Root {
+				return fmt.Errorf("event %d: block hash 0 is reserved", i)
+			}
+		}
+		if blocks += len(hashes); blocks > f.opts.MaxBatchBlocks {
+			return fmt.Errorf("more than %d blocks in the batch", f.opts.MaxBatchBlocks)
+		}
+	}
+	return nil
+}
+
+// medium maps the API's medium to the index's. Unspecified means GPU.
+func medium(m kvdirv1.Medium) radix.Medium {
+	switch m {
+	case kvdirv1.Medium_MEDIUM_CPU:
+		return radix.CPU
+	case kvdirv1.Medium_MEDIUM_DISK:
+		return radix.Disk
+	case kvdirv1.Medium_MEDIUM_REMOTE:
+		return radix.Remote
+	default:
+		return radix.GPU
+	}
+}

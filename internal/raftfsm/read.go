@@ -1,0 +1,191 @@
+package raftfsm
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/zeebo/xxh3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvdir/kvdir/internal/radix"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// Reads are served from the local state. Each takes the state lock for
+// reading only long enough to find what it needs; the index has its own
+// lock, so matches never wait behind a whole command.
+
+// Match returns each worker's matched depth of chain and the applied index
+// the answer reflects (a lower bound: later commands may be visible).
+func (f *FSM) Match(dst []radix.WorkerMatch, chain []uint64) ([]radix.WorkerMatch, uint64, error) {
+	f.mu.RLock()
+	x := f.st.index
+	f.mu.RUnlock()
+	applied := f.applied.Load()
+	m, err := x.MatchInto(dst, chain)
+	return m, applied, err
+}
+
+// Worker returns a copy of a worker's record with its block counts; false if
+// unknown.
+func (f *FSM) Worker(id string) (*kvdirv1.Worker, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	w := f.st.workers[id]
+	if w == nil {
+		return nil, false
+	}
+	return f.withCounts(w), true
+}
+
+// Workers returns copies of the workers serving model (all if empty), alive
+// ones only unless includeGone, sorted by id.
+func (f *FSM) Workers(model string, includeGone bool) []*kvdirv1.Worker {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	var out []*kvdirv1.Worker
+	for _, w := range f.st.workers {
+		if (model == "" || w.Spec.Model == model) && (includeGone || alive(w)) {
+			out = append(out, f.withCounts(w))
+		}
+	}
+	slices.SortFunc(out, func(a, b *kvdirv1.Worker) int { return strings.Compare(a.Spec.Id, b.Spec.Id) })
+	return out
+}
+
+// WorkersByID returns copies of the named workers that exist.
+func (f *FSM) WorkersByID(ids []string) []*kvdirv1.Worker {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	var out []*kvdirv1.Worker
+	for _, id := range ids {
+		if w := f.st.workers[id]; w != nil {
+			out = append(out, f.withCounts(w))
+		}
+	}
+	return out
+}
+
+func (f *FSM) withCounts(w *kvdirv1.Worker) *kvdirv1.Worker {
+	c := proto.Clone(w).(*kvdirv1.Worker)
+	if ws, ok := f.st.index.Worker(w.Spec.Id); ok {
+		c.Blocks = uint64(ws.Blocks)
+		c.GpuBlocks = uint64(ws.Media[radix.GPU])
+		c.CpuBlocks = uint64(ws.Media[radix.CPU])
+		c.DiskBlocks = uint64(ws.Media[radix.Disk])
+		c.RemoteBlocks = uint64(ws.Media[radix.Remote])
+	}
+	return c
+}
+
+// WorkerChains returns the longest chains a worker holds (see
+// radix.Index.WorkerChains).
+func (f *FSM) WorkerChains(id string, limit int) []radix.Chain {
+	f.mu.RLock()
+	x := f.st.index
+	f.mu.RUnlock()
+	return x.WorkerChains(id, limit)
+}
+
+// Session returns a copy of a session's record.
+func (f *FSM) Session(id string) (*kvdirv1.SessionRecord, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	r, ok := f.st.sessions.get(id)
+	if !ok {
+		return nil, false
+	}
+	return proto.Clone(r).(*kvdirv1.SessionRecord), true
+}
+
+// Sessions returns copies of up to limit sessions under an id prefix (all
+// if empty) that went to worker (any if empty), most recent first, and the
+// number of sessions recorded in all.
+func (f *FSM) Sessions(prefix, worker string, limit int) ([]*kvdirv1.SessionRecord, int) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	rs := f.st.sessions.withPrefix(prefix, worker, limit)
+	out := make([]*kvdirv1.SessionRecord, len(rs))
+	for i, r := range rs {
+		out[i] = proto.Clone(r).(*kvdirv1.SessionRecord)
+	}
+	return out, f.st.sessions.len()
+}
+
+// SessionChain returns the chain of a session's last recorded turn, from
+// the root to its tail; false if the index no longer connects it.
+func (f *FSM) SessionChain(r *kvdirv1.SessionRecord) ([]uint64, bool) {
+	f.mu.RLock()
+	x := f.st.index
+	f.mu.RUnlock()
+	return x.ChainTo(r.Tail)
+}
+
+// Members returns the API address of each Raft member that published one.
+func (f *FSM) Members() map[string]string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make(map[string]string, len(f.st.members))
+	for k, v := range f.st.members {
+		out[k] = v
+	}
+	return out
+}
+
+// Counters are the state's sizes.
+type Counters struct {
+	radix.Stats
+	Sessions int
+}
+
+// Counters returns the index's counters and the session count.
+func (f *FSM) Counters() Counters {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return Counters{Stats: f.st.index.Stats(), Sessions: f.st.sessions.len()}
+}
+
+// Digest combines the index digest with digests of the workers, sessions
+// and members: equal on two nodes exactly when their states are equal (up
+// to hash collisions), whatever order their records are stored in.
+func (f *FSM) Digest() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	st := f.st
+	h := xxh3.New()
+	var b [8]byte
+	put := func(v uint64) {
+		for i := range b {
+			b[i] = byte(v >> (8 * i))
+		}
+		h.Write(b[:])
+	}
+	put(st.index.Digest())
+	put(st.sessions.digest)
+	ids := make([]string, 0, len(st.workers))
+	for id := range st.workers {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		enc, _ := proto.MarshalOptions{Deterministic: true}.Marshal(st.workers[id])
+		put(xxh3.Hash(enc))
+	}
+	members := make([]string, 0, len(st.members))
+	for id := range st.members {
+		members = append(members, id)
+	}
+	slices.Sort(members)
+	for _, id := range members {
+		h.WriteString(id)
+		h.WriteString("\x00" + st.members[id] + "\x00")
+	}
+	return h.Sum64()
+}
+
+// IndexDigest is the block index's own digest.
+func (f *FSM) IndexDigest() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.index.Digest()
+}
