@@ -147,7 +147,9 @@ func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error 
 	return <-recvErr
 }
 
-// forwardPublish pipes a Publish stream to the leader.
+// forwardPublish pipes a Publish stream to the leader. It ends when the
+// leader's side ends, so an agent whose leader went away learns it at once
+// instead of waiting on a response that will not come.
 func (s *agentService) forwardPublish(stream kvdirv1.AgentService_PublishServer) error {
 	ctx := stream.Context()
 	c, err := s.n.fwd.leader(ctx)
@@ -158,35 +160,28 @@ func (s *agentService) forwardPublish(stream kvdirv1.AgentService_PublishServer)
 	if err != nil {
 		return err
 	}
-	errc := make(chan error, 1)
-	go func() {
+	go func() { // agent -> leader; ends with the stream's context at the latest
 		for {
-			resp, err := up.Recv()
+			req, err := stream.Recv()
 			if err != nil {
-				if errors.Is(err, io.EOF) {
-					err = nil
-				}
-				errc <- err
+				up.CloseSend()
 				return
 			}
-			if err := stream.Send(resp); err != nil {
-				errc <- err
-				return
+			if err := up.Send(req); err != nil {
+				return // up.Recv below reports why
 			}
 		}
 	}()
-	for {
-		req, err := stream.Recv()
+	for { // leader -> agent
+		resp, err := up.Recv()
 		if errors.Is(err, io.EOF) {
-			up.CloseSend()
-			return <-errc
+			return nil
 		}
 		if err != nil {
 			return err
 		}
-		if err := up.Send(req); err != nil {
-			// The leader's side ended; its status says why.
-			return <-errc
+		if err := stream.Send(resp); err != nil {
+			return err
 		}
 	}
 }

@@ -54,6 +54,15 @@ func newTestCluster(t *testing.T, size int, cfg func(i int, c *Config)) *testClu
 		c.nodes = append(c.nodes, c.start(i, initial))
 	}
 	t.Cleanup(c.shutdown)
+	c.leader()
+	waitFor(t, "every node to know the leader's API", 10*time.Second, func() bool {
+		for _, n := range c.nodes {
+			if _, ok := n.leaderAPI(); !ok {
+				return false
+			}
+		}
+		return true
+	})
 	return c
 }
 
@@ -69,7 +78,7 @@ func (c *testCluster) config(i int, initial map[string]string) Config {
 		HeartbeatTimeout: 100 * time.Millisecond,
 		ElectionTimeout:  100 * time.Millisecond,
 		ApplyTimeout:     5 * time.Second,
-		Lease:            10 * time.Second,
+		Lease:            time.Minute, // tests of leases set their own
 		Logger:           testLogger(c.t).With("test", c.t.Name()),
 	}
 	if c.cfg != nil {
@@ -214,10 +223,7 @@ func (c *testCluster) conn(i int) *grpc.ClientConn {
 
 func TestClusterPublishThroughFollower(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
-	f := c.follower()
-	// Wait until the follower knows the leader's API address.
-	waitFor(t, "leader API address", 10*time.Second, func() bool { _, ok := c.nodes[f].leaderAPI(); return ok })
-	cc := c.conn(f)
+	cc := c.conn(c.follower())
 	agent := kvdirv1.NewAgentServiceClient(cc)
 	ctx := context.Background()
 	reg, err := agent.Register(ctx, &kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{Id: "w1", BlockSize: 16, Model: "m"}})

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -218,7 +219,7 @@ func (n *Node) startRaft() error {
 	rc.TrailingLogs = cfg.TrailingLogs
 	rc.BatchApplyCh = true
 	rc.MaxAppendEntries = 256
-	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
+	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: slogWriter{n.log}})
 
 	logs, stable, snaps, trans := cfg.LogStore, cfg.StableStore, cfg.Snapshots, cfg.Transport
 	if logs == nil || stable == nil {
@@ -377,4 +378,12 @@ func (b *errorBox) get() error {
 		b.err = nil // a failure that has not recurred for a minute is over
 	}
 	return b.err
+}
+
+// slogWriter passes Raft's log lines (hclog) on to the node's logger.
+type slogWriter struct{ log *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.log.Warn(strings.TrimSpace(string(p)), "component", "raft")
+	return len(p), nil
 }
