@@ -84,8 +84,14 @@ func TestRolesAreEnforced(t *testing.T) {
 		t.Fatalf("router registering: %v", err)
 	}
 	for name, call := range map[string]func(context.Context) error{
-		"drain":  func(ctx context.Context) error { _, err := admin.DrainWorker(ctx, &kvdirv1.DrainWorkerRequest{WorkerId: "w1"}); return err },
-		"remove": func(ctx context.Context) error { _, err := admin.RemoveMember(ctx, &kvdirv1.RemoveMemberRequest{Id: "n9"}); return err },
+		"drain": func(ctx context.Context) error {
+			_, err := admin.DrainWorker(ctx, &kvdirv1.DrainWorkerRequest{WorkerId: "w1"})
+			return err
+		},
+		"remove": func(ctx context.Context) error {
+			_, err := admin.RemoveMember(ctx, &kvdirv1.RemoveMemberRequest{Id: "n9"})
+			return err
+		},
 		"add": func(ctx context.Context) error {
 			_, err := admin.AddMember(ctx, &kvdirv1.AddMemberRequest{Id: "n9", RaftAddress: "x"})
 			return err
