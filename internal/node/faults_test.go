@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -522,5 +524,78 @@ func TestMembershipChange(t *testing.T) {
 	c.checkInvariants(p)
 	if n := len(c.nodes[c.leader()].Raft().GetConfiguration().Configuration().Servers); n != 3 {
 		t.Fatalf("%d members after removal", n)
+	}
+}
+
+// failingStore is a log store whose writes fail while failing is set, as a
+// full or broken disk's would.
+type failingStore struct {
+	*raft.InmemStore
+	failing atomic.Bool
+}
+
+var errDiskFull = errors.New("write raft.db: no space left on device")
+
+func (s *failingStore) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
+
+func (s *failingStore) StoreLogs(logs []*raft.Log) error {
+	if s.failing.Load() {
+		return errDiskFull
+	}
+	return s.InmemStore.StoreLogs(logs)
+}
+
+func TestFailingDiskRefusesWrites(t *testing.T) {
+	var bad *failingStore
+	c := newTestCluster(t, 3, func(i int, cfg *Config) {
+		if i == 0 && bad == nil {
+			bad = &failingStore{InmemStore: raft.NewInmemStore()}
+			cfg.LogStore = bad
+		}
+	})
+	p := newTestPublisher(c, "w1", 1)
+	for range 5 {
+		if err := p.publish(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Make the node with the bad disk the leader, then break its disk.
+	if l := c.leader(); l != 0 {
+		if err := c.nodes[l].Raft().LeadershipTransferToServer("n0", c.trans[0].LocalAddr()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "n0 to lead", 10*time.Second, func() bool { return c.nodes[0].IsLeader() })
+	bad.failing.Store(true)
+	_, err := kvdirv1.NewAgentServiceClient(c.conn(0)).Register(context.Background(),
+		&kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{Id: "never", BlockSize: 16}})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("write on a leader whose disk fails: %v, want Unavailable", err)
+	}
+	// It says so, and is not ready.
+	st, err := kvdirv1.NewAdminServiceClient(c.conn(0)).Status(context.Background(), &kvdirv1.StatusRequest{})
+	if err != nil || !strings.Contains(st.WriteError, "no space left") {
+		t.Fatalf("status of the failing node: %v %v", st, err)
+	}
+	if err := c.nodes[0].ready(); err == nil {
+		t.Fatal("a node whose writes fail reports ready")
+	}
+	// The others take over; acknowledged writes survive; the refused one
+	// was never applied anywhere.
+	waitFor(t, "a healthy leader", 10*time.Second, func() bool {
+		return c.nodes[1].IsLeader() || c.nodes[2].IsLeader()
+	})
+	p.at, p.stream = 1, nil
+	for range 5 {
+		if err := p.publish(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad.failing.Store(false) // the disk is replaced
+	c.checkInvariants(p)
+	for _, n := range c.nodes {
+		if _, ok := n.FSM().Worker("never"); ok {
+			t.Fatalf("node %s applied a write that was refused", n.ID())
+		}
 	}
 }
