@@ -44,8 +44,11 @@ func (t *blockTable) shard(m uint64) *tableShard { return &t.shards[m>>(64-table
 // Len returns the number of keys.
 func (t *blockTable) Len() int { return t.n }
 
-// Get returns the location of h.
+// Get returns the location of h. Hash 0 (the root) is never stored.
 func (t *blockTable) Get(h uint64) (location, bool) {
+	if h == 0 {
+		return 0, false // 0 marks empty slots: it must not be looked up
+	}
 	m := t.mix(h)
 	s := t.shard(m)
 	if len(s.slots) == 0 {

@@ -74,3 +74,21 @@ func TestBlockTableBuildFrom(t *testing.T) {
 		t.Fatalf("repeated hash: %x %v", dup, ok)
 	}
 }
+
+func TestBlockTableNeverFindsZero(t *testing.T) {
+	tb := newBlockTable()
+	for k := uint64(1); k < 5000; k++ {
+		tb.Put(k, location(k))
+	}
+	if _, ok := tb.Get(0); ok {
+		t.Fatal("hash 0 (the empty-slot key) was found")
+	}
+	x := New(Options{})
+	must(t, x.Insert("a", Root, []uint64{5, 6}, GPU))
+	if m, err := x.Match([]uint64{0, 5}); err != nil || len(m) != 0 {
+		t.Fatalf("chain starting with 0 matched %v %v", m, err)
+	}
+	if _, ok := x.ChainTo(0); ok {
+		t.Fatal("ChainTo(0) found a chain")
+	}
+}

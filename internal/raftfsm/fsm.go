@@ -69,6 +69,7 @@ const (
 	DefaultMaxSessions    = 1_000_000
 	DefaultMaxGoneWorkers = 1024
 	maxIDLen              = 256
+	maxLabels             = 64
 )
 
 func (o Options) withDefaults() Options {
@@ -258,6 +259,15 @@ func (f *FSM) register(c *kvdirv1.RegisterCommand, index uint64) (any, []string)
 		return fmt.Errorf("register %q: %w: block size %d not in [1, 65536]", spec.Id, ErrInvalid, spec.BlockSize), nil
 	case len(spec.Address) > 2048 || len(spec.Model) > 1024:
 		return fmt.Errorf("register %q: %w: address or model too long", spec.Id, ErrInvalid), nil
+	case len(spec.Labels) > maxLabels:
+		return fmt.Errorf("register %q: %w: %d labels, limit %d", spec.Id, ErrInvalid, len(spec.Labels), maxLabels), nil
+	}
+	for k, v := range spec.Labels {
+		if len(k) > maxIDLen || len(v) > maxIDLen {
+			// Which label is named may differ between nodes (map order);
+			// the refusal itself is the same everywhere.
+			return fmt.Errorf("register %q: %w: label keys and values are limited to %d bytes", spec.Id, ErrInvalid, maxIDLen), nil
+		}
 	}
 	st := f.st
 	w := st.workers[spec.Id]

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"container/list"
 	"slices"
-	"strings"
 
 	goradix "github.com/armon/go-radix"
 	"github.com/zeebo/xxh3"
@@ -15,12 +14,22 @@ import (
 
 // sessionTable holds sessions by id in a string radix tree, for look-ups by
 // session-id prefix, and in a list ordered by when each was last recorded,
-// for eviction. It keeps an order-independent digest of its records.
+// for eviction and listing. It keeps an order-independent digest of its
+// records.
 type sessionTable struct {
-	byID   *goradix.Tree // session id -> *list.Element holding *kvdirv1.SessionRecord
+	byID   *goradix.Tree // session id -> *list.Element holding *sessionEntry
 	order  *list.List    // least recently recorded first
+	seq    uint64        // recording counter
 	digest uint64
 }
+
+// sessionEntry is a record and when it was recorded, in recording order.
+type sessionEntry struct {
+	rec *kvdirv1.SessionRecord
+	seq uint64
+}
+
+func entryOf(e *list.Element) *sessionEntry { return e.Value.(*sessionEntry) }
 
 func newSessionTable() *sessionTable {
 	return &sessionTable{byID: goradix.New(), order: list.New()}
@@ -37,19 +46,20 @@ func recordHash(r *kvdirv1.SessionRecord) uint64 {
 // put records r, replacing any record of the same session, as the most
 // recent.
 func (t *sessionTable) put(r *kvdirv1.SessionRecord) {
+	t.seq++
 	if v, ok := t.byID.Get(r.SessionId); ok {
 		e := v.(*list.Element)
-		t.digest -= recordHash(e.Value.(*kvdirv1.SessionRecord))
-		e.Value = r
+		t.digest -= recordHash(entryOf(e).rec)
+		e.Value = &sessionEntry{rec: r, seq: t.seq}
 		t.order.MoveToBack(e)
 	} else {
-		t.byID.Insert(r.SessionId, t.order.PushBack(r))
+		t.byID.Insert(r.SessionId, t.order.PushBack(&sessionEntry{rec: r, seq: t.seq}))
 	}
 	t.digest += recordHash(r)
 }
 
 func (t *sessionTable) remove(e *list.Element) {
-	r := e.Value.(*kvdirv1.SessionRecord)
+	r := entryOf(e).rec
 	t.digest -= recordHash(r)
 	t.byID.Delete(r.SessionId)
 	t.order.Remove(e)
@@ -66,7 +76,7 @@ func (t *sessionTable) evictOver(max int) {
 func (t *sessionTable) expireBefore(unixNano int64) {
 	for e := t.order.Front(); e != nil; {
 		next := e.Next()
-		if e.Value.(*kvdirv1.SessionRecord).TimeUnixNano < unixNano {
+		if entryOf(e).rec.TimeUnixNano < unixNano {
 			t.remove(e)
 		}
 		e = next
@@ -78,32 +88,34 @@ func (t *sessionTable) get(id string) (*kvdirv1.SessionRecord, bool) {
 	if !ok {
 		return nil, false
 	}
-	return v.(*list.Element).Value.(*kvdirv1.SessionRecord), true
+	return entryOf(v.(*list.Element)).rec, true
 }
 
 // withPrefix returns up to limit sessions whose id starts with prefix and
 // that went to worker (any worker if empty), most recently recorded first.
 func (t *sessionTable) withPrefix(prefix, worker string, limit int) []*kvdirv1.SessionRecord {
+	if limit <= 0 {
+		return nil
+	}
 	var out []*kvdirv1.SessionRecord
 	if prefix == "" {
 		for e := t.order.Back(); e != nil && len(out) < limit; e = e.Prev() {
-			if r := e.Value.(*kvdirv1.SessionRecord); worker == "" || r.WorkerId == worker {
+			if r := entryOf(e).rec; worker == "" || r.WorkerId == worker {
 				out = append(out, r)
 			}
 		}
 		return out
 	}
+	var found []*sessionEntry
 	t.byID.WalkPrefix(prefix, func(_ string, v any) bool {
-		if r := v.(*list.Element).Value.(*kvdirv1.SessionRecord); worker == "" || r.WorkerId == worker {
-			out = append(out, r)
+		if se := entryOf(v.(*list.Element)); worker == "" || se.rec.WorkerId == worker {
+			found = append(found, se)
 		}
 		return false
 	})
-	slices.SortFunc(out, func(a, b *kvdirv1.SessionRecord) int {
-		if c := cmp.Compare(b.TimeUnixNano, a.TimeUnixNano); c != 0 {
-			return c
-		}
-		return strings.Compare(a.SessionId, b.SessionId)
-	})
-	return out[:min(len(out), limit)]
+	slices.SortFunc(found, func(a, b *sessionEntry) int { return cmp.Compare(b.seq, a.seq) })
+	for _, se := range found[:min(len(found), limit)] {
+		out = append(out, se.rec)
+	}
+	return out
 }

@@ -21,7 +21,7 @@ import (
 //
 //	magic "KVDIRFSM" | u32 LE version (1)
 //	'W' record per worker, 'M' record per member, 'S' record per session
-//	    (least recently recorded first): tag | uvarint length | protobuf | u32 LE CRC-32C of the protobuf
+//	    (least recently recorded first): tag | uvarint length | protobuf | u32 LE CRC-32C of tag and protobuf
 //	'I' | the index snapshot (internal/radix format, self-delimiting and checksummed)
 //	'E' | u64 LE applied index | u32 LE CRC-32C of those 8 bytes
 //
@@ -39,6 +39,12 @@ const (
 var ErrCorruptState = errors.New("raftfsm: corrupt state snapshot")
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// recordCRC checksums a record's tag and body, so that neither can change
+// unnoticed.
+func recordCRC(tag byte, body []byte) uint32 {
+	return crc32.Update(crc32.Checksum([]byte{tag}, castagnoli), castagnoli, body)
+}
 
 type snapshot struct{ data []byte }
 
@@ -83,7 +89,7 @@ func writeState(w io.Writer, st *state, applied uint64) error {
 		bw.WriteByte(tag)
 		bw.Write(binary.AppendUvarint(nil, uint64(len(b))))
 		bw.Write(b)
-		return binary.Write(bw, binary.LittleEndian, crc32.Checksum(b, castagnoli))
+		return binary.Write(bw, binary.LittleEndian, recordCRC(tag, b))
 	}
 	ids := make([]string, 0, len(st.workers))
 	for id := range st.workers {
@@ -106,7 +112,7 @@ func writeState(w io.Writer, st *state, applied uint64) error {
 		}
 	}
 	for e := st.sessions.order.Front(); e != nil; e = e.Next() {
-		if err := record('S', e.Value.(*kvdirv1.SessionRecord)); err != nil {
+		if err := record('S', entryOf(e).rec); err != nil {
 			return fmt.Errorf("write session: %w", err)
 		}
 	}
@@ -159,7 +165,7 @@ func readState(r io.Reader, opts Options) (*state, uint64, error) {
 				return nil, 0, corrupt("truncated record")
 			}
 			b := buf[:n]
-			if crc32.Checksum(b, castagnoli) != binary.LittleEndian.Uint32(buf[n:]) {
+			if recordCRC(tag, b) != binary.LittleEndian.Uint32(buf[n:]) {
 				return nil, 0, corrupt("record checksum")
 			}
 			if err := readRecord(st, tag, b); err != nil {
