@@ -11,6 +11,7 @@ require (
 	github.com/zeebo/xxh3 v1.1.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
+	gopkg.in/yaml.v3 v3.0.1
 )
 
 require (

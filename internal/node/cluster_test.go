@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 // node's restart, and real gRPC on loopback.
 type testCluster struct {
 	t      *testing.T
+	mu     sync.Mutex // guards nodes against publishers running beside the test
 	nodes  []*Node
 	trans  []*raft.InmemTransport
 	stores []*raft.InmemStore
@@ -130,8 +132,18 @@ func (c *testCluster) shutdown() {
 func (c *testCluster) stop(i int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c.nodes[i].Shutdown(ctx)
+	n := c.node(i)
+	n.Shutdown(ctx)
+	c.mu.Lock()
 	c.nodes[i] = nil
+	c.mu.Unlock()
+}
+
+// node returns node i, or nil while it is down; safe beside stop and restart.
+func (c *testCluster) node(i int) *Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[i]
 }
 
 // restart starts node i again on its stores, with a fresh transport.
@@ -140,7 +152,10 @@ func (c *testCluster) restart(i int) {
 	_ = addr
 	c.trans[i] = tr
 	c.connectAll()
-	c.nodes[i] = c.start(i, nil)
+	n := c.start(i, nil)
+	c.mu.Lock()
+	c.nodes[i] = n
+	c.mu.Unlock()
 }
 
 // waitFor polls cond until it holds or the deadline passes.
@@ -213,7 +228,7 @@ func (c *testCluster) converged() {
 // conn dials node i's API.
 func (c *testCluster) conn(i int) *grpc.ClientConn {
 	c.t.Helper()
-	cc, err := grpc.NewClient(c.nodes[i].APIAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(c.node(i).APIAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		c.t.Fatal(err)
 	}

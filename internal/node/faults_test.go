@@ -99,7 +99,7 @@ func (p *testPublisher) publish() error {
 func (p *testPublisher) sendOnce(b *kvdirv1.EventBatch) (*kvdirv1.PublishResponse, error) {
 	if p.stream == nil {
 		i := p.at % len(p.c.nodes)
-		if p.c.nodes[i] == nil {
+		if p.c.node(i) == nil {
 			return nil, errors.New("node down")
 		}
 		s, err := kvdirv1.NewAgentServiceClient(p.c.conn(i)).Publish(context.Background())
@@ -426,7 +426,7 @@ func TestLeaseExpiryAndLeaderChange(t *testing.T) {
 			case <-tick.C:
 			}
 			for j := range c.nodes {
-				n := c.nodes[(i+j)%len(c.nodes)]
+				n := c.node((i + j) % len(c.nodes))
 				if n == nil {
 					continue
 				}

@@ -259,7 +259,7 @@ func (n *Node) startRaft() error {
 		n.closers = append(n.closers, t.Close)
 		trans = t
 	}
-	if n.cfg.RaftAdvertise == "" {
+	if n.cfg.RaftAdvertise == "" { // an injected transport and no address given
 		n.cfg.RaftAdvertise = string(trans.LocalAddr())
 	}
 	hasState, err := raft.HasExistingState(logs, stable, snaps)
@@ -380,10 +380,23 @@ func (b *errorBox) get() error {
 	return b.err
 }
 
-// slogWriter passes Raft's log lines (hclog) on to the node's logger.
+// slogWriter passes Raft's log lines (hclog's text format: time, [LEVEL],
+// message and key=value pairs) on to the node's logger at their level.
 type slogWriter struct{ log *slog.Logger }
 
+var hclogLevels = []struct {
+	tag   string
+	level slog.Level
+}{{"[ERROR]", slog.LevelError}, {"[WARN]", slog.LevelWarn}, {"[INFO]", slog.LevelInfo}, {"[DEBUG]", slog.LevelDebug}, {"[TRACE]", slog.LevelDebug}}
+
 func (w slogWriter) Write(p []byte) (int, error) {
-	w.log.Warn(strings.TrimSpace(string(p)), "component", "raft")
+	line, level := strings.TrimSpace(string(p)), slog.LevelWarn
+	for _, l := range hclogLevels {
+		if _, rest, ok := strings.Cut(line, l.tag); ok {
+			line, level = strings.TrimSpace(rest), l.level
+			break
+		}
+	}
+	w.log.Log(context.Background(), level, line, "component", "raft")
 	return len(p), nil
 }

@@ -1,0 +1,346 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// writeFile writes content to a new file in dir and returns its path.
+func writeFile(t *testing.T, dir, name, content string, mode os.FileMode) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), mode); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func mustLoad(t *testing.T, args, env []string) *loaded {
+	t.Helper()
+	l, err := loadSettings(args, env)
+	if err != nil {
+		t.Fatalf("loadSettings(%q, %q): %v", args, env, err)
+	}
+	return l
+}
+
+func TestDefaults(t *testing.T) {
+	s := mustLoad(t, []string{"--node-id", "n1", "--bootstrap"}, nil).s
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"raft-addr", s.raftAddr, "127.0.0.1:7000"},
+		{"api-addr", s.apiAddr, "127.0.0.1:7001"},
+		{"http-addr", s.httpAddr, "127.0.0.1:7002"},
+		{"data-dir", s.dataDir, filepath.Join("kvdir-data", "n1")},
+		{"lease", s.lease, 10 * time.Second},
+		{"load-interval", s.loadInterval, time.Second},
+		{"session-ttl", s.sessionTTL, 24 * time.Hour},
+		{"max-sessions", s.maxSessions, 1_000_000},
+		{"snapshot-threshold", s.snapshotThreshold, uint64(8192)},
+		{"trailing-logs", s.trailingLogs, uint64(10240)},
+		{"heartbeat-timeout", s.heartbeatTimeout, time.Second},
+		{"election-timeout", s.electionTimeout, time.Second},
+		{"log-format", s.logFormat, "text"},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	cfg, err := s.nodeConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ID != "n1" || !cfg.Bootstrap || cfg.FSM.MaxSessions != 1_000_000 || cfg.FSM.Index.MaxWorkers != 4096 || cfg.TLS != nil {
+		t.Errorf("node config: %+v", cfg)
+	}
+}
+
+// TestPrecedence sets one option in several sources at once: a flag beats
+// the environment, which beats the file, which beats the default.
+func TestPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	file := writeFile(t, dir, "c.yaml", `
+node-id: from-file
+lease: 1m
+load-interval: 2s
+session-ttl: 3h
+max-sessions: 7
+join: [127.0.0.1:1, 127.0.0.1:2]
+log-format: json
+`, 0o600)
+	env := []string{
+		"KVDIR_CONFIG=" + file,
+		"KVDIR_LEASE=2m",
+		"KVDIR_LOAD_INTERVAL=3s",
+		"KVDIR_MAX_SESSIONS=8",
+		"PATH=/bin", // not ours: ignored
+	}
+	args := []string{"--lease", "3m", "--max-sessions=9"}
+	s := mustLoad(t, args, env).s
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"node-id (file)", s.nodeID, "from-file"},
+		{"lease (flag over env and file)", s.lease, 3 * time.Minute},
+		{"load-interval (env over file)", s.loadInterval, 3 * time.Second},
+		{"session-ttl (file over default)", s.sessionTTL, 3 * time.Hour},
+		{"max-sessions (flag)", s.maxSessions, 9},
+		{"join (file list)", strings.Join(s.join, ","), "127.0.0.1:1,127.0.0.1:2"},
+		{"log-format (file)", s.logFormat, "json"},
+		{"election-timeout (default)", s.electionTimeout, time.Second},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+
+	// --config beats KVDIR_CONFIG.
+	other := writeFile(t, dir, "other.yaml", "node-id: other\n", 0o600)
+	s = mustLoad(t, []string{"--config", other}, env).s
+	if s.nodeID != "other" || s.lease != 2*time.Minute {
+		t.Errorf("--config over KVDIR_CONFIG: node %q lease %v", s.nodeID, s.lease)
+	}
+
+	// An empty environment variable counts as unset.
+	s = mustLoad(t, []string{"--node-id", "n1"}, []string{"KVDIR_LEASE=", "KVDIR_HTTP_ADDR="}).s
+	if s.lease != 10*time.Second || s.httpAddr != "127.0.0.1:7002" {
+		t.Errorf("empty env: lease %v http %q", s.lease, s.httpAddr)
+	}
+}
+
+func TestEnvironment(t *testing.T) {
+	env := []string{
+		"KVDIR_NODE_ID=n2",
+		"KVDIR_RAFT_ADDR=127.0.0.1:7010",
+		"KVDIR_INITIAL_CLUSTER=n1=127.0.0.1:7000, n2=127.0.0.1:7010",
+		"KVDIR_HEARTBEAT_TIMEOUT=200ms",
+		"KVDIR_ELECTION_TIMEOUT=400ms",
+		"KVDIR_HTTP_ADDR=off",
+		"KVDIR_LOG_LEVEL=debug",
+		"KVDIR_SNAPSHOT_THRESHOLD=100",
+		"KVDIR_BOOTSTRAP=false",
+	}
+	s := mustLoad(t, nil, env).s
+	if s.nodeID != "n2" || s.raftAddr != "127.0.0.1:7010" || s.httpAddr != "" ||
+		s.heartbeatTimeout != 200*time.Millisecond || s.electionTimeout != 400*time.Millisecond ||
+		s.snapshotThreshold != 100 || s.logLevel.String() != "DEBUG" {
+		t.Errorf("settings from the environment: %+v", s)
+	}
+	if len(s.initialCluster) != 2 || s.initialCluster["n1"] != "127.0.0.1:7000" {
+		t.Errorf("initial cluster: %v", s.initialCluster)
+	}
+}
+
+func TestConfigFileForms(t *testing.T) {
+	dir := t.TempDir()
+	file := writeFile(t, dir, "c.yaml", `# a comment
+node-id: n1
+raft-addr: 127.0.0.1:7000
+initial-cluster:
+  n1: 127.0.0.1:7000
+  n2: 127.0.0.1:7010
+bootstrap: false
+http-addr: ""
+`, 0o600)
+	s := mustLoad(t, []string{"--config", file}, nil).s
+	if len(s.initialCluster) != 2 || s.initialCluster["n2"] != "127.0.0.1:7010" || s.httpAddr != "" {
+		t.Errorf("mapping form: %v, http %q", s.initialCluster, s.httpAddr)
+	}
+	file = writeFile(t, dir, "d.yaml", "node-id: n1\ninitial-cluster: [n1=127.0.0.1:7000, n2=127.0.0.1:7010]\n", 0o600)
+	s = mustLoad(t, []string{"--config", file}, nil).s
+	if len(s.initialCluster) != 2 {
+		t.Errorf("sequence form: %v", s.initialCluster)
+	}
+	empty := writeFile(t, dir, "empty.yaml", "", 0o600)
+	if s := mustLoad(t, []string{"--config", empty, "--node-id", "n1"}, nil).s; s.nodeID != "n1" {
+		t.Errorf("empty file: %+v", s)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	dir := t.TempDir()
+	cfg := func(content string) string {
+		return writeFile(t, dir, strings.ReplaceAll(t.Name(), "/", "_")+".yaml", content, 0o600)
+	}
+	cert := writeFile(t, dir, "cert.pem", "x", 0o600)
+	tok := writeFile(t, dir, "tok", "secret\n", 0o600)
+	emptyTok := writeFile(t, dir, "empty-tok", " \n", 0o600)
+	base := []string{"--node-id", "n1"}
+	cases := []struct {
+		name string
+		args []string
+		env  []string
+		file string // config file content, if any
+		want string // in the error
+	}{
+		{name: "missing node id", args: []string{}, want: "a node id is required"},
+		{name: "bad node id", args: []string{"--node-id", "a=b"}, want: "only letters"},
+		{name: "unknown flag", args: []string{"--no-such-flag"}, want: "not defined: -no-such-flag"},
+		{name: "positional", args: append(base, "extra"), want: `unexpected argument "extra"`},
+		{name: "bad duration flag", args: append(base, "--lease", "10"), want: `flag --lease: not a duration: "10"`},
+		{name: "negative duration", args: append(base, "--lease=-1s"), want: "must be positive"},
+		{name: "bad duration env", args: base, env: []string{"KVDIR_ELECTION_TIMEOUT=soon"}, want: "environment variable KVDIR_ELECTION_TIMEOUT: not a duration"},
+		{name: "bad duration file", args: base, file: "lease: ten\n", want: `key "lease" in config file`},
+		{name: "unknown key", args: base, file: "node-id: n1\nlaese: 1s\n", want: `(line 2): unknown key "laese"`},
+		{name: "underscore key", args: base, file: "node_id: n1\n", want: `did you mean "node-id"?`},
+		{name: "config key in file", args: base, file: "config: x.yaml\n", want: "it is a flag only"},
+		{name: "duplicate key", args: base, file: "lease: 1s\nlease: 2s\n", want: "already set on line 1"},
+		{name: "list for scalar", args: base, file: "lease: [1s, 2s]\n", want: "want a single value, not a list"},
+		{name: "not a mapping", args: base, file: "- a\n- b\n", want: "want a mapping"},
+		{name: "broken yaml", args: base, file: "lease: [1s\n", want: "config file"},
+		{name: "missing config", args: append(base, "--config", filepath.Join(dir, "nope.yaml")), want: "read config file"},
+		{name: "bad bool", args: base, env: []string{"KVDIR_BOOTSTRAP=yes please"}, want: "not a boolean"},
+		{name: "bad int", args: append(base, "--max-sessions", "0"), want: "not a positive integer"},
+		{name: "bootstrap and join", args: append(base, "--bootstrap", "--join", "127.0.0.1:7001"), want: "--bootstrap starts a new cluster and --join"},
+		{name: "bootstrap and initial", args: append(base, "--bootstrap", "--initial-cluster", "n1=127.0.0.1:7000"), want: "exclude each other"},
+		{name: "initial and join", args: append(base, "--initial-cluster", "n1=127.0.0.1:7000", "--join", "127.0.0.1:7001"), want: "--initial-cluster starts a new cluster"},
+		{name: "initial without self", args: append(base, "--initial-cluster", "n2=127.0.0.1:7010"), want: `does not list this node ("n1")`},
+		{name: "initial wrong self address", args: append(base, "--initial-cluster", "n1=127.0.0.1:9999"), want: "must be the same"},
+		{name: "initial duplicate id", args: append(base, "--initial-cluster", "n1=127.0.0.1:7000,n1=127.0.0.1:7010"), want: "listed twice"},
+		{name: "initial duplicate address", args: append(base, "--initial-cluster", "n1=127.0.0.1:7000,n2=127.0.0.1:7000"), want: "same address"},
+		{name: "initial malformed", args: append(base, "--initial-cluster", "n1"), want: "want id=host:port"},
+		{name: "bad join address", args: append(base, "--join", "nohost"), want: "want host:port"},
+		{name: "raft port 0", args: append(base, "--raft-addr", "127.0.0.1:0"), want: "port 0 is not allowed"},
+		{name: "raft wildcard", args: append(base, "--raft-addr", "0.0.0.0:7000"), want: "set --raft-advertise"},
+		{name: "bad port", args: append(base, "--api-addr", "127.0.0.1:http"), want: "port must be a number"},
+		{name: "election below heartbeat", args: append(base, "--heartbeat-timeout", "2s", "--election-timeout", "1s"), want: "must be at least --heartbeat-timeout"},
+		{name: "heartbeat too short", args: append(base, "--heartbeat-timeout", "1ms", "--election-timeout", "1ms"), want: "too short"},
+		{name: "short lease", args: append(base, "--lease", "1ms"), want: "--lease 1ms is too short"},
+		{name: "tls key without cert", args: append(base, "--tls-key", "k.pem"), want: "--tls-key is set without --tls-cert"},
+		{name: "tls cert without key", args: append(base, "--tls-cert", "c.pem"), want: "--tls-cert is set without --tls-key"},
+		{name: "tls ca alone", args: append(base, "--tls-ca", cert), want: "--tls-ca is set without"},
+		{name: "one token only", args: append(base, "--admin-token-file", tok), want: "missing: --agent-token(-file), --router-token(-file)"},
+		{name: "token and file same level", args: append(base, "--admin-token", "a", "--admin-token-file", tok), want: "give one"},
+		{name: "empty token file", args: append(base, "--admin-token-file", emptyTok), want: "is empty"},
+		{name: "missing token file", args: append(base, "--admin-token-file", filepath.Join(dir, "nope")), want: "token file"},
+		{name: "equal tokens", args: append(base, "--agent-token", "x", "--router-token", "x", "--admin-token", "y"), want: "must differ"},
+		{name: "bad log level", args: append(base, "--log-level", "loud"), want: "unknown log level"},
+		{name: "bad log format", args: append(base, "--log-format", "xml"), want: "unknown log format"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			args := append([]string(nil), c.args...)
+			if c.file != "" {
+				args = append(args, "--config", cfg(c.file))
+			}
+			_, err := loadSettings(args, c.env)
+			if err == nil {
+				t.Fatalf("no error; want one containing %q", c.want)
+			}
+			if !errors.Is(err, errUsage) {
+				t.Errorf("error %v is not a usage error", err)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %q does not contain %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestTokens(t *testing.T) {
+	dir := t.TempDir()
+	agent := writeFile(t, dir, "agent", "agent-secret\n", 0o600)
+	router := writeFile(t, dir, "router", "  router-secret  ", 0o600)
+	admin := writeFile(t, dir, "admin", "admin-secret", 0o644)
+	l := mustLoad(t, []string{"--node-id", "n1", "--agent-token-file", agent, "--router-token-file", router},
+		[]string{"KVDIR_ADMIN_TOKEN_FILE=" + admin})
+	s := l.s
+	if s.tokens["agent"] != "agent-secret" || s.tokens["router"] != "router-secret" || s.tokens["admin"] != "admin-secret" {
+		t.Errorf("tokens: %v", s.tokens)
+	}
+	if !strings.Contains(strings.Join(l.warnings, "\n"), "may be read by other users") {
+		t.Errorf("no warning about a readable token file: %q", l.warnings)
+	}
+	// A token from a higher source beats a token file from a lower one,
+	// and the other way round.
+	s = mustLoad(t, []string{"--node-id", "n1", "--agent-token-file", agent, "--router-token", "r", "--admin-token", "a"},
+		[]string{"KVDIR_AGENT_TOKEN=env-agent", "KVDIR_ROUTER_TOKEN_FILE=" + router}).s
+	if s.tokens["agent"] != "agent-secret" || s.tokens["router"] != "r" {
+		t.Errorf("token precedence: %v", s.tokens)
+	}
+	cfg, err := s.nodeConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Tokens.Agent != "agent-secret" || cfg.Tokens.Router != "r" || cfg.Tokens.Admin != "a" {
+		t.Errorf("node tokens: %+v", cfg.Tokens)
+	}
+}
+
+func TestTLSFiles(t *testing.T) {
+	dir := t.TempDir()
+	certPEM, keyPEM := selfSigned(t)
+	cert := writeFile(t, dir, "cert.pem", string(certPEM), 0o600)
+	key := writeFile(t, dir, "key.pem", string(keyPEM), 0o600)
+	s := mustLoad(t, []string{"--node-id", "n1", "--tls-cert", cert, "--tls-key", key, "--tls-ca", cert}, nil).s
+	cfg, err := s.nodeConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.TLS == nil || len(cfg.TLS.Certificates) != 1 || cfg.ClientTLS == nil || cfg.ClientTLS.RootCAs == nil {
+		t.Errorf("TLS not configured: %+v", cfg)
+	}
+	// A key that does not match, and a CA file without certificates.
+	s = mustLoad(t, []string{"--node-id", "n1", "--tls-cert", cert, "--tls-key", cert}, nil).s
+	if _, err := s.nodeConfig(nil); err == nil || !errors.Is(err, errUsage) {
+		t.Errorf("mismatched key: %v", err)
+	}
+	s = mustLoad(t, []string{"--node-id", "n1", "--tls-cert", cert, "--tls-key", key, "--tls-ca", key}, nil).s
+	if _, err := s.nodeConfig(nil); err == nil || !strings.Contains(err.Error(), "holds no PEM certificate") {
+		t.Errorf("CA without certificates: %v", err)
+	}
+}
+
+func TestRunUsageExits(t *testing.T) {
+	cases := []struct {
+		args []string
+		code int
+		out  string // in stdout
+		err  string // in stderr
+	}{
+		{[]string{"--help"}, exitOK, "three-node cluster on one machine", ""},
+		{[]string{"-h"}, exitOK, "--initial-cluster", ""},
+		{[]string{"--version"}, exitOK, "kvdir directory " + version, ""},
+		{[]string{}, exitUsage, "", "a node id is required"},
+		{[]string{"--node-id", "n1", "--bootstrap", "--join", "127.0.0.1:1"}, exitUsage, "", "give one of them"},
+		{[]string{"--node-id", "n1", "--tls-key", "k"}, exitUsage, "", "--tls-key is set without --tls-cert"},
+	}
+	for _, c := range cases {
+		var stdout, stderr bytes.Buffer
+		code := run(c.args, nil, &stdout, &stderr, nil)
+		if code != c.code || !strings.Contains(stdout.String(), c.out) || !strings.Contains(stderr.String(), c.err) {
+			t.Errorf("run %q: exit %d (want %d)\nstdout: %s\nstderr: %s", c.args, code, c.code, stdout.String(), stderr.String())
+		}
+	}
+	// Every option is in the help, with its environment variable.
+	var help bytes.Buffer
+	writeHelp(&help)
+	for _, o := range options {
+		if !strings.Contains(help.String(), "--"+o.name) || !strings.Contains(help.String(), o.env()) {
+			t.Errorf("help lacks --%s or %s", o.name, o.env())
+		}
+	}
+}
+
+// TestRunStartFailure: a node that cannot start (its Raft port is taken)
+// exits 1, not 2.
+func TestRunStartFailure(t *testing.T) {
+	lis := listenLoopback(t)
+	defer lis.Close()
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"--node-id", "n1", "--bootstrap", "--raft-addr", lis.Addr().String(),
+		"--api-addr", "127.0.0.1:0", "--http-addr", "off", "--data-dir", t.TempDir()}, nil, &stdout, &stderr, nil)
+	if code != exitError || !strings.Contains(stderr.String(), "could not start the node") {
+		t.Errorf("exit %d, stderr: %s", code, stderr.String())
+	}
+}
