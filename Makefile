@@ -38,6 +38,11 @@ bench-index: ## Index and hashing figures at full scale -> bench/results/index.j
 	@mkdir -p $(dir $(BENCH_OUT))
 	$(GO) run ./bench/cmd/indexbench -out $(BENCH_OUT)
 
+.PHONY: bench-directory
+bench-directory: ## 3 directory processes, 64 publishing workers -> bench/results/directory.json
+	@mkdir -p bench/results
+	$(GO) run ./bench/cmd/dirbench -out bench/results/directory.json
+
 .PHONY: bench-go
 bench-go: ## Go micro-benchmarks of the index and hashing (for benchstat)
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./internal/radix ./internal/blockhash | tee bench/results/go-bench.txt
