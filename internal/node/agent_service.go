@@ -132,7 +132,16 @@ func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error 
 			}
 		}()
 	}()
-	for p := range inflight {
+	for {
+		var p *pending
+		select {
+		case p = <-inflight:
+		case <-n.stop:
+			return errShuttingDown
+		}
+		if p == nil { // inflight closed: the agent is done, or failed
+			return <-recvErr
+		}
 		res, _, err := n.wait(p)
 		if err != nil {
 			return err
@@ -144,18 +153,29 @@ func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error 
 			}
 		}
 	}
-	return <-recvErr
 }
+
+// errShuttingDown ends streams when the node stops, so that agents move to
+// another node at once.
+var errShuttingDown = status.Error(codes.Unavailable, "node is shutting down; reconnect to another node and resend unacknowledged batches")
 
 // forwardPublish pipes a Publish stream to the leader. It ends when the
 // leader's side ends, so an agent whose leader went away learns it at once
 // instead of waiting on a response that will not come.
 func (s *agentService) forwardPublish(stream kvdirv1.AgentService_PublishServer) error {
-	ctx := stream.Context()
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
 	c, err := s.n.fwd.leader(ctx)
 	if err != nil {
 		return err
 	}
+	go func() { // the node stopping ends the stream
+		select {
+		case <-s.n.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	up, err := c.agent.Publish(c.outgoing(ctx))
 	if err != nil {
 		return err
@@ -176,6 +196,11 @@ func (s *agentService) forwardPublish(stream kvdirv1.AgentService_PublishServer)
 		resp, err := up.Recv()
 		if errors.Is(err, io.EOF) {
 			return nil
+		}
+		select {
+		case <-s.n.stop:
+			return errShuttingDown
+		default:
 		}
 		if err != nil {
 			return err

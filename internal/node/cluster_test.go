@@ -11,7 +11,9 @@ import (
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
@@ -275,5 +277,30 @@ func TestClusterPublishThroughFollower(t *testing.T) {
 		if len(m.Matches) != 1 || m.Matches[0].WorkerId != "w1" || m.Matches[0].Blocks != 4 || m.Matches[0].Tokens != 64 {
 			t.Fatalf("node %d match: %v", i, m)
 		}
+	}
+}
+
+func TestShutdownEndsIdleStreams(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	for _, i := range []int{c.leader(), c.follower()} {
+		s, err := kvdirv1.NewAgentServiceClient(c.conn(i)).Publish(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Opened and idle: no batch sent yet; make sure the handler runs.
+		s.Send(&kvdirv1.PublishRequest{Batch: &kvdirv1.EventBatch{WorkerId: "nobody", Epoch: 1, FirstSeq: 1, LastSeq: 1}})
+		if _, err := s.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		c.stop(i)
+		if d := time.Since(start); d > 3*time.Second {
+			t.Fatalf("shutting down node %d took %v with an idle publish stream", i, d)
+		}
+		if _, err := s.Recv(); status.Code(err) != codes.Unavailable {
+			t.Fatalf("idle stream after shutdown: %v, want Unavailable", err)
+		}
+		c.restart(i)
+		c.leader()
 	}
 }

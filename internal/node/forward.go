@@ -14,18 +14,13 @@ import (
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
-// Metadata keys kvdir uses between clients and nodes.
+// Metadata keys, shared with clients (see kvdirv1.Metadata*).
 const (
-	// mdForwarded marks a request a follower forwarded to the leader: a node
-	// that is not the leader (any more) refuses it instead of forwarding it
-	// again.
-	mdForwarded = "kvdir-forwarded"
-	// MDLeader is set on responses to the leader's API address, when known,
-	// so that clients can send their writes there directly.
-	MDLeader = "kvdir-leader"
-	// MDWorkerToken carries the token Register returned, on calls for that
-	// worker.
-	MDWorkerToken = "kvdir-worker-token"
+	mdForwarded = kvdirv1.MetadataForwarded
+	// MDLeader is the response header naming the leader's API address.
+	MDLeader = kvdirv1.MetadataLeader
+	// MDWorkerToken carries the token Register returned.
+	MDWorkerToken = kvdirv1.MetadataWorkerToken
 )
 
 // forwarder keeps a connection to the current leader's API.

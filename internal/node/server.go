@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 
@@ -34,6 +35,8 @@ func (n *Node) startGRPC() error {
 	}
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxMessage),
+		// Clients may ping idle connections every 10 s to notice dead peers.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxSendMsgSize(maxMessage),
 		grpc.ChainUnaryInterceptor(n.metrics.unary, n.auth.unary, n.leaderHeaderUnary),
 		grpc.ChainStreamInterceptor(n.metrics.stream, n.auth.stream, n.leaderHeaderStream),

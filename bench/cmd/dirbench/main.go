@@ -43,6 +43,7 @@ func main() {
 		chainSize = flag.Int("chain", 2048, "blocks per matched chain")
 		rate      = flag.Int("latency-rate", 500_000, "block events per second offered while commit latency is measured")
 		latFor    = flag.Duration("latency-for", 10*time.Second, "how long commit latency is measured")
+		nodeFlags = flag.String("node-flags", "", "extra flags for every directory process, space-separated")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: dirbench [flags]\n\n"+
@@ -54,7 +55,7 @@ func main() {
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	res, err := run(log, config{scale: *scale, batchBlocks: *batch, inflight: *inflight, matches: *matches,
-		dir: *workDir, logs: *keepLogs, chain: *chainSize, rate: *rate, latencyFor: *latFor})
+		dir: *workDir, logs: *keepLogs, chain: *chainSize, rate: *rate, latencyFor: *latFor, nodeFlags: strings.Fields(*nodeFlags)})
 	if err != nil {
 		log.Error("dirbench failed", "err", err)
 		os.Exit(1)
@@ -85,6 +86,7 @@ type config struct {
 	chain       int
 	rate        int
 	latencyFor  time.Duration
+	nodeFlags   []string
 }
 
 // Results is the JSON written to bench/results/directory.json.
@@ -148,7 +150,7 @@ func run(log *slog.Logger, cfg config) (res *Results, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := dircluster.Start(bin, dir, 3, "--lease", "1h", "--log-level", "warn")
+	c, err := dircluster.Start(bin, dir, 3, append([]string{"--lease", "1h", "--log-level", "warn"}, cfg.nodeFlags...)...)
 	if err != nil {
 		return nil, err
 	}

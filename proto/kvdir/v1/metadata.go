@@ -1,0 +1,15 @@
+package kvdirv1
+
+// gRPC metadata keys of the kvdir API (hand-written, beside the generated
+// code, so that servers and clients share them).
+const (
+	// MetadataLeader is set on responses to the leader's API address, when
+	// the answering node knows it, so that clients can send writes there.
+	MetadataLeader = "kvdir-leader"
+	// MetadataWorkerToken carries, on Publish, Heartbeat and Deregister, the
+	// token that Register returned for the worker.
+	MetadataWorkerToken = "kvdir-worker-token"
+	// MetadataForwarded marks a request a follower forwarded to the leader;
+	// a node that is not the leader refuses it rather than forward it again.
+	MetadataForwarded = "kvdir-forwarded"
+)
