@@ -8,9 +8,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,13 +16,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvdir/kvdir/bench/benchjson"
 	"github.com/kvdir/kvdir/bench/dircluster"
 	"github.com/kvdir/kvdir/bench/indexshape"
 	"github.com/kvdir/kvdir/internal/radix"
@@ -60,20 +58,13 @@ func main() {
 		log.Error("dirbench failed", "err", err)
 		os.Exit(1)
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	enc.Encode(res)
-	if *out == "-" {
-		os.Stdout.Write(buf.Bytes())
-		return
-	}
-	if err := os.WriteFile(*out, buf.Bytes(), 0o644); err != nil {
+	if err := benchjson.Write(*out, res); err != nil {
 		log.Error("write results", "err", err)
 		os.Exit(1)
 	}
-	log.Info("wrote results", "file", *out)
+	if *out != "-" {
+		log.Info("wrote results", "file", *out)
+	}
 }
 
 type config struct {
@@ -91,7 +82,7 @@ type config struct {
 
 // Results is the JSON written to bench/results/directory.json.
 type Results struct {
-	Machine          machineInfo       `json:"machine"`
+	Machine          benchjson.Machine `json:"machine"`
 	Nodes            int               `json:"nodes"`
 	Workers          int               `json:"workers"`
 	Entries          int64             `json:"entries"`
@@ -112,26 +103,6 @@ type Results struct {
 	RestartCatchupS  float64           `json:"restart_catchup_seconds"`
 	DigestsAgree     bool              `json:"digests_agree"`
 	Targets          map[string]string `json:"targets"`
-}
-
-type machineInfo struct {
-	GoVersion string `json:"go_version"`
-	CPU       string `json:"cpu"`
-	NumCPU    int    `json:"num_cpu"`
-	Date      string `json:"date"`
-}
-
-func machine() machineInfo {
-	m := machineInfo{GoVersion: runtime.Version(), NumCPU: runtime.NumCPU(), Date: time.Now().UTC().Format(time.RFC3339)}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.CPU = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	return m
 }
 
 func run(log *slog.Logger, cfg config) (res *Results, err error) {
@@ -168,7 +139,7 @@ func run(log *slog.Logger, cfg config) (res *Results, err error) {
 	}
 	log.Info("cluster up", "leader", c.Nodes[leader].ID)
 
-	res = &Results{Machine: machine(), Nodes: 3, BatchBlocks: cfg.batchBlocks, InflightPerWkr: cfg.inflight,
+	res = &Results{Machine: benchjson.ThisMachine(), Nodes: 3, BatchBlocks: cfg.batchBlocks, InflightPerWkr: cfg.inflight,
 		MatchChain: cfg.chain, Targets: map[string]string{
 			"events_per_sec": ">= 1000000", "publish_commit_p99_ms": "<= 50", "match_p99_us": "<= 500",
 		}}

@@ -11,7 +11,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -21,11 +20,11 @@ import (
 	"os"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvdir/kvdir/bench/benchjson"
 	"github.com/kvdir/kvdir/bench/indexshape"
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/radix"
@@ -57,24 +56,13 @@ func main() {
 		log.Error("indexbench failed", "err", err)
 		os.Exit(1)
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(res); err != nil {
-		log.Error("encode results", "err", err)
-		os.Exit(1)
-	}
-	b := buf.Bytes()
-	if *out == "-" {
-		os.Stdout.Write(b)
-		return
-	}
-	if err := os.WriteFile(*out, b, 0o644); err != nil {
+	if err := benchjson.Write(*out, res); err != nil {
 		log.Error("write results", "err", err)
 		os.Exit(1)
 	}
-	log.Info("wrote results", "file", *out)
+	if *out != "-" {
+		log.Info("wrote results", "file", *out)
+	}
 }
 
 type config struct {
@@ -88,7 +76,7 @@ type config struct {
 
 // Results is the JSON written to bench/results/index.json.
 type Results struct {
-	Machine Machine `json:"machine"`
+	Machine benchjson.Machine `json:"machine"`
 
 	Workers        int     `json:"workers"`
 	Entries        int64   `json:"entries"`
@@ -121,31 +109,8 @@ type Results struct {
 	Targets map[string]string  `json:"targets"`
 }
 
-// Machine identifies where the figures were measured.
-type Machine struct {
-	GoVersion  string `json:"go_version"`
-	CPU        string `json:"cpu"`
-	NumCPU     int    `json:"num_cpu"`
-	GOMAXPROCS int    `json:"gomaxprocs"`
-	Date       string `json:"date"`
-}
-
-func machine() Machine {
-	m := Machine{GoVersion: runtime.Version(), NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
-		Date: time.Now().UTC().Format(time.RFC3339)}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.CPU = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	return m
-}
-
 func run(log *slog.Logger, cfg config) (*Results, error) {
-	res := &Results{Machine: machine(), ChainBlocks: cfg.chainBlocks, Targets: map[string]string{
+	res := &Results{Machine: benchjson.ThisMachine(), ChainBlocks: cfg.chainBlocks, Targets: map[string]string{
 		"apply_events_per_sec": ">= 5000000", "match_p50_us": "<= 10", "match_p99_us": "<= 30",
 		"bytes_per_entry": "<= 40", "snapshot_write_mb_per_sec": ">= 200", "snapshot_read_mb_per_sec": ">= 200",
 		"hash_32k_tokens_us": "<= 40",
