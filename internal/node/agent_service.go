@@ -83,20 +83,21 @@ func (s *agentService) Deregister(ctx context.Context, req *kvdirv1.DeregisterRe
 const maxInFlight = 64
 
 // Publish answers each batch once it is applied, in order. On the leader the
-// batches of a stream are proposed without waiting for the previous ones to
-// commit (Raft commits them in order), so one stream can keep the log busy.
-// A follower pipes the stream to the leader.
+// batches of a stream are queued without waiting for the previous ones to
+// commit, and batches of all streams are committed in groups (batcher.go). A
+// follower pipes the stream to the leader.
 func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error {
 	n := s.n
 	ctx := stream.Context()
 	if !n.IsLeader() {
 		return s.forwardPublish(stream)
 	}
-	// A receiver proposes each batch as it arrives; this goroutine waits for
-	// them in order and answers. If answering fails, returning ends the
-	// stream, which ends the receiver too. Batches proposed but not answered
-	// still apply; the agent re-sends them and gets DUPLICATE.
-	inflight := make(chan *pending, maxInFlight)
+	// A receiver queues each batch for the leader's group commit as it
+	// arrives; this goroutine waits for the results in order and answers.
+	// If answering fails, returning ends the stream, which ends the
+	// receiver too. Batches queued but not answered may still apply; the
+	// agent re-sends them and gets DUPLICATE.
+	inflight := make(chan (<-chan pubResult), maxInFlight)
 	recvErr := make(chan error, 1)
 	go func() {
 		defer close(inflight)
@@ -116,16 +117,8 @@ func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error 
 				if err := n.auth.checkWorker(ctx, b.WorkerId); err != nil {
 					return err
 				}
-				p, err := n.start(kvdirv1.CommandType_COMMAND_TYPE_PUBLISH,
-					&kvdirv1.PublishCommand{Batches: []*kvdirv1.EventBatch{b}})
-				if errors.Is(err, errNotLeader) {
-					return status.Error(codes.Unavailable, "leadership moved; reconnect and resend unacknowledged batches")
-				}
-				if err != nil {
-					return err
-				}
 				select {
-				case inflight <- p:
+				case inflight <- n.pub.submit(b):
 				case <-ctx.Done():
 					return ctx.Err()
 				}
@@ -133,24 +126,27 @@ func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error 
 		}()
 	}()
 	for {
-		var p *pending
+		var done <-chan pubResult
 		select {
-		case p = <-inflight:
+		case done = <-inflight:
 		case <-n.stop:
 			return errShuttingDown
 		}
-		if p == nil { // inflight closed: the agent is done, or failed
+		if done == nil { // inflight closed: the agent is done, or failed
 			return <-recvErr
 		}
-		res, _, err := n.wait(p)
-		if err != nil {
-			return err
+		var r pubResult
+		select {
+		case r = <-done:
+		case <-n.stop:
+			return errShuttingDown
 		}
-		for _, r := range res.(*raftfsm.PublishResult).Responses {
-			n.metrics.publish(r)
-			if err := stream.Send(r); err != nil {
-				return err
-			}
+		if r.err != nil {
+			return r.err
+		}
+		n.metrics.publish(r.resp)
+		if err := stream.Send(r.resp); err != nil {
+			return err
 		}
 	}
 }

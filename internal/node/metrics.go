@@ -17,6 +17,7 @@ type metrics struct {
 	reg           prometheus.Registerer
 	commitLatency *prometheus.HistogramVec
 	publishes     *prometheus.CounterVec
+	groupSize     prometheus.Histogram
 	matchLatency  prometheus.Histogram
 	matchDepth    prometheus.Histogram
 	rpcs          *prometheus.CounterVec
@@ -35,6 +36,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvdir_publish_batches_total",
 			Help: "Event batches answered on this node, by outcome.",
 		}, []string{"status"}),
+		groupSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvdir_publish_group_batches",
+			Help:    "Event batches committed together in one Raft entry by the leader.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
+		}),
 		matchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvdir_match_seconds",
 			Help:    "Time to serve a Match on this node, hashing included.",
@@ -55,7 +61,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(1e-5, 4, 12),
 		}, []string{"method"}),
 	}
-	reg.MustRegister(m.commitLatency, m.publishes, m.matchLatency, m.matchDepth, m.rpcs, m.rpcLatency)
+	reg.MustRegister(m.commitLatency, m.publishes, m.groupSize, m.matchLatency, m.matchDepth, m.rpcs, m.rpcLatency)
 	return m
 }
 

@@ -147,6 +147,7 @@ type Node struct {
 	httpLis net.Listener
 
 	fwd     *forwarder
+	pub     *publishBatcher
 	leases  *leases
 	watch   *watchHub
 	metrics *metrics
@@ -181,6 +182,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.auth = auth
 	n.fwd = newForwarder(n)
+	n.pub = newPublishBatcher(n)
 	n.leases = newLeases()
 
 	if err := n.startRaft(); err != nil {
@@ -199,9 +201,10 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.metrics.watchNode(n)
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go n.leaderLoop()
 	go n.memberLoop()
+	go n.pub.run()
 	n.log.Info("directory node started", "raft", cfg.RaftAdvertise, "api", n.APIAddr(), "http", n.HTTPAddr())
 	return n, nil
 }
