@@ -22,6 +22,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	"github.com/kvdir/kvdir/bench/benchjson"
 	"github.com/kvdir/kvdir/bench/dircluster"
 	"github.com/kvdir/kvdir/bench/indexshape"
@@ -39,7 +41,7 @@ func main() {
 		workDir   = flag.String("dir", "", "directory for the binary and data (default: a temporary one, removed after)")
 		keepLogs  = flag.Bool("logs", false, "print the nodes' logs at the end")
 		chainSize = flag.Int("chain", 2048, "blocks per matched chain")
-		rate      = flag.Int("latency-rate", 500_000, "block events per second offered while commit latency is measured")
+		rate      = flag.Int("latency-rate", 1_000_000, "block events per second offered while commit latency is measured")
 		latFor    = flag.Duration("latency-for", 10*time.Second, "how long commit latency is measured")
 		nodeFlags = flag.String("node-flags", "", "extra flags for every directory process, space-separated")
 	)
@@ -96,6 +98,8 @@ type Results struct {
 	CommitP50ms      float64           `json:"publish_commit_p50_ms"`
 	CommitP99ms      float64           `json:"publish_commit_p99_ms"`
 	MatchChain       int               `json:"match_chain_blocks"`
+	HealthP50us      float64           `json:"rpc_baseline_p50_us"`
+	HealthP99us      float64           `json:"rpc_baseline_p99_us"`
 	MatchP50us       float64           `json:"match_p50_us"`
 	MatchP99us       float64           `json:"match_p99_us"`
 	SnapshotSeconds  float64           `json:"snapshot_seconds"`
@@ -169,10 +173,11 @@ func run(log *slog.Logger, cfg config) (res *Results, err error) {
 	res.Entries = int64(st.Counters.Entries)
 
 	follower := (leader + 1) % 3
-	if res.MatchP50us, res.MatchP99us, err = timeMatches(c.Nodes[follower], wl, cfg.chain, cfg.matches); err != nil {
+	if res.MatchP50us, res.MatchP99us, res.HealthP50us, res.HealthP99us, err = timeMatches(c.Nodes[follower], wl, cfg.chain, cfg.matches); err != nil {
 		return nil, err
 	}
-	log.Info("match against a follower", "p50_us", res.MatchP50us, "p99_us", res.MatchP99us)
+	log.Info("match against a follower", "p50_us", res.MatchP50us, "p99_us", res.MatchP99us,
+		"baseline_p50_us", res.HealthP50us, "baseline_p99_us", res.HealthP99us)
 
 	start := time.Now()
 	snap, err := kvdirv1.NewAdminServiceClient(c.Nodes[leader].Conn()).Snapshot(context.Background(), &kvdirv1.SnapshotRequest{})
@@ -457,7 +462,10 @@ func converge(c *dircluster.Cluster, timeout time.Duration) error {
 	return fmt.Errorf("nodes did not converge: %s", last)
 }
 
-func timeMatches(n *dircluster.Node, wl *indexshape.Workload, size, count int) (p50, p99 float64, err error) {
+// timeMatches times Match of size-block chains against node n, interleaved
+// with the cheapest call there is (a gRPC health check) as the baseline of
+// what any call costs on this machine.
+func timeMatches(n *dircluster.Node, wl *indexshape.Workload, size, count int) (p50, p99, base50, base99 float64, err error) {
 	var chains [][]uint64
 	for i := range wl.Sessions {
 		if c := wl.Chain(i, size); len(c) == size {
@@ -465,26 +473,33 @@ func timeMatches(n *dircluster.Node, wl *indexshape.Workload, size, count int) (
 		}
 	}
 	if len(chains) == 0 {
-		return 0, 0, errors.New("no chain long enough to match")
+		return 0, 0, 0, 0, errors.New("no chain long enough to match")
 	}
 	dir := kvdirv1.NewDirectoryServiceClient(n.Conn())
-	var lat []time.Duration
+	health := healthpb.NewHealthClient(n.Conn())
+	var lat, base []time.Duration
 	for i := range count + count/10 {
 		req := &kvdirv1.MatchRequest{Query: &kvdirv1.MatchRequest_Chain{Chain: &kvdirv1.ChainQuery{Hashes: chains[i%len(chains)], BlockSize: 16}}}
 		t := time.Now()
 		resp, err := dir.Match(context.Background(), req)
 		d := time.Since(t)
 		if err != nil {
-			return 0, 0, fmt.Errorf("match: %w", err)
+			return 0, 0, 0, 0, fmt.Errorf("match: %w", err)
 		}
 		if len(resp.Matches) == 0 {
-			return 0, 0, errors.New("match found no worker for a published chain")
+			return 0, 0, 0, 0, errors.New("match found no worker for a published chain")
 		}
+		t = time.Now()
+		if _, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+			return 0, 0, 0, 0, fmt.Errorf("health check: %w", err)
+		}
+		h := time.Since(t)
 		if i >= count/10 { // the first tenth warms the connection up
 			lat = append(lat, d)
+			base = append(base, h)
 		}
 	}
-	return pct(lat, 0.5), pct(lat, 0.99), nil
+	return pct(lat, 0.5), pct(lat, 0.99), pct(base, 0.5), pct(base, 0.99), nil
 }
 
 func newestSnapshotSize(dir string) int64 {
