@@ -55,6 +55,7 @@ type settings struct {
 	join           []string
 
 	lease        time.Duration
+	maxStaleness time.Duration
 	loadInterval time.Duration
 	sessionTTL   time.Duration
 
@@ -162,6 +163,8 @@ func buildOptions() []*option {
 
 		{name: "lease", group: "Workers and sessions", arg: "DURATION", def: "10s", usage: "how long a worker may go without a heartbeat before the leader expires it (at least 100ms)",
 			set: duration(func(s *settings) *time.Duration { return &s.lease })},
+		{name: "max-staleness", group: "Workers and sessions", arg: "DURATION", def: "15s", usage: "a follower that has not heard from a leader for this long refuses reads, so clients use a node that has",
+			set: duration(func(s *settings) *time.Duration { return &s.maxStaleness })},
 		{name: "load-interval", group: "Workers and sessions", arg: "DURATION", def: "1s", usage: "how often the leader commits the loads gathered from heartbeats",
 			set: duration(func(s *settings) *time.Duration { return &s.loadInterval })},
 		{name: "session-ttl", group: "Workers and sessions", arg: "DURATION", def: "24h", usage: "forget sessions not recorded for this long (at least 1s)",
@@ -828,6 +831,7 @@ func (s *settings) nodeConfig(log *slog.Logger) (node.Config, error) {
 		InitialCluster:    s.initialCluster,
 		Join:              slices.Clone(s.join),
 		Lease:             s.lease,
+		MaxStaleness:      s.maxStaleness,
 		LoadInterval:      s.loadInterval,
 		SessionTTL:        s.sessionTTL,
 		SnapshotInterval:  s.snapshotInterval,

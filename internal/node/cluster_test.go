@@ -83,6 +83,7 @@ func (c *testCluster) config(i int, initial map[string]string) Config {
 		ElectionTimeout:  100 * time.Millisecond,
 		ApplyTimeout:     5 * time.Second,
 		Lease:            time.Minute, // tests of leases set their own
+		MaxStaleness:     time.Second,
 		Logger:           testLogger(c.t).With("test", c.t.Name()),
 	}
 	if c.cfg != nil {

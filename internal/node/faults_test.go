@@ -225,7 +225,15 @@ func TestMinorityPartitionAndHeal(t *testing.T) {
 	if _, ok := c.nodes[f].FSM().Worker("w9"); ok {
 		t.Fatal("isolated node applied a write")
 	}
+	// Cut off for longer than MaxStaleness, it refuses reads; healed, it
+	// answers again.
+	read := func() error {
+		_, err := kvdirv1.NewDirectoryServiceClient(c.conn(f)).ListWorkers(context.Background(), &kvdirv1.ListWorkersRequest{})
+		return err
+	}
+	waitFor(t, "the isolated node to refuse reads", 10*time.Second, func() bool { return status.Code(read()) == codes.Unavailable })
 	c.connectAll()
+	waitFor(t, "the healed node to answer reads", 10*time.Second, func() bool { return read() == nil })
 	c.checkInvariants(p)
 	if _, ok := c.nodes[f].FSM().Worker("w9"); !ok {
 		t.Fatal("healed node lacks the forwarded write")
@@ -515,6 +523,13 @@ func TestMembershipChange(t *testing.T) {
 		&kvdirv1.RemoveMemberRequest{Id: c.nodes[victim].ID()}); err != nil {
 		t.Fatal(err)
 	}
+	// The removed node no longer hears from a leader; once that lasts
+	// longer than MaxStaleness it refuses reads rather than answer from a
+	// state that no longer follows the log.
+	waitFor(t, "the removed node to refuse reads", 10*time.Second, func() bool {
+		_, err := kvdirv1.NewDirectoryServiceClient(c.conn(victim)).ListWorkers(context.Background(), &kvdirv1.ListWorkersRequest{})
+		return status.Code(err) == codes.Unavailable
+	})
 	c.stop(victim)
 	for range 5 {
 		if err := p.publish(); err != nil {

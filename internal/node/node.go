@@ -60,6 +60,10 @@ type Config struct {
 	// Lease is how long a worker stays without a heartbeat before the
 	// leader expires it (default 10s).
 	Lease time.Duration
+	// MaxStaleness: a follower that has not heard from a leader for this
+	// long (partitioned, or removed from the cluster) refuses reads, so
+	// that clients move to a node that has (default 15s).
+	MaxStaleness time.Duration
 	// LoadInterval is how often the leader commits the loads it gathered
 	// from heartbeats (default 1s).
 	LoadInterval time.Duration
@@ -107,6 +111,7 @@ func (c *Config) setDefaults() {
 	}
 	def(&c.Lease, 10*time.Second)
 	def(&c.LoadInterval, time.Second)
+	def(&c.MaxStaleness, 15*time.Second)
 	def(&c.SessionTTL, 24*time.Hour)
 	def(&c.SnapshotInterval, 30*time.Second)
 	def(&c.HeartbeatTimeout, time.Second)

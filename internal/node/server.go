@@ -6,7 +6,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -38,8 +43,8 @@ func (n *Node) startGRPC() error {
 		// Clients may ping idle connections every 10 s to notice dead peers.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxSendMsgSize(maxMessage),
-		grpc.ChainUnaryInterceptor(n.metrics.unary, n.auth.unary, n.leaderHeaderUnary),
-		grpc.ChainStreamInterceptor(n.metrics.stream, n.auth.stream, n.leaderHeaderStream),
+		grpc.ChainUnaryInterceptor(n.metrics.unary, n.auth.unary, n.memberUnary, n.leaderHeaderUnary),
+		grpc.ChainStreamInterceptor(n.metrics.stream, n.auth.stream, n.memberStream, n.leaderHeaderStream),
 	}
 	if n.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
@@ -75,6 +80,45 @@ func advertise(a net.Addr, given string) string {
 		return fmt.Sprintf("127.0.0.1:%d", tcp.Port)
 	}
 	return a.String()
+}
+
+// memberCheck refuses calls (but Status, which says why) on a node whose
+// state has stopped following the log: its Raft stopped, or, for reads, it
+// has not heard from a leader for longer than MaxStaleness (cut off, or
+// removed from the cluster without learning it). Writes are not refused
+// here: they are forwarded or fail on their own.
+func (n *Node) memberCheck(method string) error {
+	if !strings.HasPrefix(method, "/kvdir.v1.") || method == "/kvdir.v1.AdminService/Status" {
+		return nil
+	}
+	switch n.raft.State() {
+	case raft.Leader:
+		return nil
+	case raft.Shutdown:
+		return status.Error(codes.Unavailable, "this node's Raft has stopped (removed from the cluster?); use another node")
+	}
+	if !strings.HasPrefix(method, "/kvdir.v1.DirectoryService/") || method == "/kvdir.v1.DirectoryService/RecordSessions" {
+		return nil
+	}
+	if last := n.raft.LastContact(); !last.IsZero() && time.Since(last) > n.cfg.MaxStaleness {
+		return status.Errorf(codes.Unavailable, "this node last heard from a leader %v ago (more than %v): its answers would be stale; use another node",
+			time.Since(last).Round(time.Millisecond), n.cfg.MaxStaleness)
+	}
+	return nil
+}
+
+func (n *Node) memberUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if err := n.memberCheck(info.FullMethod); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+func (n *Node) memberStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if err := n.memberCheck(info.FullMethod); err != nil {
+		return err
+	}
+	return h(srv, ss)
 }
 
 // leaderHeader tells clients where the leader's API is.
