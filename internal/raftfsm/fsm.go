@@ -118,6 +118,7 @@ type FSM struct {
 
 	mu      sync.RWMutex // guards st's maps (the index locks itself)
 	st      *state
+	index   atomic.Pointer[radix.Index] // st.index, for reads that need no map
 	applied atomic.Uint64
 }
 
@@ -129,7 +130,9 @@ var (
 // New returns an empty state machine.
 func New(opts Options) *FSM {
 	opts = opts.withDefaults()
-	return &FSM{opts: opts, st: newState(opts)}
+	f := &FSM{opts: opts, st: newState(opts)}
+	f.index.Store(f.st.index)
+	return f
 }
 
 // AppliedIndex is the log index of the last command applied.
@@ -145,7 +148,6 @@ func (f *FSM) Apply(l *raft.Log) any {
 func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
 	var changed []string
-	f.mu.Lock()
 	for i, l := range logs {
 		if l.Type != raft.LogCommand {
 			continue
@@ -153,18 +155,20 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 		start := time.Now()
 		d, err := Decode(l.Data)
 		if err != nil {
-			f.mu.Unlock()
 			f.opts.Logger.Error("stopping: cannot apply log entry", "index", l.Index, "term", l.Term, "err", err)
 			f.opts.Fatal(fmt.Errorf("log index %d: %w", l.Index, err))
 			return out // reached only with a Fatal that returns (tests)
 		}
+		// The lock is taken per entry, so that reads of the registry wait
+		// behind one command at most (matches do not take it at all).
+		f.mu.Lock()
 		var ids []string
 		out[i], ids = f.apply(d, l.Index)
-		changed = append(changed, ids...)
 		f.applied.Store(l.Index)
+		f.mu.Unlock()
+		changed = append(changed, ids...)
 		f.opts.Metrics.applied(d.Type, time.Since(start))
 	}
-	f.mu.Unlock()
 	if len(changed) > 0 && f.opts.OnWorkersChanged != nil {
 		slices.Sort(changed)
 		f.opts.OnWorkersChanged(slices.Compact(changed), logs[len(logs)-1].Index)
@@ -363,6 +367,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	f.st = st
+	f.index.Store(st.index)
 	f.applied.Store(applied)
 	f.mu.Unlock()
 	if f.opts.OnWorkersChanged != nil {

@@ -11,18 +11,17 @@ import (
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
-// Reads are served from the local state. Each takes the state lock for
-// reading only long enough to find what it needs; the index has its own
-// lock, so matches never wait behind a whole command.
+// Reads are served from the local state. Reads of the registry and the
+// sessions take the state lock, which a command holds while it applies;
+// reads of the index go straight to it (it has its own lock, which a writer
+// releases every few hundred blocks), so matches never wait behind a whole
+// command.
 
 // Match returns each worker's matched depth of chain and the applied index
 // the answer reflects (a lower bound: later commands may be visible).
 func (f *FSM) Match(dst []radix.WorkerMatch, chain []uint64) ([]radix.WorkerMatch, uint64, error) {
-	f.mu.RLock()
-	x := f.st.index
-	f.mu.RUnlock()
 	applied := f.applied.Load()
-	m, err := x.MatchInto(dst, chain)
+	m, err := f.index.Load().MatchInto(dst, chain)
 	return m, applied, err
 }
 
@@ -81,10 +80,7 @@ func (f *FSM) withCounts(w *kvdirv1.Worker) *kvdirv1.Worker {
 // WorkerChains returns the longest chains a worker holds (see
 // radix.Index.WorkerChains).
 func (f *FSM) WorkerChains(id string, limit int) []radix.Chain {
-	f.mu.RLock()
-	x := f.st.index
-	f.mu.RUnlock()
-	return x.WorkerChains(id, limit)
+	return f.index.Load().WorkerChains(id, limit)
 }
 
 // Session returns a copy of a session's record.
@@ -115,10 +111,7 @@ func (f *FSM) Sessions(prefix, worker string, limit int) ([]*kvdirv1.SessionReco
 // SessionChain returns the chain of a session's last recorded turn, from
 // the root to its tail; false if the index no longer connects it.
 func (f *FSM) SessionChain(r *kvdirv1.SessionRecord) ([]uint64, bool) {
-	f.mu.RLock()
-	x := f.st.index
-	f.mu.RUnlock()
-	return x.ChainTo(r.Tail)
+	return f.index.Load().ChainTo(r.Tail)
 }
 
 // Members returns the API address of each Raft member that published one.
@@ -185,7 +178,5 @@ func (f *FSM) Digest() uint64 {
 
 // IndexDigest is the block index's own digest.
 func (f *FSM) IndexDigest() uint64 {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.st.index.Digest()
+	return f.index.Load().Digest()
 }
