@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestParseFlagsEnv(t *testing.T) {
+	o, err := parseFlags([]string{"--worker-id", "flag-wins"}, env(map[string]string{
+		"KVDIR_AGENT_WORKER_ID":      "from-env",
+		"KVDIR_AGENT_DIRECTORY":      "a:1,b:2",
+		"KVDIR_AGENT_WORKER_ADDRESS": "http://e:8000/",
+		"KVDIR_AGENT_BATCH_INTERVAL": "25ms",
+		"KVDIR_AGENT_KV_EVENTS_BIND": "true",
+	}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.workerID != "flag-wins" || o.directory != "a:1,b:2" || o.batchInterval != 25*time.Millisecond || !o.bind {
+		t.Fatalf("options %+v", o)
+	}
+	if o.metricsURL != "http://e:8000/metrics" {
+		t.Fatalf("metrics url %q", o.metricsURL)
+	}
+	if _, err := parseFlags(nil, env(nil), io.Discard); err == nil {
+		t.Fatal("missing --directory accepted")
+	}
+	if _, err := parseFlags(nil, env(map[string]string{"KVDIR_AGENT_DIRECTORY": "a", "KVDIR_AGENT_WORKER_ID": "w",
+		"KVDIR_AGENT_BATCH_BLOCKS": "x"}), io.Discard); err == nil {
+		t.Fatal("bad env value accepted")
+	}
+	if _, err := engineKind("nope"); err == nil {
+		t.Fatal("bad engine kind accepted")
+	}
+}
+
+// Without a reachable directory the agent keeps retrying; cancelling (as
+// SIGTERM does) makes run return nil.
+func TestRunStopsCleanly(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	err := run(ctx, []string{"--directory", "127.0.0.1:1", "--worker-id", "w", "--http-addr", "127.0.0.1:0",
+		"--kv-events-endpoint", "tcp://127.0.0.1:1", "--log-level", "error"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+}

@@ -1,0 +1,528 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvdir/kvdir/internal/dirclient"
+	"github.com/kvdir/kvdir/internal/kvevents"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// Defaults of Config.
+const (
+	DefaultBatchInterval     = 10 * time.Millisecond
+	DefaultBatchBlocks       = 4096
+	DefaultHeartbeatInterval = 3 * time.Second
+	DefaultReplayTimeout     = 5 * time.Second
+	DefaultRegisterRetry     = time.Second
+	DefaultShutdownTimeout   = 5 * time.Second
+)
+
+// Config configures an Agent.
+type Config struct {
+	// WorkerID, WorkerAddress, Model, BlockSize, Engine and Labels are
+	// registered with the directory. The block size is only informative:
+	// events carry their own.
+	WorkerID      string
+	WorkerAddress string
+	Model         string
+	BlockSize     int
+	Engine        kvdirv1.EngineKind
+	Labels        map[string]string
+
+	// Endpoint is the engine's KV-events address (tcp://host:5557); with
+	// Bind the agent binds it (the engine's PUB connects).
+	Endpoint string
+	Bind     bool
+	// ReplayEndpoint is the engine's replay (ROUTER) address; "" disables
+	// replay, and every gap then clears and rebuilds.
+	ReplayEndpoint string
+	Topic          string
+
+	// MetricsURL is the engine's Prometheus endpoint for the load; "" sends
+	// heartbeats without load.
+	MetricsURL string
+
+	// BatchInterval and BatchBlocks bound how long and how big a batch of
+	// directory events grows before it is sent.
+	BatchInterval time.Duration
+	BatchBlocks   int
+	// MapCapacity bounds the engine-hash map (see Translator).
+	MapCapacity int
+	// QueueLimit bounds the batches the directory publisher buffers
+	// unacknowledged; beyond it batches are dropped and the worker is
+	// resynchronised (default dirclient.DefaultQueueLimit).
+	QueueLimit int
+	// HeartbeatInterval is fixed if set; otherwise lease/3 as the directory
+	// reports it (DefaultHeartbeatInterval until known).
+	HeartbeatInterval time.Duration
+	ReplayTimeout     time.Duration
+	RegisterRetry     time.Duration
+	ShutdownTimeout   time.Duration
+
+	Logger *slog.Logger
+}
+
+func (c *Config) defaults() error {
+	if c.WorkerID == "" {
+		return errors.New("agent: worker id is required")
+	}
+	if c.Endpoint == "" {
+		return errors.New("agent: kv-events endpoint is required")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.BatchInterval, DefaultBatchInterval)
+	def(&c.ReplayTimeout, DefaultReplayTimeout)
+	def(&c.RegisterRetry, DefaultRegisterRetry)
+	def(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	if c.BatchBlocks <= 0 {
+		c.BatchBlocks = DefaultBatchBlocks
+	}
+	if c.QueueLimit <= 0 {
+		c.QueueLimit = dirclient.DefaultQueueLimit
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Agent follows one engine's KV events and keeps the directory's view of the
+// worker in step with the engine's cache.
+type Agent struct {
+	cfg Config
+	dir *dirclient.Client
+	log *slog.Logger
+	m   *metrics
+	hc  *http.Client
+
+	trMu sync.Mutex // guards tr against metric reads
+	tr   *Translator
+
+	epoch      atomic.Uint64 // current registered epoch (0: none)
+	healthy    atomic.Bool
+	reregister chan uint64 // epochs a heartbeat found unknown
+
+	// Main-loop state.
+	pub           *dirclient.Publisher
+	pending       []*kvdirv1.Event
+	pendingBlocks int
+	pendingSince  time.Time
+	needClear     bool
+	lastReg       time.Time
+	haveLive      bool
+	lastLive      uint64
+	last          uint64
+}
+
+// New returns an Agent publishing through dir.
+func New(cfg Config, dir *dirclient.Client) (*Agent, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	if dir == nil {
+		return nil, errors.New("agent: directory client is required")
+	}
+	a := &Agent{
+		cfg: cfg, dir: dir, log: cfg.Logger,
+		hc:         &http.Client{Timeout: 2 * time.Second},
+		tr:         NewTranslator(cfg.Model, cfg.MapCapacity, cfg.Logger),
+		reregister: make(chan uint64, 1),
+	}
+	a.m = newMetrics(a)
+	return a, nil
+}
+
+// TranslatorStats returns the translator's counters.
+func (a *Agent) TranslatorStats() TranslatorStats {
+	a.trMu.Lock()
+	defer a.trMu.Unlock()
+	return a.tr.Stats()
+}
+
+// Epoch returns the worker's current epoch (0 before registering).
+func (a *Agent) Epoch() uint64 { return a.epoch.Load() }
+
+// Handler serves /metrics and /healthz (200 once registered, else 503).
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", a.m.handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if a.healthy.Load() {
+			_, _ = w.Write([]byte("ok\n"))
+			return
+		}
+		http.Error(w, "not registered", http.StatusServiceUnavailable)
+	})
+	return mux
+}
+
+// Run subscribes to the engine and runs until ctx ends; it then flushes,
+// deregisters the worker and returns nil. It fails only if the subscriber
+// cannot be created.
+func (a *Agent) Run(ctx context.Context) error {
+	sub, err := kvevents.NewSubscriber(ctx, kvevents.SubscriberConfig{
+		Endpoint: a.cfg.Endpoint, Bind: a.cfg.Bind, Topic: a.cfg.Topic,
+	})
+	if err != nil {
+		return fmt.Errorf("agent: subscribe: %w", err)
+	}
+	defer sub.Close()
+	msgs := make(chan kvevents.Msg, 1024)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer close(msgs)
+		for {
+			m, err := sub.Recv(ctx)
+			if err != nil {
+				if ctx.Err() != nil || errors.Is(err, kvevents.ErrClosed) {
+					return
+				}
+				a.m.decodeErrors.Inc()
+				continue
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		a.heartbeatLoop(ctx)
+	}()
+	a.register(ctx)
+	tick := time.NewTicker(a.cfg.BatchInterval)
+	defer tick.Stop()
+loop:
+	for {
+		var pubDone <-chan struct{}
+		if a.pub != nil {
+			pubDone = a.pub.Done()
+		}
+		select {
+		case <-ctx.Done():
+			break loop
+		case m, ok := <-msgs:
+			if !ok {
+				break loop
+			}
+			a.handle(ctx, m)
+		case <-tick.C:
+			if a.pub == nil && time.Since(a.lastReg) >= a.cfg.RegisterRetry {
+				a.register(ctx)
+			}
+			a.flush(ctx)
+		case ep := <-a.reregister:
+			if ep == a.epoch.Load() {
+				a.log.Warn("agent: directory does not know the worker; registering again", "epoch", ep)
+				a.register(ctx)
+			}
+		case <-pubDone:
+			a.publisherStopped(ctx)
+		}
+	}
+	a.shutdown()
+	_ = sub.Close()
+	wg.Wait()
+	return nil
+}
+
+// shutdown flushes what is pending and deregisters.
+func (a *Agent) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
+	defer cancel()
+	a.healthy.Store(false)
+	if a.pub == nil {
+		return
+	}
+	a.flush(ctx)
+	if err := a.pub.Flush(ctx); err != nil {
+		a.log.Warn("agent: flush at shutdown", "err", err)
+	}
+	if _, err := a.dir.Deregister(ctx, a.cfg.WorkerID, a.pub.Epoch()); err != nil {
+		a.log.Warn("agent: deregister", "err", err)
+	}
+	a.pub.Close()
+	a.pub = nil
+	a.epoch.Store(0)
+}
+
+// register registers the worker (a new epoch) and starts a publisher; the
+// next batch starts with AllCleared. On failure it leaves a.pub nil and the
+// main loop retries.
+func (a *Agent) register(ctx context.Context) {
+	a.lastReg = time.Now()
+	if a.pub != nil {
+		a.pub.Close()
+		a.pub = nil
+		a.healthy.Store(false)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := a.dir.Register(rctx, &kvdirv1.WorkerSpec{
+		Id: a.cfg.WorkerID, Address: a.cfg.WorkerAddress, Model: a.cfg.Model,
+		BlockSize: uint32(max(a.cfg.BlockSize, 0)), Engine: a.cfg.Engine, Labels: a.cfg.Labels,
+	})
+	if err != nil {
+		a.log.Warn("agent: register failed; will retry", "worker", a.cfg.WorkerID, "err", err)
+		return
+	}
+	a.pub = a.dir.NewPublisher(a.cfg.WorkerID, resp.Epoch, dirclient.WithQueueLimit(a.cfg.QueueLimit))
+	a.epoch.Store(resp.Epoch)
+	a.needClear = true
+	a.healthy.Store(true)
+	a.m.registers.Inc()
+	a.log.Info("agent: registered", "worker", a.cfg.WorkerID, "epoch", resp.Epoch)
+}
+
+// publisherStopped handles a refusal or a fatal publisher error: register
+// again (new epoch) and go on; unacknowledged batches are lost.
+func (a *Agent) publisherStopped(ctx context.Context) {
+	err := a.pub.Err()
+	status := "error"
+	var re *dirclient.RefusedError
+	if errors.As(err, &re) {
+		status = re.Status().String()
+	}
+	a.m.refusals.WithLabelValues(status).Inc()
+	a.log.Warn("agent: directory publisher stopped; registering again", "status", status, "err", err)
+	a.pub = nil
+	a.register(ctx)
+}
+
+// handle applies the sequence rules to one live message.
+func (a *Agent) handle(ctx context.Context, m kvevents.Msg) {
+	s := m.Seq
+	if a.haveLive {
+		switch {
+		case s < a.lastLive:
+			a.m.restarts.Inc()
+			a.log.Warn("agent: engine sequence went backwards; engine restarted", "seq", s, "last", a.lastLive)
+			a.engineRestarted(ctx)
+		case s == a.lastLive:
+			a.m.duplicates.Inc()
+			return
+		}
+	}
+	if !a.haveLive {
+		a.haveLive, a.lastLive = true, s
+		if s == 0 {
+			a.process(ctx, m)
+			a.last = 0
+			return
+		}
+		a.catchUp(ctx, 0, m)
+		return
+	}
+	a.lastLive = s
+	switch {
+	case s <= a.last:
+		a.m.duplicates.Inc()
+	case s == a.last+1:
+		a.process(ctx, m)
+		a.last = s
+	default:
+		a.m.gaps.Inc()
+		a.catchUp(ctx, a.last+1, m)
+	}
+}
+
+// engineRestarted starts over: a new registration (which clears the worker
+// in the directory), an empty map.
+func (a *Agent) engineRestarted(ctx context.Context) {
+	a.trMu.Lock()
+	a.tr.Reset()
+	a.trMu.Unlock()
+	a.pending, a.pendingBlocks = nil, 0
+	a.haveLive, a.last = false, 0
+	a.register(ctx)
+}
+
+// catchUp replays [from, m.Seq) from the engine, then m; if that is
+// impossible it resynchronises and continues from m.
+func (a *Agent) catchUp(ctx context.Context, from uint64, m kvevents.Msg) {
+	if a.cfg.ReplayEndpoint == "" {
+		a.m.replays.WithLabelValues("disabled").Inc()
+		a.resync("no_replay")
+		a.process(ctx, m)
+		a.last = m.Seq
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, a.cfg.ReplayTimeout)
+	msgs, err := kvevents.Replay(rctx, a.cfg.ReplayEndpoint, from)
+	cancel()
+	next := from
+	var got []kvevents.Msg
+	for _, r := range msgs {
+		if r.Seq < next {
+			continue
+		}
+		if r.Seq != next {
+			break
+		}
+		got = append(got, r)
+		next++
+	}
+	if next <= m.Seq {
+		a.m.replays.WithLabelValues("incomplete").Inc()
+		a.log.Warn("agent: replay could not fill the gap; clearing the worker and rebuilding",
+			"from", from, "to", m.Seq, "replayed", len(got), "err", err)
+		a.resync("replay_incomplete")
+		a.process(ctx, m)
+		a.last = m.Seq
+		return
+	}
+	a.m.replays.WithLabelValues("ok").Inc()
+	for _, r := range got {
+		a.process(ctx, r)
+	}
+	a.last = next - 1
+}
+
+// resync publishes AllCleared before anything else and forgets what the
+// engine holds (events were lost, so the counts cannot be trusted).
+func (a *Agent) resync(reason string) {
+	a.m.resyncs.WithLabelValues(reason).Inc()
+	a.trMu.Lock()
+	a.tr.ForgetHeld()
+	a.trMu.Unlock()
+	a.pending, a.pendingBlocks = nil, 0
+	a.needClear = true
+}
+
+// process decodes and translates one message into the pending batch.
+func (a *Agent) process(ctx context.Context, m kvevents.Msg) {
+	b, st, err := kvevents.DecodeBatch(m.Payload)
+	if err != nil {
+		a.m.decodeErrors.Inc()
+		a.log.Warn("agent: undecodable engine batch; resynchronising", "seq", m.Seq, "err", err)
+		a.resync("undecodable")
+		return
+	}
+	if st.Malformed > 0 || st.Unknown > 0 {
+		// Skipped events may have been stores or removals; the decoder's
+		// problems are counted, and the rest of the batch is used.
+		a.m.malformed.Add(float64(st.Malformed + st.Unknown))
+	}
+	if len(a.pending) == 0 {
+		a.pendingSince = time.Now()
+	}
+	a.trMu.Lock()
+	var n int
+	a.pending, n = a.tr.Translate(a.pending, b)
+	a.trMu.Unlock()
+	a.pendingBlocks += n
+	if a.pendingBlocks >= a.cfg.BatchBlocks {
+		a.flush(ctx)
+	}
+}
+
+// flush sends the pending events as one batch.
+func (a *Agent) flush(ctx context.Context) {
+	if len(a.pending) == 0 && !a.needClear {
+		return
+	}
+	if a.pub == nil {
+		// Not registered: keep the events unless they grow too large; the
+		// registration's AllCleared covers what is dropped.
+		if a.pendingBlocks > a.cfg.BatchBlocks*a.cfg.QueueLimit {
+			a.m.dropped.Inc()
+			a.pending, a.pendingBlocks = nil, 0
+		}
+		return
+	}
+	if a.pub.Pending() >= a.cfg.QueueLimit {
+		a.m.dropped.Inc()
+		a.m.resyncs.WithLabelValues("queue_full").Inc()
+		a.pending, a.pendingBlocks = nil, 0
+		a.needClear = true
+		return
+	}
+	events := a.pending
+	if a.needClear {
+		events = append([]*kvdirv1.Event{{Kind: &kvdirv1.Event_Cleared{Cleared: &kvdirv1.AllCleared{}}}}, events...)
+	}
+	since := a.pendingSince
+	a.pending, a.pendingBlocks = nil, 0
+	if _, err := a.pub.Send(ctx, events); err != nil {
+		// The publisher stopped (handled by the main loop) or ctx ended.
+		a.log.Warn("agent: send batch", "err", err)
+		a.needClear = true
+		return
+	}
+	a.needClear = false
+	a.m.batches.Inc()
+	if !since.IsZero() {
+		a.m.lag.Observe(time.Since(since).Seconds())
+	}
+}
+
+// heartbeatLoop renews the lease with the engine's load.
+func (a *Agent) heartbeatLoop(ctx context.Context) {
+	interval := a.cfg.HeartbeatInterval
+	if interval <= 0 {
+		interval = DefaultHeartbeatInterval
+	}
+	t := time.NewTimer(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if ep := a.epoch.Load(); ep != 0 {
+			if lease := a.heartbeat(ctx, ep); lease > 0 && a.cfg.HeartbeatInterval <= 0 {
+				interval = max(lease/3, 10*time.Millisecond)
+			}
+		}
+		t.Reset(interval)
+	}
+}
+
+// heartbeat sends one heartbeat and returns the lease the directory
+// reported (0 if unknown).
+func (a *Agent) heartbeat(ctx context.Context, ep uint64) time.Duration {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var load *kvdirv1.Load
+	if a.cfg.MetricsURL != "" {
+		l, err := scrapeLoad(ctx, a.hc, a.cfg.MetricsURL)
+		if err != nil {
+			a.log.Debug("agent: scrape engine metrics", "err", err)
+		} else {
+			load = l
+		}
+	}
+	resp, err := a.dir.Heartbeat(ctx, a.cfg.WorkerID, ep, load)
+	if err != nil {
+		a.m.heartbeats.WithLabelValues("error").Inc()
+		a.log.Warn("agent: heartbeat", "err", err)
+		return 0
+	}
+	if !resp.Known {
+		a.m.heartbeats.WithLabelValues("unknown").Inc()
+		select {
+		case a.reregister <- ep:
+		default:
+		}
+		return 0
+	}
+	a.m.heartbeats.WithLabelValues("ok").Inc()
+	return resp.GetLease().AsDuration()
+}

@@ -1,0 +1,42 @@
+// Package agent is the engine-side agent of kvdir: it subscribes to an
+// engine's KV-cache events (vLLM's ZMQ protocol, see internal/kvevents),
+// translates the engine's opaque block hashes into kvdir content hashes, and
+// publishes the result to the directory in batches, keeping the worker
+// registered and heartbeating with the engine's load.
+//
+// # Translation (robust mode)
+//
+// The agent never trusts the engine's hash function. For every BlockStored
+// it re-hashes the event's token_ids with internal/blockhash, chained from
+// the content hash of the parent block, and remembers engine hash -> content
+// hash in a bounded LRU map so that later children and removals can be
+// translated. Decisions, see [Translator]:
+//
+//   - A BlockStored whose parent engine hash is not in the map cannot be
+//     hashed (a content hash names the whole prefix), so its blocks are
+//     skipped and counted as "unknown_parent". The stream recovery rules
+//     (replay, or clear-and-rebuild) keep this rare.
+//   - Namespace: the model comes from the configuration, the LoRA adapter
+//     from lora_name. vLLM puts the request's cache_salt into the extra keys
+//     of block 0 only; for a root event (parent None) the agent takes the
+//     last string item of extra_keys[0] that is not the LoRA name as the
+//     cache salt, so salted prefixes land in the salted namespace the router
+//     computes from the request's cache_salt. Multimodal (identifier, offset)
+//     tuples become blockhash extra keys; prompt-embedding digests (bytes)
+//     cannot be represented and such events are skipped and counted.
+//   - Duplicate stores are reference-counted per (engine hash, medium); a
+//     removal is published only when the count drops to zero.
+//
+// # Recovery
+//
+// Gaps and a first message with seq > 0 trigger a replay from the engine's
+// replay socket; when that is impossible or incomplete the agent publishes
+// AllCleared and rebuilds from new events (the directory then holds only
+// what the engine emits from then on). A sequence going backwards means the
+// engine restarted: the agent registers again (a new epoch, which clears the
+// worker in the directory) and starts over. A refused batch (GAP,
+// STALE_EPOCH, UNKNOWN_WORKER) or a heartbeat answered known=false also leads
+// to a new registration followed by AllCleared; batches lost that way are not
+// re-sent, so the directory may miss blocks the engine still holds (never the
+// reverse) until the engine stores them again.
+package agent

@@ -1,0 +1,498 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/dirclient"
+	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/kvevents"
+	"github.com/kvdir/kvdir/internal/node"
+	"github.com/kvdir/kvdir/internal/raftfsm"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+const (
+	itModel  = "llama"
+	itWorker = "w1"
+	itBS     = 16
+)
+
+// startCluster starts an in-process 3-node directory (in-memory Raft,
+// loopback gRPC), after internal/node's test harness.
+func startCluster(t *testing.T) []*node.Node {
+	t.Helper()
+	const size = 3
+	var trans []*raft.InmemTransport
+	initial := map[string]string{}
+	for i := range size {
+		addr, tr := raft.NewInmemTransport(raft.ServerAddress(fmt.Sprintf("raft-%d", i)))
+		trans = append(trans, tr)
+		initial[fmt.Sprintf("n%d", i)] = string(addr)
+	}
+	for i, a := range trans {
+		for j, b := range trans {
+			if i != j {
+				a.Connect(b.LocalAddr(), b)
+			}
+		}
+	}
+	var nodes []*node.Node
+	for i := range size {
+		store := raft.NewInmemStore()
+		n, err := node.New(node.Config{
+			ID: fmt.Sprintf("n%d", i), APIAddr: "127.0.0.1:0", InitialCluster: initial,
+			Transport: trans[i], LogStore: store, StableStore: store, Snapshots: raft.NewInmemSnapshotStore(),
+			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
+			ApplyTimeout: 5 * time.Second, Lease: time.Minute, MaxStaleness: time.Second,
+			Logger: quietLog(),
+		})
+		if err != nil {
+			t.Fatalf("start node %d: %v", i, err)
+		}
+		nodes = append(nodes, n)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, n := range nodes {
+			_ = n.Shutdown(ctx)
+		}
+	})
+	waitFor(t, "a leader", 10*time.Second, func() (bool, string) {
+		for _, n := range nodes {
+			if n.IsLeader() {
+				return true, ""
+			}
+		}
+		return false, "no leader"
+	})
+	return nodes
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, why)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// oracle records every block the engine ever stored and computes its
+// content hash directly from its prefix tokens.
+type oracle struct {
+	mu      sync.Mutex
+	blocks  map[engine.BlockHash]engine.BlockStored // engine hash -> (one-block) store
+	content map[engine.BlockHash]uint64
+	parent  map[uint64]uint64 // content hash -> parent content hash
+	root    uint64
+}
+
+func newOracle(t *testing.T) *oracle {
+	root, err := blockhash.Namespace{Model: itModel, BlockSize: itBS}.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &oracle{blocks: map[engine.BlockHash]engine.BlockStored{}, content: map[engine.BlockHash]uint64{},
+		parent: map[uint64]uint64{}, root: root}
+}
+
+func (o *oracle) record(b engine.EventBatch) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, ev := range b.Events {
+		s, ok := ev.(*engine.BlockStored)
+		if !ok {
+			continue
+		}
+		parent, has := s.ParentBlockHash, s.HasParent
+		for i, h := range s.BlockHashes {
+			o.blocks[h] = engine.BlockStored{ParentBlockHash: parent, HasParent: has,
+				TokenIDs: s.TokenIDs[i*s.BlockSize : (i+1)*s.BlockSize]}
+			parent, has = h, true
+		}
+	}
+}
+
+// contentOf hashes the block's whole prefix, from the namespace root.
+func (o *oracle) contentOf(h engine.BlockHash) uint64 {
+	if c, ok := o.content[h]; ok {
+		return c
+	}
+	var path []engine.BlockHash
+	for cur := h; ; {
+		path = append(path, cur)
+		b := o.blocks[cur]
+		if !b.HasParent {
+			break
+		}
+		cur = b.ParentBlockHash
+	}
+	p := o.root
+	for i := len(path) - 1; i >= 0; i-- {
+		c := blockhash.Block(p, o.blocks[path[i]].TokenIDs, nil)
+		o.content[path[i]] = c
+		if i == len(path)-1 {
+			o.parent[c] = 0
+		} else {
+			o.parent[c] = p
+		}
+		p = c
+	}
+	return p
+}
+
+// expected returns the content hashes of every block in the cache.
+func (o *oracle) expected(e *engine.Engine) map[uint64]bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[uint64]bool{}
+	for _, cb := range e.Cache().Contents() {
+		out[o.contentOf(cb.Hash)] = true
+	}
+	return out
+}
+
+// compare checks the directory's view of the worker on fsm against want:
+// the same number of blocks, and block by block the same set of blocks
+// reachable from the root. With subset, the directory may hold fewer.
+func (o *oracle) compare(fsm *raftfsm.FSM, want map[uint64]bool, subset bool) (bool, string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	w, ok := fsm.Worker(itWorker)
+	if !ok {
+		return false, "worker unknown"
+	}
+	if subset && int(w.Blocks) > len(want) || !subset && int(w.Blocks) != len(want) {
+		return false, fmt.Sprintf("directory holds %d blocks, engine %d", w.Blocks, len(want))
+	}
+	got := map[uint64]bool{}
+	for _, c := range fsm.WorkerChains(itWorker, 0) {
+		h := c.Tail
+		for range c.Depth {
+			if !want[h] {
+				return false, fmt.Sprintf("directory holds %x, engine does not", h)
+			}
+			got[h] = true
+			h = o.parent[h]
+		}
+	}
+	if subset {
+		return true, ""
+	}
+	for h := range want {
+		closed := true
+		for p := h; p != 0; p = o.parent[p] {
+			if !want[p] {
+				closed = false
+				break
+			}
+		}
+		if closed && !got[h] {
+			var chain []uint64
+			for p := h; p != 0; p = o.parent[p] {
+				chain = append([]uint64{p}, chain...)
+			}
+			m, _, err := fsm.Match(nil, chain)
+			return false, fmt.Sprintf("engine holds %x (prefix-closed, depth %d), directory does not: match %+v %v; chains %d", h, len(chain), m, err, len(fsm.WorkerChains(itWorker, 0)))
+		}
+	}
+	return true, ""
+}
+
+func toWire(b engine.EventBatch) kvevents.Batch {
+	out := kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9}
+	for _, ev := range b.Events {
+		switch e := ev.(type) {
+		case *engine.BlockStored:
+			s := &kvevents.BlockStored{TokenIDs: e.TokenIDs, BlockSize: e.BlockSize, Medium: e.Medium, LoRAName: e.LoRAName}
+			for _, h := range e.BlockHashes {
+				s.BlockHashes = append(s.BlockHashes, kvevents.HashFromUint64(uint64(h)))
+			}
+			if e.HasParent {
+				p := kvevents.HashFromUint64(uint64(e.ParentBlockHash))
+				s.Parent = &p
+			}
+			out.Events = append(out.Events, s)
+		case *engine.BlockRemoved:
+			r := &kvevents.BlockRemoved{Medium: e.Medium}
+			for _, h := range e.BlockHashes {
+				r.BlockHashes = append(r.BlockHashes, kvevents.HashFromUint64(uint64(h)))
+			}
+			out.Events = append(out.Events, r)
+		case *engine.AllBlocksCleared:
+			out.Events = append(out.Events, &kvevents.AllBlocksCleared{})
+		}
+	}
+	return out
+}
+
+// rig is an engine publishing over ZMQ, an agent and a directory.
+type rig struct {
+	t      *testing.T
+	nodes  []*node.Node
+	dir    *dirclient.Client
+	pub    *kvevents.Publisher
+	ep     string
+	replay string
+	or     *oracle
+	eng    *engine.Engine
+	now    time.Duration
+	rng    *rand.Rand
+	hist   [][]uint32
+	system []uint32
+	seq    int
+
+	agent  *Agent
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func newRig(t *testing.T) *rig {
+	r := &rig{t: t, nodes: startCluster(t), or: newOracle(t), rng: rand.New(rand.NewPCG(1, 2))}
+	var addrs []string
+	for _, n := range r.nodes {
+		addrs = append(addrs, n.APIAddr())
+	}
+	dir, err := dirclient.New(dirclient.Config{Addrs: addrs, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dir.Close() })
+	r.dir = dir
+	pub, err := kvevents.NewPublisher(context.Background(), kvevents.PublisherConfig{
+		Endpoint: "tcp://*:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 100000, Form: kvevents.FormArray,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	r.pub = pub
+	r.ep = fmt.Sprintf("tcp://127.0.0.1:%d", pub.Addr().(*net.TCPAddr).Port)
+	r.replay = fmt.Sprintf("tcp://127.0.0.1:%d", pub.ReplayAddr().(*net.TCPAddr).Port)
+	r.newEngine()
+	r.system = tokens(100, 1)
+	return r
+}
+
+func (r *rig) newEngine() {
+	prof, err := engine.ProfileByName("llama3-8b")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	sink := engine.SinkFunc(func(b engine.EventBatch) {
+		r.or.record(b)
+		if _, err := r.pub.Publish(toWire(b)); err != nil {
+			r.t.Errorf("publish: %v", err)
+		}
+	})
+	e, err := engine.New(engine.Config{Profile: prof, BlockSize: itBS, CapacityBlocks: 300}, sink)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.eng, r.now, r.hist = e, 0, make([][]uint32, 6)
+}
+
+func (r *rig) startAgent() {
+	ctx, cancel := context.WithCancel(context.Background())
+	a, err := New(Config{
+		WorkerID: itWorker, WorkerAddress: "http://127.0.0.1:1", Model: itModel, BlockSize: itBS,
+		Endpoint: r.ep, ReplayEndpoint: r.replay, BatchInterval: 5 * time.Millisecond,
+		MapCapacity: 100000, Logger: quietLog(), HeartbeatInterval: 200 * time.Millisecond,
+	}, r.dir)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.agent, r.cancel, r.done = a, cancel, make(chan error, 1)
+	go func() { r.done <- a.Run(ctx) }()
+	r.t.Cleanup(r.stopAgent)
+	waitFor(r.t, "the agent to register", 10*time.Second, func() (bool, string) { return a.Epoch() != 0, "" })
+}
+
+func (r *rig) stopAgent() {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	if err := <-r.done; err != nil {
+		r.t.Errorf("agent run: %v", err)
+	}
+	r.cancel = nil
+}
+
+// traffic runs waves of multi-turn requests: every session sends its
+// history plus new tokens and keeps the answer.
+func (r *rig) traffic(waves int) {
+	for range waves {
+		for s := range r.hist {
+			h := r.hist[s]
+			if len(h) == 0 || len(h) > 1200 {
+				h = append(append([]uint32(nil), r.system...), uint32(1000+s))
+			}
+			for range 10 + r.rng.IntN(60) {
+				h = append(h, uint32(r.rng.IntN(30000)))
+			}
+			r.hist[s] = h
+			r.seq++
+			if err := r.eng.Submit(r.now, engine.Request{ID: fmt.Sprint(r.seq), Tokens: h, MaxTokens: 8 + r.rng.IntN(16)}); err != nil {
+				r.t.Fatalf("submit: %v", err)
+			}
+		}
+		for r.eng.Busy() {
+			res := r.eng.Step(r.now)
+			r.now = res.End
+			for _, f := range res.Finished {
+				_ = f // outputs are not appended: the next turn adds new user tokens
+			}
+		}
+	}
+}
+
+func (r *rig) waitConsistent(what string, subset bool) {
+	r.t.Helper()
+	want := r.or.expected(r.eng)
+	waitFor(r.t, what, 15*time.Second, func() (bool, string) {
+		for _, n := range r.nodes {
+			if ok, why := r.or.compare(n.FSM(), want, subset); !ok {
+				return false, n.ID() + ": " + why
+			}
+		}
+		return true, ""
+	})
+}
+
+func TestAgentEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration")
+	}
+	r := newRig(t)
+	r.startAgent()
+
+	// (a) Steady traffic, including the slow-joiner start (replay from 0).
+	r.traffic(30)
+	r.waitConsistent("the directory to equal the engine's cache", false)
+	if st := r.agent.TranslatorStats(); st.BlocksRemoved == 0 || st.BlocksStored == 0 {
+		t.Fatalf("expected evictions in steady traffic: %+v", st)
+	}
+
+	// (b1) Lost batches (kept for replay): gaps are replayed, exact view.
+	replays0 := metricValue(t, r.agent, "kvdir_agent_replays_total", "ok")
+	r.pub.SetLossRate(0.3)
+	r.traffic(15)
+	r.pub.SetLossRate(0)
+	r.traffic(2)
+	r.waitConsistent("the directory to equal the cache after replayed gaps", false)
+	if metricValue(t, r.agent, "kvdir_agent_gaps_total", "") == 0 || metricValue(t, r.agent, "kvdir_agent_replays_total", "ok") == replays0 {
+		t.Fatal("lost batches caused no gap or replay")
+	}
+
+	// (b2) Dropped batches (not replayable): clear and rebuild; the
+	// directory never holds a block the engine does not.
+	r.pub.SetDropRate(0.3)
+	r.traffic(10)
+	r.pub.SetDropRate(0)
+	r.traffic(3)
+	r.waitConsistent("the directory to be a subset of the cache after drops", true)
+	if metricValue(t, r.agent, "kvdir_agent_resyncs_total", "replay_incomplete") == 0 {
+		t.Fatal("dropped batches caused no resync")
+	}
+
+	// Directory-side loss: the worker is expired behind the agent's back;
+	// a refused batch or a heartbeat answered known=false re-registers.
+	epoch0 := r.agent.Epoch()
+	if _, err := r.dir.ExpireWorker(context.Background(), itWorker); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a new registration after expiry", 10*time.Second, func() (bool, string) {
+		return r.agent.Epoch() > epoch0, ""
+	})
+	r.traffic(5)
+	r.waitConsistent("the directory to be a subset of the cache after expiry", true)
+
+	// (c) Engine restart: sequence back to 0, new cache, new epoch.
+	epoch := r.agent.Epoch()
+	r.pub.Restart()
+	r.newEngine()
+	r.traffic(10)
+	r.waitConsistent("the directory to equal the restarted engine's cache", false)
+	if r.agent.Epoch() == epoch {
+		t.Fatal("engine restart did not lead to a new epoch")
+	}
+	if metricValue(t, r.agent, "kvdir_agent_engine_restarts_total", "") != 1 {
+		t.Fatal("engine restart not counted")
+	}
+
+	// (d) Agent restart: the new agent replays the engine's buffer from 0.
+	r.stopAgent()
+	r.startAgent()
+	r.traffic(3)
+	r.waitConsistent("the directory to equal the cache after an agent restart", false)
+	if metricValue(t, r.agent, "kvdir_agent_replays_total", "ok") == 0 {
+		t.Fatal("the restarted agent did not replay")
+	}
+	// The agent's own HTTP endpoints.
+	rec := httptest.NewRecorder()
+	r.agent.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, name := range []string{"kvdir_agent_events_decoded_total", "kvdir_agent_blocks_stored_total",
+		"kvdir_agent_batches_published_total", "kvdir_agent_publish_lag_seconds_bucket", "kvdir_agent_map_entries"} {
+		if !strings.Contains(rec.Body.String(), name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	rec = httptest.NewRecorder()
+	r.agent.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+	if rec.Code != 200 {
+		t.Errorf("/healthz = %d", rec.Code)
+	}
+	// Shutdown deregisters the worker.
+	r.stopAgent()
+	waitFor(t, "the worker to be deregistered", 10*time.Second, func() (bool, string) {
+		w, ok := r.nodes[0].FSM().Worker(itWorker)
+		return ok && w.Blocks == 0 && w.State != kvdirv1.WorkerState_WORKER_STATE_ACTIVE, fmt.Sprint(w)
+	})
+}
+
+// metricValue returns a counter of the agent's registry (summed over series
+// whose label value is label, or all series if label is "").
+func metricValue(t *testing.T, a *Agent, name, label string) float64 {
+	t.Helper()
+	fams, err := a.m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v float64
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			match := label == ""
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == label {
+					match = true
+				}
+			}
+			if match {
+				v += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return v
+}

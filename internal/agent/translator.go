@@ -1,0 +1,439 @@
+package agent
+
+import (
+	"container/list"
+	"log/slog"
+	"strings"
+
+	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/kvevents"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// Problem kinds counted by the Translator (label values of
+// kvdir_agent_problems_total).
+const (
+	ProblemUnknownParent    = "unknown_parent"
+	ProblemTokenMismatch    = "token_mismatch"
+	ProblemBadBlockSize     = "bad_block_size"
+	ProblemUnknownMedium    = "unknown_medium"
+	ProblemUnsupportedExtra = "unsupported_extra_keys"
+	ProblemOtherGroup       = "non_attention_group"
+	ProblemUnknownRemoved   = "unknown_removed"
+	ProblemHashConflict     = "hash_conflict"
+	ProblemMapEvicted       = "map_evicted"
+	ProblemNamespace        = "bad_namespace"
+	ProblemNilEvent         = "nil_event"
+)
+
+// numMedia covers kvdirv1.Medium values GPU..REMOTE (index = enum value).
+const numMedia = 5
+
+// DefaultMapCapacity is the engine-hash map capacity used when none is set.
+const DefaultMapCapacity = 1 << 20
+
+// maxRoots bounds the cache of namespace roots (one per LoRA and salt).
+const maxRoots = 4096
+
+// TranslatorStats counts what a Translator did.
+type TranslatorStats struct {
+	// Events counts decoded engine events by wire type.
+	Events map[string]uint64
+	// BlocksStored and BlocksRemoved count blocks in the directory events
+	// produced (a removal only when the last reference goes).
+	BlocksStored, BlocksRemoved uint64
+	// Cleared counts AllBlocksCleared events.
+	Cleared uint64
+	// Problems counts skipped blocks or events by kind.
+	Problems map[string]uint64
+	// MapEntries is the current size of the engine-hash map.
+	MapEntries int
+}
+
+// entry is one engine block: its content hash and how many times the engine
+// holds it per medium.
+type entry struct {
+	engine  kvevents.Hash
+	content uint64
+	refs    [numMedia]int32
+	elem    *list.Element
+}
+
+func (e *entry) held() bool {
+	for _, r := range e.refs {
+		if r > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Translator turns decoded engine event batches into directory events in
+// content hashes. It is pure (no I/O) and not safe for concurrent use.
+//
+// Entries whose reference counts reach zero stay in the map (an engine hash
+// always names the same content), so a later child of an evicted parent can
+// still be translated; the map is bounded by its capacity and drops the least
+// recently used entries. Dropping an entry the engine still holds publishes
+// its removal, so the directory never keeps a block the agent can no longer
+// account for.
+type Translator struct {
+	model    string
+	capacity int
+	log      *slog.Logger
+
+	m     map[kvevents.Hash]*entry
+	lru   *list.List // front = most recently used
+	roots map[blockhash.Namespace]uint64
+
+	events   map[string]uint64
+	problems map[string]uint64
+	logged   map[string]bool
+	stored   uint64
+	removed  uint64
+	cleared  uint64
+
+	// scratch
+	chain []uint64
+	extra []blockhash.ExtraKey
+}
+
+// NewTranslator returns a Translator for a model. capacity bounds the
+// engine-hash map (DefaultMapCapacity if <= 0); a good value is twice the
+// engine's KV-cache blocks. log may be nil.
+func NewTranslator(model string, capacity int, log *slog.Logger) *Translator {
+	if capacity <= 0 {
+		capacity = DefaultMapCapacity
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Translator{
+		model: model, capacity: capacity, log: log,
+		m:        make(map[kvevents.Hash]*entry),
+		lru:      list.New(),
+		roots:    make(map[blockhash.Namespace]uint64),
+		events:   make(map[string]uint64),
+		problems: make(map[string]uint64),
+		logged:   make(map[string]bool),
+	}
+}
+
+// Reset forgets every mapping and reference count (engine restart).
+func (t *Translator) Reset() {
+	clear(t.m)
+	t.lru.Init()
+}
+
+// ForgetHeld sets every reference count to zero but keeps the mappings (the
+// engine lost track of what it holds, but engine hashes still name the same
+// content): used when events were lost and the directory is cleared.
+func (t *Translator) ForgetHeld() {
+	for _, e := range t.m {
+		e.refs = [numMedia]int32{}
+	}
+}
+
+// Len returns the number of mappings.
+func (t *Translator) Len() int { return len(t.m) }
+
+// Lookup returns the content hash an engine hash maps to.
+func (t *Translator) Lookup(h kvevents.Hash) (uint64, bool) {
+	e, ok := t.m[h]
+	if !ok {
+		return 0, false
+	}
+	return e.content, true
+}
+
+// Stats returns a copy of the counters.
+func (t *Translator) Stats() TranslatorStats {
+	s := TranslatorStats{
+		Events:       make(map[string]uint64, len(t.events)),
+		Problems:     make(map[string]uint64, len(t.problems)),
+		BlocksStored: t.stored, BlocksRemoved: t.removed, Cleared: t.cleared,
+		MapEntries: len(t.m),
+	}
+	for k, v := range t.events {
+		s.Events[k] = v
+	}
+	for k, v := range t.problems {
+		s.Problems[k] = v
+	}
+	return s
+}
+
+// problem counts n occurrences of a problem and logs the first of each kind.
+func (t *Translator) problem(kind string, n int, detail string) {
+	t.problems[kind] += uint64(n)
+	if !t.logged[kind] {
+		t.logged[kind] = true
+		t.log.Warn("agent: skipping engine event data (logged once per kind)", "kind", kind, "detail", detail)
+	}
+}
+
+// Translate appends to dst the directory events for batch b and returns dst
+// and the number of blocks they carry.
+func (t *Translator) Translate(dst []*kvdirv1.Event, b kvevents.Batch) ([]*kvdirv1.Event, int) {
+	blocks := 0
+	for _, ev := range b.Events {
+		var n int
+		switch e := ev.(type) {
+		case *kvevents.BlockStored:
+			if e == nil {
+				t.problem(ProblemNilEvent, 1, "nil BlockStored")
+				continue
+			}
+			t.events[kvevents.TypeBlockStored]++
+			dst, n = t.stored1(dst, e)
+		case *kvevents.BlockRemoved:
+			if e == nil {
+				t.problem(ProblemNilEvent, 1, "nil BlockRemoved")
+				continue
+			}
+			t.events[kvevents.TypeBlockRemoved]++
+			dst, n = t.removed1(dst, e)
+		case *kvevents.AllBlocksCleared:
+			t.events[kvevents.TypeAllBlocksCleared]++
+			t.cleared++
+			t.Reset()
+			dst = append(dst, &kvdirv1.Event{Kind: &kvdirv1.Event_Cleared{Cleared: &kvdirv1.AllCleared{}}})
+			n = 1
+		default:
+			t.problem(ProblemNilEvent, 1, "unknown event value")
+		}
+		blocks += n
+	}
+	return dst, blocks
+}
+
+// parseMedium maps a wire medium to the directory's; ok false if unknown.
+func parseMedium(s string) (kvdirv1.Medium, bool) {
+	switch strings.ToUpper(s) {
+	case "", "GPU", "CUDA", "HBM":
+		return kvdirv1.Medium_MEDIUM_GPU, true
+	case "CPU", "CPU_TIER", "DRAM":
+		return kvdirv1.Medium_MEDIUM_CPU, true
+	case "DISK", "SSD", "LOCAL_DISK":
+		return kvdirv1.Medium_MEDIUM_DISK, true
+	case "REMOTE", "LMCACHE", "S3":
+		return kvdirv1.Medium_MEDIUM_REMOTE, true
+	}
+	return 0, false
+}
+
+// rootFor returns the namespace root, caching it.
+func (t *Translator) rootFor(ns blockhash.Namespace) (uint64, bool) {
+	if r, ok := t.roots[ns]; ok {
+		return r, true
+	}
+	r, err := ns.Root()
+	if err != nil {
+		t.problem(ProblemNamespace, 1, err.Error())
+		return 0, false
+	}
+	if len(t.roots) >= maxRoots {
+		clear(t.roots)
+	}
+	t.roots[ns] = r
+	return r, true
+}
+
+// saltOf returns the cache salt vLLM put in block 0's extra keys: the last
+// string that is not the LoRA name (LoRA comes first, then multimodal
+// tuples, then the salt).
+func saltOf(keys []any, lora string) string {
+	salt := ""
+	skippedLoRA := false
+	for _, k := range keys {
+		s, ok := k.(string)
+		if !ok {
+			continue
+		}
+		if !skippedLoRA && lora != "" && s == lora {
+			skippedLoRA = true
+			continue
+		}
+		salt = s
+	}
+	return salt
+}
+
+// blockExtra converts one block's extra keys to blockhash extra keys
+// (multimodal (identifier, offset) tuples). ok is false for keys that cannot
+// be represented (prompt-embedding bytes, unknown shapes).
+func blockExtra(dst []blockhash.ExtraKey, keys []any) ([]blockhash.ExtraKey, bool) {
+	for _, k := range keys {
+		switch v := k.(type) {
+		case string, nil:
+			// LoRA name or salt: part of the namespace.
+		case []any:
+			if len(v) != 2 {
+				return dst, false
+			}
+			id, ok := v[0].(string)
+			if !ok {
+				return dst, false
+			}
+			var off int64
+			switch o := v[1].(type) {
+			case int64:
+				off = o
+			default:
+				return dst, false
+			}
+			dst = append(dst, blockhash.ExtraKey{ID: id, Offset: off})
+		default:
+			return dst, false
+		}
+	}
+	return dst, true
+}
+
+func (t *Translator) stored1(dst []*kvdirv1.Event, e *kvevents.BlockStored) ([]*kvdirv1.Event, int) {
+	n := len(e.BlockHashes)
+	if n == 0 {
+		return dst, 0
+	}
+	if e.SpecKind != "" && e.SpecKind != kvevents.SpecKindFullAttention {
+		t.problem(ProblemOtherGroup, n, "kv_cache_spec_kind "+e.SpecKind)
+		return dst, 0
+	}
+	if e.GroupIdx != nil && *e.GroupIdx != 0 {
+		// Groups with equal block sizes publish the same hashes; only the
+		// first group is indexed.
+		t.problem(ProblemOtherGroup, n, "group_idx != 0")
+		return dst, 0
+	}
+	if e.BlockSize < 1 || e.BlockSize > blockhash.MaxBlockSize {
+		t.problem(ProblemBadBlockSize, n, "block_size out of range")
+		return dst, 0
+	}
+	if len(e.TokenIDs) != n*e.BlockSize {
+		t.problem(ProblemTokenMismatch, n, "len(token_ids) != len(block_hashes) * block_size")
+		return dst, 0
+	}
+	med, ok := parseMedium(e.Medium)
+	if !ok {
+		t.problem(ProblemUnknownMedium, n, "medium "+e.Medium)
+		return dst, 0
+	}
+	if e.ExtraKeys != nil && len(e.ExtraKeys) != n {
+		t.problem(ProblemUnsupportedExtra, n, "extra_keys length differs from block_hashes")
+		return dst, 0
+	}
+	// parent seeds the first block's hash; chainParent is what the directory
+	// gets: 0 for a chain's first block (the namespace root is only a seed).
+	var parent, chainParent uint64
+	if e.Parent == nil {
+		ns := blockhash.Namespace{Model: t.model, LoRA: e.LoRAName, BlockSize: e.BlockSize}
+		if e.ExtraKeys != nil {
+			ns.CacheSalt = saltOf(e.ExtraKeys[0], e.LoRAName)
+		}
+		if parent, ok = t.rootFor(ns); !ok {
+			return dst, 0
+		}
+	} else {
+		pe, ok := t.m[*e.Parent]
+		if !ok {
+			t.problem(ProblemUnknownParent, n, "parent engine hash not in the map")
+			return dst, 0
+		}
+		t.lru.MoveToFront(pe.elem)
+		parent = pe.content
+		chainParent = parent
+	}
+	t.chain = t.chain[:0]
+	for i := range n {
+		t.extra = t.extra[:0]
+		if e.ExtraKeys != nil {
+			if t.extra, ok = blockExtra(t.extra, e.ExtraKeys[i]); !ok {
+				t.problem(ProblemUnsupportedExtra, n-i, "extra key that cannot be hashed")
+				break
+			}
+		}
+		tokens := e.TokenIDs[i*e.BlockSize : (i+1)*e.BlockSize]
+		h := blockhash.Block(parent, tokens, t.extra)
+		eh := e.BlockHashes[i]
+		ent, exists := t.m[eh]
+		if exists {
+			if ent.content != h {
+				t.problem(ProblemHashConflict, 1, "engine hash already maps to another content hash")
+				ent.content = h
+				ent.refs = [numMedia]int32{}
+			}
+			t.lru.MoveToFront(ent.elem)
+		} else {
+			ent = &entry{engine: eh, content: h}
+			ent.elem = t.lru.PushFront(ent)
+			t.m[eh] = ent
+		}
+		ent.refs[med]++
+		t.chain = append(t.chain, h)
+		parent = h
+	}
+	if len(t.chain) == 0 {
+		return dst, 0
+	}
+	hashes := make([]uint64, len(t.chain))
+	copy(hashes, t.chain)
+	dst = append(dst, &kvdirv1.Event{Kind: &kvdirv1.Event_Stored{Stored: &kvdirv1.StoredBlocks{
+		Parent: chainParent, Hashes: hashes, Medium: med,
+	}}})
+	t.stored += uint64(len(hashes))
+	return t.evict(dst), len(hashes)
+}
+
+// evict drops least recently used mappings above the capacity, publishing
+// the removal of those still held.
+func (t *Translator) evict(dst []*kvdirv1.Event) []*kvdirv1.Event {
+	for len(t.m) > t.capacity {
+		back := t.lru.Back()
+		ent := back.Value.(*entry)
+		t.lru.Remove(back)
+		delete(t.m, ent.engine)
+		if ent.held() {
+			t.problem(ProblemMapEvicted, 1, "engine-hash map full; dropped a held block")
+			for m, r := range ent.refs {
+				if r > 0 {
+					dst = append(dst, removedEvent([]uint64{ent.content}, kvdirv1.Medium(m)))
+					t.removed++
+				}
+			}
+		}
+	}
+	return dst
+}
+
+func removedEvent(hashes []uint64, m kvdirv1.Medium) *kvdirv1.Event {
+	return &kvdirv1.Event{Kind: &kvdirv1.Event_Removed{Removed: &kvdirv1.RemovedBlocks{Hashes: hashes, Medium: m}}}
+}
+
+func (t *Translator) removed1(dst []*kvdirv1.Event, e *kvevents.BlockRemoved) ([]*kvdirv1.Event, int) {
+	med, ok := parseMedium(e.Medium)
+	if !ok {
+		t.problem(ProblemUnknownMedium, len(e.BlockHashes), "medium "+e.Medium)
+		return dst, 0
+	}
+	if e.GroupIdx != nil && *e.GroupIdx != 0 {
+		t.problem(ProblemOtherGroup, len(e.BlockHashes), "group_idx != 0")
+		return dst, 0
+	}
+	var out []uint64
+	for _, h := range e.BlockHashes {
+		ent, ok := t.m[h]
+		if !ok || ent.refs[med] <= 0 {
+			t.problem(ProblemUnknownRemoved, 1, "removal of a block the agent does not know as held")
+			continue
+		}
+		ent.refs[med]--
+		if ent.refs[med] == 0 {
+			out = append(out, ent.content)
+		}
+	}
+	if len(out) == 0 {
+		return dst, 0
+	}
+	t.removed += uint64(len(out))
+	return append(dst, removedEvent(out, med)), len(out)
+}
