@@ -1,0 +1,350 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/kvevents"
+	"github.com/kvdir/kvdir/internal/tokenize"
+)
+
+// faults are the switches of /admin/faults.
+type faults struct {
+	DropEventFraction float64 `json:"drop_event_fraction"`
+	LossFraction      float64 `json:"loss_fraction"`
+	SlowFactor        float64 `json:"slow_factor"`
+	FailFraction      float64 `json:"fail_fraction"`
+}
+
+// instance is one engine "process": a runner and its driving goroutine.
+type instance struct {
+	runner *engine.RealtimeRunner
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// server is the simulator: HTTP handlers, the engine, the event publisher
+// and the metrics.
+type server struct {
+	cfg      config
+	engCfg   engine.Config
+	log      *slog.Logger
+	tmpl     *tokenize.ChatML
+	tok      tokenize.Tokenizer
+	pub      *kvevents.Publisher // nil without --kv-events-endpoint
+	metrics  *metrics
+	httpSrv  *http.Server
+	listener net.Listener
+	baseCtx  context.Context
+
+	mu     sync.Mutex // guards cur and fault; held across a restart
+	cur    *instance
+	fault  faults
+	nextID atomic.Uint64
+	start  time.Time
+}
+
+// newServer validates cfg, builds the engine and the publisher and binds the
+// HTTP listener.
+func newServer(ctx context.Context, cfg config, logger *slog.Logger) (*server, error) {
+	prof, err := loadProfile(cfg.profile)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.model == "" {
+		return nil, errors.New("--model must not be empty")
+	}
+	if cfg.defaultMaxTokens < 1 {
+		return nil, fmt.Errorf("--default-max-tokens %d, want >= 1", cfg.defaultMaxTokens)
+	}
+	if cfg.maxBodyBytes < 1 {
+		return nil, fmt.Errorf("--max-body-bytes %d, want >= 1", cfg.maxBodyBytes)
+	}
+	if cfg.dpRank < 0 {
+		return nil, fmt.Errorf("--data-parallel-rank %d, want >= 0", cfg.dpRank)
+	}
+	if cfg.blockSize < 1 || cfg.kvBlocks < 1 || cfg.maxBatchedTokens < 1 || cfg.maxRunning < 1 {
+		return nil, errors.New("--block-size, --kv-blocks, --max-batched-tokens and --max-running must be positive")
+	}
+	if math.IsNaN(cfg.timeScale) || cfg.timeScale < 0 {
+		return nil, fmt.Errorf("--time-scale %v, want >= 0", cfg.timeScale)
+	}
+	if capTokens := cfg.kvBlocks * cfg.blockSize; cfg.maxModelLen < 1 || cfg.maxModelLen > capTokens {
+		if cfg.maxModelLen < 1 {
+			return nil, fmt.Errorf("--max-model-len %d, want >= 1", cfg.maxModelLen)
+		}
+		cfg.maxModelLen = capTokens
+	}
+	tmpl, err := tokenize.ChatMLCL100K()
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	s := &server{
+		cfg:  cfg,
+		log:  logger,
+		tmpl: tmpl,
+		tok:  tmpl.Tokenizer(),
+		engCfg: engine.Config{
+			Profile:          prof,
+			BlockSize:        cfg.blockSize,
+			CapacityBlocks:   cfg.kvBlocks,
+			MaxBatchedTokens: cfg.maxBatchedTokens,
+			MaxRunning:       cfg.maxRunning,
+			Seed:             cfg.seed,
+		},
+		fault:   faults{SlowFactor: 1},
+		baseCtx: ctx,
+		start:   time.Now(),
+	}
+	if cfg.eventsEndpoint != "" {
+		if s.pub, err = newPublisher(ctx, cfg); err != nil {
+			return nil, err
+		}
+	}
+	if s.cur, err = s.newInstance(); err != nil {
+		s.closePublisher()
+		return nil, err
+	}
+	s.metrics = newMetrics(s)
+	s.listener, err = net.Listen("tcp", cfg.addr)
+	if err != nil {
+		s.cur.stop()
+		s.closePublisher()
+		return nil, fmt.Errorf("listen %s: %w", cfg.addr, err)
+	}
+	s.httpSrv = &http.Server{
+		Handler:           s.routes(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	return s, nil
+}
+
+func loadProfile(spec string) (engine.Profile, error) {
+	if p, err := engine.ProfileByName(spec); err == nil {
+		return p, nil
+	}
+	f, err := os.Open(spec)
+	if err != nil {
+		return engine.Profile{}, fmt.Errorf("--profile %q is neither a built-in profile %v nor a readable file: %w", spec, engine.ProfileNames(), err)
+	}
+	defer f.Close()
+	p, err := engine.LoadProfile(f)
+	if err != nil {
+		return engine.Profile{}, fmt.Errorf("--profile %s: %w", spec, err)
+	}
+	return p, nil
+}
+
+func newPublisher(ctx context.Context, cfg config) (*kvevents.Publisher, error) {
+	pc := kvevents.PublisherConfig{
+		Topic:       cfg.topic,
+		BufferSteps: cfg.replayBufferSteps,
+		DPRank:      cfg.dpRank,
+		Seed:        cfg.seed,
+	}
+	switch cfg.eventsForm {
+	case "array":
+		pc.Form = kvevents.FormArray
+	case "map":
+		pc.Form = kvevents.FormMap
+	case "map-batch":
+		pc.Form = kvevents.FormMapBatch
+	default:
+		return nil, fmt.Errorf("--kv-events-form %q, want array or map", cfg.eventsForm)
+	}
+	switch cfg.replayLayout {
+	case "old":
+		pc.ReplayLayout = kvevents.ReplayLayoutOld
+	case "new":
+		pc.ReplayLayout = kvevents.ReplayLayoutNew
+	default:
+		return nil, fmt.Errorf("--replay-layout %q, want old or new", cfg.replayLayout)
+	}
+	var err error
+	if pc.Endpoint, err = kvevents.OffsetEndpoint(cfg.eventsEndpoint, cfg.dpRank); err != nil {
+		return nil, fmt.Errorf("--kv-events-endpoint: %w", err)
+	}
+	if pc.ReplayEndpoint, err = kvevents.OffsetEndpoint(cfg.replayEndpoint, cfg.dpRank); err != nil {
+		return nil, fmt.Errorf("--kv-events-replay-endpoint: %w", err)
+	}
+	pub, err := kvevents.NewPublisher(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("kv events: %w", err)
+	}
+	return pub, nil
+}
+
+// newInstance starts a fresh engine.
+func (s *server) newInstance() (*instance, error) {
+	r, err := engine.NewRealtimeRunner(s.engCfg, engine.SinkFunc(s.publishBatch), s.cfg.timeScale)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	ctx, cancel := context.WithCancel(s.baseCtx)
+	in := &instance{runner: r, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(in.done)
+		_ = r.Run(ctx) // returns ctx.Err() once stopped
+	}()
+	return in, nil
+}
+
+// stop aborts the instance's requests and waits for its goroutine.
+func (in *instance) stop() {
+	in.cancel()
+	<-in.done
+}
+
+// current returns the running engine instance.
+func (s *server) current() *instance {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
+}
+
+func (s *server) faults() faults {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fault
+}
+
+// restart simulates an engine restart: the requests in flight are aborted,
+// the cache starts empty and the event sequence restarts at 0 (with an empty
+// replay buffer). As with a real restart, no AllBlocksCleared is published.
+func (s *server) restart() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cur.stop()
+	if s.pub != nil {
+		s.pub.Restart()
+	}
+	in, err := s.newInstance()
+	if err != nil {
+		return err
+	}
+	s.cur = in
+	s.log.Info("engine restarted")
+	return nil
+}
+
+// publishBatch converts an engine batch to a vLLM KVEventBatch and publishes
+// it. It runs on the runner's goroutine.
+func (s *server) publishBatch(b engine.EventBatch) {
+	if s.pub == nil {
+		return
+	}
+	out := kvevents.Batch{
+		TS:     float64(time.Now().UnixNano()) / 1e9,
+		Events: convertEvents(b.Events),
+	}
+	if _, err := s.pub.Publish(out); err != nil && !errors.Is(err, kvevents.ErrClosed) {
+		s.log.Warn("publish kv events", "err", err)
+	}
+}
+
+// convertEvents maps engine events to their wire form.
+func convertEvents(evs []engine.Event) []kvevents.Event {
+	out := make([]kvevents.Event, 0, len(evs))
+	for _, ev := range evs {
+		switch e := ev.(type) {
+		case *engine.BlockStored:
+			ws := &kvevents.BlockStored{
+				BlockHashes: toHashes(e.BlockHashes),
+				TokenIDs:    e.TokenIDs,
+				BlockSize:   e.BlockSize,
+				Medium:      e.Medium,
+				LoRAName:    e.LoRAName,
+			}
+			if e.HasParent {
+				h := kvevents.HashFromUint64(uint64(e.ParentBlockHash))
+				ws.Parent = &h
+			}
+			out = append(out, ws)
+		case *engine.BlockRemoved:
+			out = append(out, &kvevents.BlockRemoved{BlockHashes: toHashes(e.BlockHashes), Medium: e.Medium})
+		case *engine.AllBlocksCleared:
+			out = append(out, &kvevents.AllBlocksCleared{})
+		}
+	}
+	return out
+}
+
+func toHashes(hs []engine.BlockHash) []kvevents.Hash {
+	out := make([]kvevents.Hash, len(hs))
+	for i, h := range hs {
+		out[i] = kvevents.HashFromUint64(uint64(h))
+	}
+	return out
+}
+
+// Addr returns the HTTP listener's address.
+func (s *server) Addr() string { return s.listener.Addr().String() }
+
+// EventsAddr returns the bound PUB address, or "" if events are off or the
+// PUB socket connects.
+func (s *server) EventsAddr() string {
+	if s.pub == nil || s.pub.Addr() == nil {
+		return ""
+	}
+	return s.pub.Addr().String()
+}
+
+// ReplayAddr returns the bound replay address, or "" without replay.
+func (s *server) ReplayAddr() string {
+	if s.pub == nil || s.pub.ReplayAddr() == nil {
+		return ""
+	}
+	return s.pub.ReplayAddr().String()
+}
+
+// serve serves HTTP until ctx is done, then shuts down.
+func (s *server) serve(ctx context.Context, ready func(*server)) error {
+	s.log.Info("enginesim listening", "addr", s.Addr(), "model", s.cfg.model,
+		"profile", s.engCfg.Profile.Name, "kv_blocks", s.cfg.kvBlocks, "block_size", s.cfg.blockSize,
+		"time_scale", s.cfg.timeScale, "kv_events", s.cfg.eventsEndpoint, "events_addr", s.EventsAddr())
+	errc := make(chan error, 1)
+	go func() { errc <- s.httpSrv.Serve(s.listener) }()
+	if ready != nil {
+		ready(s)
+	}
+	var err error
+	select {
+	case err = <-errc:
+		err = fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+		shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// Stop the engine first so streaming handlers end promptly.
+		s.current().stop()
+		if e := s.httpSrv.Shutdown(shutCtx); e != nil {
+			err = fmt.Errorf("shutdown: %w", e)
+		}
+		cancel()
+	}
+	s.current().stop()
+	s.closePublisher()
+	s.log.Info("enginesim stopped")
+	return err
+}
+
+func (s *server) closePublisher() {
+	if s.pub != nil {
+		if err := s.pub.Close(); err != nil {
+			s.log.Warn("close kv event publisher", "err", err)
+		}
+	}
+}
+
+// engineLabel is the metrics' engine label.
+func (s *server) engineLabel() string { return strconv.Itoa(s.cfg.dpRank) }
