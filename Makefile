@@ -30,8 +30,16 @@ fmt-check: ## Fail if any Go file is not gofmt'd
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: test
-test: vet fmt-check ## Vet, format check and all tests with the race detector
+test: test-deps vet fmt-check ## Vet, format check and all tests with the race detector
 	$(GO) test -race -count=1 ./...
+
+.PHONY: test-deps
+test-deps: ## Install what the tests need beyond Go (Debian: python3-zmq, python3-msgpack for the libzmq interop test)
+	@if ! /usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null; then \
+	  echo "installing python3-zmq and python3-msgpack (the libzmq interop test needs them)"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-zmq python3-msgpack; \
+	  else echo "run as root, or: sudo apt-get install python3-zmq python3-msgpack" >&2; exit 1; fi; \
+	fi
 
 .PHONY: bench-index
 bench-index: ## Index and hashing figures at full scale -> bench/results/index.json
