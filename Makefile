@@ -51,6 +51,11 @@ bench-directory: ## 3 directory processes, 64 publishing workers -> bench/result
 	@mkdir -p bench/results
 	$(GO) run ./bench/cmd/dirbench -out bench/results/directory.json
 
+.PHONY: bench-agent
+bench-agent: ## Agent decode+hash rate, end-to-end event lag (directory, enginesim, agent processes) -> bench/results/agent.json
+	@mkdir -p bench/results
+	$(GO) run ./bench/cmd/agentbench -out bench/results/agent.json
+
 .PHONY: bench-go
 bench-go: ## Go micro-benchmarks of the index and hashing (for benchstat)
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./internal/radix ./internal/blockhash | tee bench/results/go-bench.txt

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/kvdir/kvdir/internal/agent"
+	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/kvevents"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+const benchModel = "llama3-8b"
+
+// prompter builds prompts: a 1,024-token system prompt shared by all, 256
+// tokens shared by groups of 8 requests (a conversation), and 64 tokens
+// unique to the request (the shape of the engine package's benchmark).
+type prompter struct {
+	rng    *rand.Rand
+	system []uint32
+	conv   []uint32
+	buf    []uint32
+}
+
+func newPrompter() *prompter {
+	rng := rand.New(rand.NewPCG(1, 1))
+	p := &prompter{rng: rng, system: make([]uint32, 1024), conv: make([]uint32, 256)}
+	for i := range p.system {
+		p.system[i] = uint32(rng.IntN(128000))
+	}
+	return p
+}
+
+// prompt returns the prompt of request i; it is valid until the next call.
+func (p *prompter) prompt(i int) []uint32 {
+	if i%8 == 0 {
+		for j := range p.conv {
+			p.conv[j] = uint32(p.rng.IntN(128000))
+		}
+	}
+	p.buf = append(append(p.buf[:0], p.system...), p.conv...)
+	for range 64 {
+		p.buf = append(p.buf, uint32(p.rng.IntN(128000)))
+	}
+	return p.buf
+}
+
+func newEngine(sink engine.EventSink) (*engine.Engine, error) {
+	prof, err := engine.ProfileByName(benchModel)
+	if err != nil {
+		return nil, fmt.Errorf("profile: %w", err)
+	}
+	e, err := engine.New(engine.Config{Profile: prof, CapacityBlocks: 32768}, sink)
+	if err != nil {
+		return nil, fmt.Errorf("new engine: %w", err)
+	}
+	return e, nil
+}
+
+// convert maps an engine batch to its wire form, as cmd/enginesim does.
+func convert(b engine.EventBatch) kvevents.Batch {
+	out := kvevents.Batch{TS: b.Time.Seconds()}
+	for _, ev := range b.Events {
+		switch e := ev.(type) {
+		case *engine.BlockStored:
+			ws := &kvevents.BlockStored{BlockHashes: hashes(e.BlockHashes), TokenIDs: e.TokenIDs,
+				BlockSize: e.BlockSize, Medium: e.Medium, LoRAName: e.LoRAName}
+			if e.HasParent {
+				h := kvevents.HashFromUint64(uint64(e.ParentBlockHash))
+				ws.Parent = &h
+			}
+			out.Events = append(out.Events, ws)
+		case *engine.BlockRemoved:
+			out.Events = append(out.Events, &kvevents.BlockRemoved{BlockHashes: hashes(e.BlockHashes), Medium: e.Medium})
+		case *engine.AllBlocksCleared:
+			out.Events = append(out.Events, &kvevents.AllBlocksCleared{})
+		}
+	}
+	return out
+}
+
+func hashes(hs []engine.BlockHash) []kvevents.Hash {
+	out := make([]kvevents.Hash, len(hs))
+	for i, h := range hs {
+		out[i] = kvevents.HashFromUint64(uint64(h))
+	}
+	return out
+}
+
+// corpus runs the engine model on a virtual clock over n requests and
+// returns its event batches, msgpack-encoded as vLLM sends them.
+func corpus(n int) ([][]byte, int, error) {
+	var payloads [][]byte
+	blocks := 0
+	sink := engine.SinkFunc(func(b engine.EventBatch) {
+		wb := convert(b)
+		for _, ev := range wb.Events {
+			if s, ok := ev.(*kvevents.BlockStored); ok {
+				blocks += len(s.BlockHashes)
+			}
+		}
+		payloads = append(payloads, kvevents.EncodeBatch(wb, kvevents.FormArray))
+	})
+	e, err := newEngine(sink)
+	if err != nil {
+		return nil, 0, err
+	}
+	p := newPrompter()
+	now, submitted, finished := time.Duration(0), 0, 0
+	for finished < n {
+		for submitted < n && submitted-finished < 256 {
+			if err := e.Submit(now, engine.Request{ID: strconv.Itoa(submitted), Tokens: p.prompt(submitted),
+				MaxTokens: 32, Namespace: benchModel}); err != nil {
+				return nil, 0, fmt.Errorf("submit: %w", err)
+			}
+			submitted++
+		}
+		r := e.Step(now)
+		now = r.End
+		finished += len(r.Finished)
+	}
+	return payloads, blocks, nil
+}
+
+// benchDecode times DecodeBatch + Translator.Translate (content hashing and
+// the engine-hash map) over the corpus, on one goroutine.
+func benchDecode(log *slog.Logger, d time.Duration, res *Results) error {
+	payloads, blocks, err := corpus(4000)
+	if err != nil {
+		return err
+	}
+	size := 0
+	for _, p := range payloads {
+		size += len(p)
+	}
+	res.DecodeBatches, res.DecodeBlocks, res.DecodeCorpusBytes = len(payloads), blocks, size
+	res.DecodeMethod = "internal/engine run (4,000 requests: 1,024-token shared system prompt, 256 tokens per 8-request conversation, 64 unique, 32 generated; block size 16) " +
+		"encoded with kvevents.EncodeBatch (array form); timed: kvevents.DecodeBatch + agent.Translator.Translate (xxh3 content hash, engine-hash LRU map), one goroutine, whole corpus repeated"
+	tr := agent.NewTranslator(benchModel, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var dst []*kvdirv1.Event
+	pass := func() (int, error) {
+		n := 0
+		for _, p := range payloads {
+			b, _, err := kvevents.DecodeBatch(p)
+			if err != nil {
+				return n, fmt.Errorf("decode: %w", err)
+			}
+			var k int
+			dst, k = tr.Translate(dst[:0], b)
+			_ = k
+			for _, ev := range b.Events {
+				if s, ok := ev.(*kvevents.BlockStored); ok {
+					n += len(s.BlockHashes)
+				}
+			}
+		}
+		return n, nil
+	}
+	if _, err := pass(); err != nil { // warm up: fill the map
+		return err
+	}
+	start := time.Now()
+	total := 0
+	for time.Since(start) < d {
+		n, err := pass()
+		if err != nil {
+			return err
+		}
+		total += n
+	}
+	el := time.Since(start)
+	res.DecodeHashBlocksPerSec = float64(total) / el.Seconds()
+	st := tr.Stats()
+	if len(st.Problems) > 0 {
+		log.Warn("translator problems", "problems", st.Problems)
+	}
+	log.Info("decode+hash+map", "blocks_per_sec", int64(res.DecodeHashBlocksPerSec), "batches", len(payloads),
+		"stored_blocks_per_pass", blocks, "bytes", size, "map_entries", st.MapEntries)
+	return nil
+}
+
+// benchEngine runs the engine model on a virtual clock (time scale 0) and
+// reports requests per second of wall time: the scheduler's own overhead.
+func benchEngine(log *slog.Logger, n int, res *Results) error {
+	e, err := newEngine(nil)
+	if err != nil {
+		return err
+	}
+	p := newPrompter()
+	prompts := make([][]uint32, n)
+	for i := range prompts {
+		prompts[i] = append([]uint32(nil), p.prompt(i)...)
+	}
+	start := time.Now()
+	now, submitted, finished := time.Duration(0), 0, 0
+	for finished < n {
+		for submitted < n && submitted-finished < 512 {
+			if err := e.Submit(now, engine.Request{ID: strconv.Itoa(submitted), Tokens: prompts[submitted],
+				MaxTokens: 32, Namespace: benchModel}); err != nil {
+				return fmt.Errorf("submit: %w", err)
+			}
+			submitted++
+		}
+		r := e.Step(now)
+		now = r.End
+		finished += len(r.Finished)
+	}
+	el := time.Since(start)
+	res.EngineRequests = n
+	res.EngineRequestsPerSec = float64(n) / el.Seconds()
+	res.EngineModelledRPS = float64(n) / now.Seconds()
+	res.EngineMethod = "internal/engine (llama3-8b profile, 32,768 blocks) driven directly on a virtual clock (time scale 0, no HTTP, no events sink), " +
+		"up to 512 requests in flight, 1,344-token prompts (1,280 shareable) and 32 generated tokens; prompts built before timing; wall-clock requests per second"
+	log.Info("engine model at time scale 0", "requests", n, "req_per_sec", int64(res.EngineRequestsPerSec),
+		"modelled_req_per_sec", int64(res.EngineModelledRPS))
+	return nil
+}
