@@ -439,6 +439,28 @@ func TestAgentEndToEnd(t *testing.T) {
 		t.Fatal("engine restart not counted")
 	}
 
+	// (e) Directory leader change right after a burst, while the agent
+	// still has batches in flight: its publisher moves to the new leader
+	// and re-sends what was not acknowledged; the view stays exact.
+	r.traffic(5)
+	var leader *node.Node
+	for _, n := range r.nodes {
+		if n.IsLeader() {
+			leader = n
+		}
+	}
+	if leader == nil {
+		t.Fatal("no leader")
+	}
+	if err := leader.Raft().LeadershipTransfer().Error(); err != nil {
+		t.Fatalf("leadership transfer: %v", err)
+	}
+	r.traffic(10)
+	r.waitConsistent("the directory to equal the cache after a leader change", false)
+	if leader.IsLeader() {
+		t.Fatal("leadership did not move")
+	}
+
 	// (d) Agent restart: the new agent replays the engine's buffer from 0.
 	r.stopAgent()
 	r.startAgent()
