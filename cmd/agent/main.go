@@ -22,8 +22,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/dirclient"
+	"github.com/kvdir/kvdir/internal/kvevents"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -41,6 +45,7 @@ type options struct {
 	token, logLevel                                       string
 	bind                                                  bool
 	blockSize, batchBlocks, mapCapacity, queueLimit       int
+	dpSize                                                int
 	batchInterval, heartbeat                              time.Duration
 }
 
@@ -58,6 +63,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.BoolVar(&o.bind, "kv-events-bind", false, "bind the KV-events address (the engine's PUB connects)")
 	fs.StringVar(&o.replayEndpoint, "kv-events-replay-endpoint", "", "engine replay (ROUTER) address; empty disables replay")
 	fs.StringVar(&o.topic, "topic", "", "KV-events topic prefix")
+	fs.IntVar(&o.dpSize, "data-parallel-size", 1, "data-parallel ranks of the engine: one event stream (port + rank, as vLLM offsets them) and one worker (<worker-id>-dp<rank>) per rank")
 	fs.StringVar(&o.metricsURL, "metrics-url", "", "engine Prometheus URL (default worker-address + /metrics)")
 	fs.StringVar(&o.httpAddr, "http-addr", ":9400", "address of the agent's /metrics and /healthz")
 	fs.DurationVar(&o.batchInterval, "batch-interval", agent.DefaultBatchInterval, "longest wait before a batch is sent")
@@ -89,6 +95,9 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	}
 	if o.directory == "" || o.workerID == "" {
 		return nil, errors.New("--directory and --worker-id are required")
+	}
+	if o.dpSize < 1 || o.dpSize > 256 {
+		return nil, fmt.Errorf("--data-parallel-size %d: must be 1 to 256", o.dpSize)
 	}
 	if o.metricsURL == "" && o.workerAddress != "" {
 		o.metricsURL = strings.TrimRight(o.workerAddress, "/") + "/metrics"
@@ -131,14 +140,35 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("directory client: %w", err)
 	}
 	defer dir.Close()
-	a, err := agent.New(agent.Config{
-		WorkerID: o.workerID, WorkerAddress: o.workerAddress, Model: o.model, BlockSize: o.blockSize, Engine: kind,
-		Endpoint: o.endpoint, Bind: o.bind, ReplayEndpoint: o.replayEndpoint, Topic: o.topic,
-		MetricsURL: o.metricsURL, BatchInterval: o.batchInterval, BatchBlocks: o.batchBlocks,
-		MapCapacity: o.mapCapacity, QueueLimit: o.queueLimit, HeartbeatInterval: o.heartbeat, Logger: log,
-	}, dir)
-	if err != nil {
-		return fmt.Errorf("agent: %w", err)
+	// One agent per data-parallel rank: rank r's events come from the
+	// endpoints offset by r, and it is its own worker.
+	var agents []*agent.Agent
+	var gatherers prometheus.Gatherers
+	for r := range o.dpSize {
+		cfg := agent.Config{
+			WorkerID: o.workerID, WorkerAddress: o.workerAddress, Model: o.model, BlockSize: o.blockSize, Engine: kind,
+			Endpoint: o.endpoint, Bind: o.bind, ReplayEndpoint: o.replayEndpoint, Topic: o.topic,
+			MetricsURL: o.metricsURL, BatchInterval: o.batchInterval, BatchBlocks: o.batchBlocks,
+			MapCapacity: o.mapCapacity, QueueLimit: o.queueLimit, HeartbeatInterval: o.heartbeat, Logger: log,
+		}
+		if o.dpSize > 1 {
+			cfg.WorkerID = fmt.Sprintf("%s-dp%d", o.workerID, r)
+			if cfg.Endpoint, err = kvevents.OffsetEndpoint(o.endpoint, r); err != nil {
+				return fmt.Errorf("--kv-events-endpoint for rank %d: %w", r, err)
+			}
+			if o.replayEndpoint != "" {
+				if cfg.ReplayEndpoint, err = kvevents.OffsetEndpoint(o.replayEndpoint, r); err != nil {
+					return fmt.Errorf("--kv-events-replay-endpoint for rank %d: %w", r, err)
+				}
+			}
+			cfg.Logger = log.With("rank", r)
+		}
+		a, err := agent.New(cfg, dir)
+		if err != nil {
+			return fmt.Errorf("agent for rank %d: %w", r, err)
+		}
+		agents = append(agents, a)
+		gatherers = append(gatherers, a.Gatherer())
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -146,14 +176,35 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", o.httpAddr, err)
 	}
-	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(gatherers, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		for _, a := range agents {
+			if !a.Healthy() {
+				http.Error(w, "not healthy", http.StatusServiceUnavailable)
+				return
+			}
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("agent: http server", "err", err)
 		}
 	}()
-	log.Info("agent: starting", "worker", o.workerID, "events", o.endpoint, "http", lis.Addr().String())
-	runErr := a.Run(ctx)
+	log.Info("agent: starting", "worker", o.workerID, "ranks", o.dpSize, "events", o.endpoint, "http", lis.Addr().String())
+	errs := make(chan error, len(agents))
+	for _, a := range agents {
+		go func() { errs <- a.Run(ctx) }()
+	}
+	var runErr error
+	for range agents {
+		if err := <-errs; err != nil && runErr == nil {
+			runErr = err
+			stop() // one rank failing stops the others
+		}
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(sctx)

@@ -58,7 +58,10 @@ func (c *translatorCollector) Collect(ch chan<- prometheus.Metric) {
 
 func newMetrics(a *Agent) *metrics {
 	reg := prometheus.NewRegistry()
-	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	// Every series names its worker, so that the agents of a
+	// data-parallel engine can share one /metrics.
+	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"worker": a.cfg.WorkerID}, reg)
+	f := func(c prometheus.Collector) { labelled.MustRegister(c) }
 	m := &metrics{
 		reg:          reg,
 		gaps:         prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_agent_gaps_total", Help: "Sequence gaps in the engine's event stream."}),
@@ -98,3 +101,10 @@ func newMetrics(a *Agent) *metrics {
 func (m *metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 }
+
+// Gatherer returns the agent's metrics, for a process serving several
+// agents on one /metrics.
+func (a *Agent) Gatherer() prometheus.Gatherer { return a.m.reg }
+
+// Healthy reports what /healthz reports.
+func (a *Agent) Healthy() bool { return a.healthy.Load() }

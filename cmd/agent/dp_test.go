@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kvdir/kvdir/internal/kvevents"
+	"github.com/kvdir/kvdir/internal/node"
+)
+
+// freeBasePort finds a port p such that p and p+1 are both free.
+func freeBasePort(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1)); err == nil {
+			l2.Close()
+			return p
+		}
+	}
+	t.Fatal("no two consecutive free ports")
+	return 0
+}
+
+// TestDataParallelRanks runs one agent process for a 2-rank engine: each
+// rank publishes on its own port (base + rank, as vLLM does), and each
+// becomes its own worker in the directory.
+func TestDataParallelRanks(t *testing.T) {
+	_, tr := raft.NewInmemTransport("")
+	store := raft.NewInmemStore()
+	dir, err := node.New(node.Config{
+		ID: "n0", APIAddr: "127.0.0.1:0", Bootstrap: true,
+		Transport: tr, LogStore: store, StableStore: store, Snapshots: raft.NewInmemSnapshotStore(),
+		HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Shutdown(context.Background())
+
+	base := freeBasePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var pubs []*kvevents.Publisher
+	for r := range 2 {
+		p, err := kvevents.NewPublisher(ctx, kvevents.PublisherConfig{Endpoint: fmt.Sprintf("tcp://*:%d", base+r), DPRank: r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		pubs = append(pubs, p)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--directory", dir.APIAddr(), "--worker-id", "eng", "--model", "m",
+			"--data-parallel-size", "2", "--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", base),
+			"--http-addr", "127.0.0.1:0", "--batch-interval", "5ms", "--log-level", "error"}, env(nil), io.Discard)
+	}()
+	// Each rank stores a different block, published until the directory
+	// shows it (ZMQ drops what is sent before a subscriber is connected).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		held := 0
+		for r, p := range pubs {
+			tokens := make([]uint32, 16)
+			for i := range tokens {
+				tokens[i] = uint32(1000*r + i)
+			}
+			p.Publish(kvevents.Batch{Events: []kvevents.Event{&kvevents.BlockStored{
+				BlockHashes: []kvevents.Hash{kvevents.HashFromUint64(uint64(100 + r))}, TokenIDs: tokens, BlockSize: 16,
+			}}})
+			if w, ok := dir.FSM().Worker(fmt.Sprintf("eng-dp%d", r)); ok && w.Blocks == 1 {
+				held++
+			}
+		}
+		if held == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("workers eng-dp0 and eng-dp1 do not both hold their block: %v", dir.FSM().Workers("", true))
+		}
+		time.Sleep(20 * time.Millisecond) // pace the publishing
+	}
+	if _, ok := dir.FSM().Worker("eng"); ok {
+		t.Fatal("a worker without a rank suffix was registered")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+}
