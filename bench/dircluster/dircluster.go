@@ -26,14 +26,36 @@ import (
 
 // Build compiles cmd/directory into dir and returns the binary's path.
 // moduleRoot is the repository root.
-func Build(moduleRoot, dir string) (string, error) {
-	bin := filepath.Join(dir, "directory")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/directory")
+func Build(moduleRoot, dir string) (string, error) { return BuildCommand(moduleRoot, dir, "directory") }
+
+// BuildCommand compiles cmd/<name> into dir and returns the binary's path.
+func BuildCommand(moduleRoot, dir, name string) (string, error) {
+	bin := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/"+name)
 	cmd.Dir = moduleRoot
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build directory: %w\n%s", err, out)
+		return "", fmt.Errorf("build %s: %w\n%s", name, err, out)
 	}
 	return bin, nil
+}
+
+// ModuleRoot finds the repository root (the folder with go.mod) from the
+// working directory up.
+func ModuleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("run inside the kvdir repository")
+		}
+		dir = parent
+	}
 }
 
 // Node is one directory process.
@@ -43,7 +65,7 @@ type Node struct {
 	DataDir             string
 	cmd                 *exec.Cmd
 	done                chan struct{}
-	log                 *lockedBuffer
+	log                 *Buffer
 	conn                *grpc.ClientConn
 	extra               []string
 	initialCluster, bin string
@@ -60,7 +82,7 @@ func Start(bin, dir string, size int, extra ...string) (*Cluster, error) {
 	c := &Cluster{}
 	var members []string
 	for i := range size {
-		ports, err := freePorts(3)
+		ports, err := FreePorts(3)
 		if err != nil {
 			return nil, err
 		}
@@ -86,7 +108,8 @@ func Start(bin, dir string, size int, extra ...string) (*Cluster, error) {
 	return c, nil
 }
 
-func freePorts(n int) ([]int, error) {
+// FreePorts returns n loopback TCP ports that were free a moment ago.
+func FreePorts(n int) ([]int, error) {
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {
@@ -112,7 +135,7 @@ func (n *Node) Start() error {
 		"--raft-addr", n.RaftAddr, "--api-addr", n.API, "--http-addr", n.HTTP,
 		"--initial-cluster", n.initialCluster,
 	}, n.extra...)
-	n.log = &lockedBuffer{}
+	n.log = &Buffer{}
 	n.cmd = exec.Command(n.bin, args...)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {
@@ -252,18 +275,20 @@ func DirSize(dir string) int64 {
 	return total
 }
 
-type lockedBuffer struct {
+// Buffer collects a process's output; safe for concurrent use.
+type Buffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (l *lockedBuffer) Write(p []byte) (int, error) {
+func (l *Buffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
-func (l *lockedBuffer) String() string {
+// String returns what was written so far.
+func (l *Buffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()

@@ -9,11 +9,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -27,44 +25,17 @@ import (
 
 // buildBinary compiles ./cmd/<name> into dir, as dircluster.Build does for
 // the directory.
-func buildBinary(root, dir, name string) (string, error) {
-	bin := filepath.Join(dir, name)
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/"+name)
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build %s: %w\n%s", name, err, out)
-	}
-	return bin, nil
-}
-
-// syncBuffer collects a process's output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // proc is a child process.
 type proc struct {
 	name string
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *dircluster.Buffer
 	done chan struct{}
 }
 
 func startProc(name, bin string, args ...string) (*proc, error) {
-	p := &proc{name: name, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{name: name, out: &dircluster.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
@@ -90,25 +61,6 @@ func (p *proc) stop(timeout time.Duration) {
 	}
 }
 
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
@@ -120,7 +72,7 @@ func tail(s string, n int) string {
 const workerID = "enginesim-0"
 
 func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error) {
-	root, err := moduleRoot()
+	root, err := dircluster.ModuleRoot()
 	if err != nil {
 		return err
 	}
@@ -128,11 +80,11 @@ func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error
 	if err != nil {
 		return fmt.Errorf("build: %w", err)
 	}
-	simBin, err := buildBinary(root, dir, "enginesim")
+	simBin, err := dircluster.BuildCommand(root, dir, "enginesim")
 	if err != nil {
 		return err
 	}
-	agentBin, err := buildBinary(root, dir, "agent")
+	agentBin, err := dircluster.BuildCommand(root, dir, "agent")
 	if err != nil {
 		return err
 	}
@@ -162,7 +114,7 @@ func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error
 	follower := c.Nodes[(leader+1)%3]
 	log.Info("cluster up", "leader", c.Nodes[leader].ID, "follower", follower.ID)
 
-	ports, err := freePorts(4)
+	ports, err := dircluster.FreePorts(4)
 	if err != nil {
 		return err
 	}

@@ -14,12 +14,10 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/kvdir/kvdir/bench/benchjson"
@@ -129,21 +127,4 @@ func run(log *slog.Logger, cfg config) (*Results, error) {
 		return nil, fmt.Errorf("end-to-end benchmark: %w", err)
 	}
 	return res, nil
-}
-
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("getwd: %w", err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("run agentbench inside the kvdir repository")
-		}
-		dir = parent
-	}
 }

@@ -117,7 +117,7 @@ func run(log *slog.Logger, cfg config) (res *Results, err error) {
 		}
 		defer os.RemoveAll(dir)
 	}
-	root, err := moduleRoot()
+	root, err := dircluster.ModuleRoot()
 	if err != nil {
 		return nil, err
 	}
@@ -193,23 +193,6 @@ func run(log *slog.Logger, cfg config) (res *Results, err error) {
 	}
 	log.Info("restart catch-up", "seconds", res.RestartCatchupS)
 	return res, nil
-}
-
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("run dirbench inside the kvdir repository")
-		}
-		dir = parent
-	}
 }
 
 // batches turns the workload into each worker's event batches: its system
@@ -358,9 +341,21 @@ func pacedLatency(leader *dircluster.Node, wl *indexshape.Workload, work [][]*kv
 		events atomic.Int64
 		errs   = make(chan error, len(work))
 	)
-	perWorker := float64(rate) / float64(len(work))
+	busy := 0 // workers with something to churn (a small scale leaves some without)
+	for _, bs := range work {
+		if len(bs) > 0 {
+			busy++
+		}
+	}
+	if busy == 0 {
+		return errors.New("no worker has a batch to churn")
+	}
+	perWorker := float64(rate) / float64(busy)
 	start := time.Now()
 	for _, bs := range work {
+		if len(bs) == 0 {
+			continue
+		}
 		last := bs[len(bs)-1]
 		piece := last.Events[len(last.Events)-1].GetStored()
 		seq := last.LastSeq
