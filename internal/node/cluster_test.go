@@ -283,7 +283,15 @@ func TestClusterPublishThroughFollower(t *testing.T) {
 
 func TestShutdownEndsIdleStreams(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
-	for _, i := range []int{c.leader(), c.follower()} {
+	for round := range 2 { // the leader's stream, then a follower's piped one
+		i := c.leader()
+		if round == 1 {
+			i = c.follower()
+		}
+		waitFor(t, "the node to know the leader's API", 10*time.Second, func() bool {
+			_, ok := c.nodes[i].leaderAPI()
+			return ok
+		})
 		s, err := kvdirv1.NewAgentServiceClient(c.conn(i)).Publish(context.Background())
 		if err != nil {
 			t.Fatal(err)
