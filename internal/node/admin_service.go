@@ -107,7 +107,7 @@ func (s *adminService) AddMember(ctx context.Context, req *kvdirv1.AddMemberRequ
 			resp.RaftIndex = fut.Index()
 			n.log.Info("member added", "id", req.Id, "raft", req.RaftAddress, "voter", !req.NonVoter)
 		}
-		if req.ApiAddress != "" && n.fsm.Members()[req.Id] != req.ApiAddress {
+		if req.ApiAddress != "" && n.fsm.MemberAPI(req.Id) != req.ApiAddress {
 			_, idx, err := n.propose(kvdirv1.CommandType_COMMAND_TYPE_MEMBER_API,
 				&kvdirv1.MemberAPICommand{Id: req.Id, ApiAddress: req.ApiAddress})
 			if err != nil {

@@ -64,8 +64,8 @@ func (n *Node) leaderAPI() (string, bool) {
 	if string(id) == n.cfg.ID {
 		return n.cfg.APIAdvertise, true
 	}
-	addr, ok := n.fsm.Members()[string(id)]
-	return addr, ok && addr != ""
+	addr := n.fsm.MemberAPI(string(id)) // every call does this: no map copy
+	return addr, addr != ""
 }
 
 // leader returns a client for the leader's API, or an Unavailable status

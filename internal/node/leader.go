@@ -162,7 +162,7 @@ func (n *Node) memberLoop() {
 			return
 		case <-tick.C:
 		}
-		if n.fsm.Members()[n.cfg.ID] == n.cfg.APIAdvertise {
+		if n.fsm.MemberAPI(n.cfg.ID) == n.cfg.APIAdvertise {
 			continue
 		}
 		if n.IsLeader() {

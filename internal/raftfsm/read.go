@@ -125,6 +125,13 @@ func (f *FSM) Members() map[string]string {
 	return out
 }
 
+// MemberAPI returns one member's API address ("" if it published none).
+func (f *FSM) MemberAPI(id string) string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.members[id]
+}
+
 // Counters are the state's sizes.
 type Counters struct {
 	radix.Stats
