@@ -1,0 +1,168 @@
+// Package placement chooses the worker for a request.
+//
+// The router asks the directory how many leading blocks of the request's
+// prefix each worker holds, adds its view of each worker's load, and hands
+// the resulting [Candidate] list to a [Policy]. Policies are selected by
+// name through [New]: "round-robin", "random", "least-load", "session-hash"
+// (bounded-load consistent hashing, HAProxy's hash-balance-factor), "prefix"
+// (longest match) and "kvdir" (lowest expected time to first token, see
+// [KVDir]).
+//
+// Every policy is safe for concurrent use and, given the same seed and the
+// same sequence of calls, makes the same decisions.
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+
+	"github.com/kvdir/kvdir/internal/engine"
+)
+
+// Load is a worker's load as the router sees it.
+type Load struct {
+	Running             int     // sequences the engine is running (vllm:num_requests_running)
+	Waiting             int     // requests queued in the engine (vllm:num_requests_waiting)
+	KVUsage             float64 // KV-cache usage, 0..1 (vllm:kv_cache_usage_perc)
+	QueuedPrefillTokens int     // uncached prompt tokens routed here and not yet started (router accounting)
+	InFlight            int     // requests this router sent and has not seen finish
+}
+
+// Candidate is one worker that may take the request.
+type Candidate struct {
+	Worker        string // worker identity, unique within a call
+	MatchedBlocks int    // leading blocks of the request's chain it holds (from the directory)
+	Load          Load
+}
+
+// Request is what a policy knows about the request being placed.
+type Request struct {
+	SessionKey   string   // stable session identity; may be empty
+	PromptTokens int      // prompt length in tokens
+	BlockSize    int      // tokens per KV block
+	ChainPrefix  []uint64 // first block hashes of the prompt, for hashing without a session key
+}
+
+// Score is one candidate's cost breakdown under the kvdir model (the
+// "explain" view). Times are modelled milliseconds.
+type Score struct {
+	Worker         string
+	MatchedTokens  int     // min(MatchedBlocks·BlockSize, PromptTokens−1)
+	Retain         float64 // probability the matched blocks survive until the request runs
+	CachedTokens   float64 // expected cached tokens: MatchedTokens·Retain
+	QueueMs        float64 // prefill of the work already queued on the worker
+	InterferenceMs float64 // running decodes riding along with the queued and new prefill
+	WaitMs         float64 // QueueMs + InterferenceMs
+	PrefillMs      float64 // our prefill with the expected cache
+	ColdPrefillMs  float64 // our prefill with no cache
+	TotalMs        float64 // expected time to first token: WaitMs + PrefillMs
+}
+
+// Decision is a policy's choice.
+type Decision struct {
+	Worker                string  // chosen worker
+	Index                 int     // its index in the candidate slice
+	PredictedCachedTokens int     // prompt tokens expected from its cache (kvdir: discounted by Retain)
+	Scores                []Score // per-candidate breakdown in candidate order (kvdir only)
+}
+
+// Policy places requests on workers.
+type Policy interface {
+	// Name returns the policy's registry name.
+	Name() string
+	// Pick chooses one of cands for req. It fails when cands is empty or
+	// the request is malformed.
+	Pick(req Request, cands []Candidate) (Decision, error)
+}
+
+// Options configure a policy. Zero values select the defaults.
+type Options struct {
+	// Seed seeds the random choices (random policy and tie breaks).
+	Seed int64
+	// Profile is the timing model for kvdir (default llama3-8b).
+	Profile engine.Profile
+	// HashBalanceFactor is session-hash's bound in percent of the average
+	// in-flight load (default 150; at least 100; negative disables the bound).
+	HashBalanceFactor int
+	// VirtualNodes is the number of ring points per worker for session-hash
+	// (default 512).
+	VirtualNodes int
+	// TieTolerance is kvdir's relative tie band (default 0.01: costs within
+	// 1 % of the best are ties, broken at random).
+	TieTolerance float64
+	// ChunkTokens is the engine's prefill chunk (token budget per step) used
+	// by kvdir's decode-interference term (default 2048).
+	ChunkTokens int
+	// DecodeContext is the assumed context length of each running sequence
+	// for the decode-interference term (default 4096).
+	DecodeContext int
+}
+
+// ErrNoCandidates is returned by Pick when there is no candidate.
+var ErrNoCandidates = errors.New("placement: no candidate workers")
+
+// ErrUnknownPolicy is returned by New for a name that is not registered.
+var ErrUnknownPolicy = errors.New("placement: unknown policy")
+
+var policyNames = []string{"round-robin", "random", "least-load", "session-hash", "prefix", "kvdir"}
+
+// Names returns the registered policy names.
+func Names() []string { return append([]string(nil), policyNames...) }
+
+// New returns the policy registered under name.
+func New(name string, opts Options) (Policy, error) {
+	switch name {
+	case "round-robin":
+		return &roundRobin{}, nil
+	case "random":
+		return &randomPolicy{rng: newRand(opts.Seed)}, nil
+	case "least-load":
+		return &leastLoad{rng: newRand(opts.Seed)}, nil
+	case "prefix":
+		return &prefixPolicy{rng: newRand(opts.Seed)}, nil
+	case "session-hash":
+		return NewSessionHash(opts)
+	case "kvdir":
+		return NewKVDir(opts)
+	}
+	return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknownPolicy, name, strings.Join(policyNames, ", "))
+}
+
+// newRand returns a deterministic generator for seed.
+func newRand(seed int64) *rand.Rand {
+	return rand.New(rand.NewPCG(uint64(seed), 0x9e3779b97f4a7c15))
+}
+
+// validate checks the inputs every policy shares.
+func validate(req Request, cands []Candidate) error {
+	if len(cands) == 0 {
+		return ErrNoCandidates
+	}
+	if req.PromptTokens < 0 || req.BlockSize < 0 {
+		return fmt.Errorf("placement: invalid request: prompt %d tokens, block size %d", req.PromptTokens, req.BlockSize)
+	}
+	for i := range cands {
+		if cands[i].MatchedBlocks < 0 {
+			return fmt.Errorf("placement: candidate %q: negative matched blocks %d", cands[i].Worker, cands[i].MatchedBlocks)
+		}
+	}
+	return nil
+}
+
+// matchedTokens returns the prompt tokens c can serve from cache: its matched
+// blocks, capped one short of the prompt (an engine always computes at least
+// the last token).
+func matchedTokens(req Request, c *Candidate) int {
+	m := c.MatchedBlocks * req.BlockSize
+	if lim := req.PromptTokens - 1; m > lim {
+		m = lim
+	}
+	return max(m, 0)
+}
+
+// decide builds a Decision for cands[i] without a cost breakdown.
+func decide(req Request, cands []Candidate, i int) Decision {
+	return Decision{Worker: cands[i].Worker, Index: i, PredictedCachedTokens: matchedTokens(req, &cands[i])}
+}
