@@ -6,7 +6,8 @@
 // name through [New]: "round-robin", "random", "least-load", "session-hash"
 // (bounded-load consistent hashing, HAProxy's hash-balance-factor), "prefix"
 // (longest match) and "kvdir" (lowest expected time to first token, see
-// [KVDir]).
+// [KVDir]), plus baselines of peers' published policies: "llm-d" and
+// "llm-d-sticky" ([LLMD]), "sglang" ([SGLang]) and "dynamo" ([Dynamo]).
 //
 // Every policy is safe for concurrent use and, given the same seed and the
 // same sequence of calls, makes the same decisions.
@@ -106,7 +107,7 @@ var ErrNoCandidates = errors.New("placement: no candidate workers")
 // ErrUnknownPolicy is returned by New for a name that is not registered.
 var ErrUnknownPolicy = errors.New("placement: unknown policy")
 
-var policyNames = []string{"round-robin", "random", "least-load", "session-hash", "prefix", "kvdir"}
+var policyNames = []string{"round-robin", "random", "least-load", "session-hash", "prefix", "kvdir", "llm-d", "llm-d-sticky", "sglang", "dynamo"}
 
 // Names returns the registered policy names.
 func Names() []string { return append([]string(nil), policyNames...) }
@@ -126,6 +127,14 @@ func New(name string, opts Options) (Policy, error) {
 		return NewSessionHash(opts)
 	case "kvdir":
 		return NewKVDir(opts)
+	case "llm-d":
+		return NewLLMD(opts, false), nil
+	case "llm-d-sticky":
+		return NewLLMD(opts, true), nil
+	case "sglang":
+		return NewSGLang(opts), nil
+	case "dynamo":
+		return NewDynamo(opts), nil
 	}
 	return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknownPolicy, name, strings.Join(policyNames, ", "))
 }
