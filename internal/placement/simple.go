@@ -61,18 +61,9 @@ func (p *leastLoad) Pick(req Request, cands []Candidate) (Decision, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	best, ties := 0, 0
-	for i := range cands {
-		switch d := requestLoad(cands[i].Load) - requestLoad(cands[best].Load); {
-		case i == 0 || d < 0:
-			best, ties = i, 1
-		case d == 0:
-			ties++
-			if p.rng.IntN(ties) == 0 { // reservoir sampling: uniform over ties
-				best = i
-			}
-		}
-	}
+	best := pickBy(p.rng, len(cands), func(i, j int) int {
+		return requestLoad(cands[i].Load) - requestLoad(cands[j].Load)
+	})
 	return decide(req, cands, best), nil
 }
 
@@ -91,21 +82,11 @@ func (p *prefixPolicy) Pick(req Request, cands []Candidate) (Decision, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	best, ties := 0, 0
-	for i := range cands {
-		d := cands[best].MatchedBlocks - cands[i].MatchedBlocks // < 0: i is longer
-		if d == 0 {
-			d = requestLoad(cands[i].Load) - requestLoad(cands[best].Load)
+	best := pickBy(p.rng, len(cands), func(i, j int) int {
+		if d := cands[j].MatchedBlocks - cands[i].MatchedBlocks; d != 0 { // < 0: i is longer
+			return d
 		}
-		switch {
-		case i == 0 || d < 0:
-			best, ties = i, 1
-		case d == 0:
-			ties++
-			if p.rng.IntN(ties) == 0 {
-				best = i
-			}
-		}
-	}
+		return requestLoad(cands[i].Load) - requestLoad(cands[j].Load)
+	})
 	return decide(req, cands, best), nil
 }
