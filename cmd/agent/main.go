@@ -27,6 +27,7 @@ import (
 
 	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/dirclient"
+	"github.com/kvdir/kvdir/internal/envflag"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
@@ -76,22 +77,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("parse flags: %w", err)
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] || envErr != nil {
-			return
-		}
-		env := "KVDIR_AGENT_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v := getenv(env); v != "" {
-			if err := fs.Set(f.Name, v); err != nil {
-				envErr = fmt.Errorf("%s: %w", env, err)
-			}
-		}
-	})
-	if envErr != nil {
-		return nil, envErr
+	if err := envflag.Apply(fs, "KVDIR_AGENT_", getenv); err != nil {
+		return nil, err
 	}
 	if o.directory == "" || o.workerID == "" {
 		return nil, errors.New("--directory and --worker-id are required")

@@ -22,6 +22,7 @@ import (
 	"syscall"
 
 	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/envflag"
 )
 
 // envPrefix prefixes the environment equivalents of the flags.
@@ -107,24 +108,16 @@ func newFlagSet(cfg *config, out io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// parseConfig applies the environment, then args.
+// parseConfig parses args, then sets from the environment what they did
+// not set.
 func parseConfig(args []string, getenv func(string) string, out io.Writer) (config, error) {
 	var cfg config
 	fs := newFlagSet(&cfg, out)
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		name := envPrefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v := getenv(name); v != "" && envErr == nil {
-			if err := fs.Set(f.Name, v); err != nil {
-				envErr = fmt.Errorf("environment %s: %w", name, err)
-			}
-		}
-	})
-	if envErr != nil {
-		return cfg, envErr
-	}
 	if err := fs.Parse(args); err != nil {
 		return cfg, fmt.Errorf("flags: %w", err)
+	}
+	if err := envflag.Apply(fs, envPrefix, getenv); err != nil {
+		return cfg, err
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
