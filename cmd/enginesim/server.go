@@ -8,7 +8,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -132,17 +131,9 @@ func newServer(ctx context.Context, cfg config, logger *slog.Logger) (*server, e
 }
 
 func loadProfile(spec string) (engine.Profile, error) {
-	if p, err := engine.ProfileByName(spec); err == nil {
-		return p, nil
-	}
-	f, err := os.Open(spec)
+	p, err := engine.ResolveProfile(spec)
 	if err != nil {
-		return engine.Profile{}, fmt.Errorf("--profile %q is neither a built-in profile %v nor a readable file: %w", spec, engine.ProfileNames(), err)
-	}
-	defer f.Close()
-	p, err := engine.LoadProfile(f)
-	if err != nil {
-		return engine.Profile{}, fmt.Errorf("--profile %s: %w", spec, err)
+		return engine.Profile{}, fmt.Errorf("--profile: %w", err)
 	}
 	return p, nil
 }

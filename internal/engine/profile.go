@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"time"
 )
@@ -307,6 +308,24 @@ func LoadProfile(r io.Reader) (Profile, error) {
 	}
 	if err := p.Validate(); err != nil {
 		return Profile{}, err
+	}
+	return p, nil
+}
+
+// ResolveProfile returns the built-in profile named spec or, if there is
+// none, the profile in the JSON file at path spec.
+func ResolveProfile(spec string) (Profile, error) {
+	if p, err := ProfileByName(spec); err == nil {
+		return p, nil
+	}
+	f, err := os.Open(spec)
+	if err != nil {
+		return Profile{}, fmt.Errorf("profile %q is neither a built-in profile %v nor a readable file: %w", spec, ProfileNames(), err)
+	}
+	defer f.Close()
+	p, err := LoadProfile(f)
+	if err != nil {
+		return Profile{}, fmt.Errorf("profile %s: %w", spec, err)
 	}
 	return p, nil
 }
