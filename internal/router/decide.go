@@ -1,0 +1,256 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/placement"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// Fallback reasons, as the X-Kvdir-Fallback header and the fallbacks metric
+// name them.
+const (
+	FallbackNoDirectory = "no-directory"      // the router runs without a directory
+	FallbackTimeout     = "directory-timeout" // the match missed its deadline
+	FallbackError       = "directory-error"   // the match failed (unreachable, no leader, stale, ...)
+)
+
+// chainPrefixBlocks is how many leading blocks key session-hash when a
+// request has no session id.
+const chainPrefixBlocks = 4
+
+// matcher is the directory look-up the router needs; *dirclient.Client
+// implements it.
+type matcher interface {
+	MatchChain(ctx context.Context, hashes []uint64, blockSize uint32, consistent bool) (*kvdirv1.MatchResponse, error)
+}
+
+// decision is the outcome of placing one request, with what explain and the
+// metrics report.
+type decision struct {
+	policy   string
+	fallback string // why the directory was not used; "" if it was (or was not needed)
+
+	tokens    int      // prompt tokens
+	blockSize int      // block size of chain
+	chain     []uint64 // content-hash chain in the block size of the candidates (the first's if they differ)
+
+	workers []*worker             // candidates, in candidate order
+	cands   []placement.Candidate // placement's view of them
+	dir     []int                 // blocks the directory reported per candidate (-1: not asked)
+	spec    []int                 // speculative blocks per candidate
+	pick    placement.Decision
+
+	renderDur, hashDur, matchDur, scoreDur time.Duration
+}
+
+// needsDirectory reports whether a policy uses matched blocks.
+func needsDirectory(policy string) bool {
+	switch policy {
+	case "round-robin", "random", "least-load", "session-hash":
+		return false
+	}
+	return true
+}
+
+// candidates returns the workers serving model, the routable ones first
+// selected; with none routable, every worker of the model (a down mark may
+// be stale). An error is an apiError for the client.
+func (s *Server) candidates(model string, exclude []string, now time.Time) ([]*worker, *apiError) {
+	var all, ok []*worker
+	for _, w := range s.pool.sorted() {
+		if w.model() != model || slices.Contains(exclude, w.id) {
+			continue
+		}
+		all = append(all, w)
+		if w.routable(now) {
+			ok = append(ok, w)
+		}
+	}
+	if len(all) == 0 {
+		if len(exclude) > 0 {
+			return nil, badGateway("every worker serving model %q failed before responding", model)
+		}
+		if models := s.models(); !slices.Contains(models, model) {
+			return nil, notFound("The model `%s` does not exist. Served models: %s", model, strings.Join(models, ", "))
+		}
+		return nil, unavailable("no worker serving model %q is available", model)
+	}
+	if len(ok) == 0 {
+		var draining int
+		for _, w := range all {
+			if w.draining.Load() {
+				draining++
+			}
+		}
+		if draining == len(all) {
+			return nil, unavailable("every worker serving model %q is draining", model)
+		}
+		for _, w := range all {
+			if !w.draining.Load() {
+				ok = append(ok, w)
+			}
+		}
+	}
+	return ok, nil
+}
+
+// decide renders, hashes, matches and scores req over the workers serving
+// its model, minus exclude.
+func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*decision, *apiError) {
+	now := time.Now()
+	ws, aerr := s.candidates(req.model, exclude, now)
+	if aerr != nil {
+		return nil, aerr
+	}
+	d := &decision{policy: s.policy.Name(), workers: ws}
+
+	t0 := time.Now()
+	var ids []uint32
+	var err error
+	if req.chat {
+		ids, err = s.renderer.RenderChat(ctx, req.session, req.messages, req.addGen)
+	} else {
+		ids, err = s.renderer.RenderCompletion(ctx, req.prompt)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, badRequest("request cancelled while rendering the prompt")
+		}
+		return nil, badRequest("cannot render the prompt: %v", err)
+	}
+	if len(ids) == 0 {
+		return nil, badRequest("the prompt is empty")
+	}
+	d.tokens = len(ids)
+	t1 := time.Now()
+	d.renderDur = t1.Sub(t0)
+
+	d.blockSize = int(ws[0].blockSize.Load())
+	if d.blockSize <= 0 {
+		d.blockSize = s.cfg.BlockSize
+	}
+	chains := map[int][]uint64{}
+	chainFor := func(bs int) ([]uint64, error) {
+		if c, ok := chains[bs]; ok {
+			return c, nil
+		}
+		h, err := blockhash.New(blockhash.Namespace{Model: req.model, CacheSalt: req.cacheSalt, BlockSize: bs})
+		if err != nil {
+			return nil, err
+		}
+		c := h.Chain(make([]uint64, 0, len(ids)/bs), ids, nil)
+		chains[bs] = c
+		return c, nil
+	}
+	if d.chain, err = chainFor(d.blockSize); err != nil {
+		return nil, badRequest("cannot hash the prompt: %v", err)
+	}
+	t2 := time.Now()
+	d.hashDur = t2.Sub(t1)
+
+	d.cands = make([]placement.Candidate, len(ws))
+	d.dir = make([]int, len(ws))
+	d.spec = make([]int, len(ws))
+	for i, w := range ws {
+		d.cands[i] = placement.Candidate{Worker: w.id, Load: w.load()}
+		d.dir[i] = -1
+	}
+	if needsDirectory(d.policy) {
+		d.fallback = s.matchDirectory(ctx, d, chainFor)
+		d.matchDur = time.Since(t2)
+		for i, w := range ws {
+			bs := int(w.blockSize.Load())
+			if bs <= 0 {
+				bs = s.cfg.BlockSize
+			}
+			chain, err := chainFor(bs)
+			if err != nil {
+				continue
+			}
+			d.spec[i] = w.spec.matched(chain, now)
+			m := max(d.spec[i], d.dir[i])
+			if bs != d.blockSize { // express in units of d.blockSize
+				m = m * bs / d.blockSize
+			}
+			d.cands[i].MatchedBlocks = m
+		}
+	}
+	t3 := time.Now()
+
+	preq := placement.Request{SessionKey: req.session, PromptTokens: d.tokens, BlockSize: d.blockSize,
+		ChainPrefix: d.chain[:min(chainPrefixBlocks, len(d.chain))]}
+	pol := s.policy
+	if d.fallback != "" {
+		pol = s.fallback
+		d.policy = pol.Name()
+	}
+	d.pick, err = pol.Pick(preq, d.cands)
+	if err != nil {
+		return nil, unavailable("placement failed: %v", err)
+	}
+	d.scoreDur = time.Since(t3)
+	return d, nil
+}
+
+// matchDirectory fills d.dir from the directory and returns the fallback
+// reason, or "" on success.
+func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(int) ([]uint64, error)) string {
+	if s.dir == nil {
+		return FallbackNoDirectory
+	}
+	if len(d.chain) == 0 {
+		return "" // shorter than a block: nothing to match anywhere
+	}
+	sizes := map[int]bool{}
+	for _, w := range d.workers {
+		bs := int(w.blockSize.Load())
+		if bs <= 0 {
+			bs = s.cfg.BlockSize
+		}
+		sizes[bs] = true
+	}
+	mctx, cancel := context.WithTimeout(ctx, s.cfg.MatchTimeout)
+	defer cancel()
+	for bs := range sizes {
+		chain, err := chainFor(bs)
+		if err != nil {
+			return FallbackError
+		}
+		start := time.Now()
+		resp, err := s.dir.MatchChain(mctx, chain, uint32(bs), false)
+		s.metrics.dirLookup.Observe(time.Since(start).Seconds())
+		if err != nil {
+			if errors.Is(mctx.Err(), context.DeadlineExceeded) {
+				return FallbackTimeout
+			}
+			s.log.Debug("router: directory match failed", "err", err)
+			return FallbackError
+		}
+		byID := make(map[string]int, len(resp.GetMatches()))
+		for _, m := range resp.GetMatches() {
+			byID[m.GetWorkerId()] = int(m.GetBlocks())
+		}
+		for i, w := range d.workers {
+			wbs := int(w.blockSize.Load())
+			if wbs <= 0 {
+				wbs = s.cfg.BlockSize
+			}
+			if wbs == bs {
+				d.dir[i] = byID[w.id]
+			}
+		}
+	}
+	return ""
+}
+
+// String summarises d for logs.
+func (d *decision) String() string {
+	return fmt.Sprintf("policy=%s worker=%s tokens=%d cached=%d fallback=%q", d.policy, d.pick.Worker, d.tokens, d.pick.PredictedCachedTokens, d.fallback)
+}

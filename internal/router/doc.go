@@ -1,0 +1,31 @@
+// Package router is kvdir's request router: an OpenAI-compatible HTTP proxy
+// that places each request on the worker where its prompt's prefix already
+// lives in the KV cache.
+//
+// Per request the [Server]
+//
+//  1. parses the body (chat or text completion) and renders the prompt into
+//     token ids with the model's template; a per-session cache makes turn N
+//     tokenize only the messages that are new since turn N-1 ([Renderer]);
+//  2. hashes the ids into kvdir's content-hash chain (internal/blockhash),
+//     in the namespace of the model, the block size and the cache salt;
+//  3. asks the directory, with a deadline of a few milliseconds, how many
+//     leading blocks of the chain each worker holds, and adds the blocks it
+//     placed itself in the last seconds (speculative entries, [specSet]);
+//  4. hands the candidates, with their load (engine metrics scraped every
+//     ~100 ms plus the router's own accounting of what it sent), to a
+//     placement.Policy;
+//  5. proxies the request to the chosen worker, streaming the response bytes
+//     as they arrive. A worker that refuses the connection or fails before
+//     the first response byte is excluded and the request is placed again;
+//     after the first byte, the engine's response reaches the client as is.
+//
+// When the directory cannot answer in time (timeout, error, no leader, not
+// yet synchronised), the request is placed by bounded-load consistent
+// hashing on the session key, or on the prompt's first blocks, and still
+// served.
+//
+// Workers come from the directory (a watch of the worker list) or from a
+// static list. The router only ever proxies to a registered worker's
+// address; nothing in a request chooses the upstream address.
+package router

@@ -1,0 +1,101 @@
+package router
+
+import (
+	"encoding/json"
+	"net/http"
+)
+
+// Explanation is the answer of POST /v1/kvdir/explain: how the router would
+// place a request, without sending it.
+type Explanation struct {
+	Model                 string        `json:"model"`
+	SessionID             string        `json:"session_id"`
+	Policy                string        `json:"policy"`
+	PromptTokens          int           `json:"prompt_tokens"`
+	BlockSize             int           `json:"block_size"`
+	ChainBlocks           int           `json:"chain_blocks"`
+	Fallback              string        `json:"fallback"`
+	Pick                  string        `json:"pick"`
+	PredictedCachedTokens int           `json:"predicted_cached_tokens"`
+	DecisionMicros        float64       `json:"decision_us"`
+	Workers               []WorkerScore `json:"workers"`
+}
+
+// WorkerScore is one candidate in an Explanation. The cost fields are those
+// of placement.Score, filled by the kvdir policy only.
+type WorkerScore struct {
+	Worker              string  `json:"worker"`
+	Address             string  `json:"address"`
+	MatchedBlocks       int     `json:"matched_blocks"`
+	DirectoryBlocks     int     `json:"directory_blocks"`   // -1 when the directory was not asked
+	SpeculativeBlocks   int     `json:"speculative_blocks"` // blocks this router placed there recently
+	MatchedTokens       int     `json:"matched_tokens"`
+	Running             int     `json:"running"`
+	Waiting             int     `json:"waiting"`
+	KVUsage             float64 `json:"kv_usage"`
+	InFlight            int     `json:"in_flight"`
+	QueuedPrefillTokens int     `json:"queued_prefill_tokens"`
+	Retain              float64 `json:"retain"`
+	CachedTokens        float64 `json:"cached_tokens"`
+	QueueMs             float64 `json:"queue_ms"`
+	InterferenceMs      float64 `json:"interference_ms"`
+	WaitMs              float64 `json:"wait_ms"`
+	PrefillMs           float64 `json:"prefill_ms"`
+	ColdPrefillMs       float64 `json:"cold_prefill_ms"`
+	TotalMs             float64 `json:"total_ms"`
+}
+
+// serveExplain scores a chat or completion request (told apart by the
+// presence of "messages") without placing it.
+func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
+	body, aerr := readBody(r, s.cfg.MaxBodyBytes)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	var probe struct {
+		Messages json.RawMessage `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &probe); err != nil {
+		writeError(w, badRequest("malformed JSON body: %v", jsonErr(err)))
+		return
+	}
+	req, aerr := parseRequest(body, len(probe.Messages) > 0)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	req.session = r.Header.Get(s.cfg.SessionHeader)
+	d, aerr := s.decide(r.Context(), req, nil)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(s.explain(req, d))
+}
+
+// explain builds the Explanation of d.
+func (s *Server) explain(req *request, d *decision) Explanation {
+	e := Explanation{Model: req.model, SessionID: req.session, Policy: d.policy, PromptTokens: d.tokens,
+		BlockSize: d.blockSize, ChainBlocks: len(d.chain), Fallback: d.fallback, Pick: d.pick.Worker,
+		PredictedCachedTokens: d.pick.PredictedCachedTokens,
+		DecisionMicros:        float64((d.renderDur + d.hashDur + d.matchDur + d.scoreDur).Nanoseconds()) / 1e3,
+		Workers:               make([]WorkerScore, len(d.cands))}
+	for i, c := range d.cands {
+		ws := WorkerScore{Worker: c.Worker, Address: d.workers[i].address, MatchedBlocks: c.MatchedBlocks,
+			DirectoryBlocks: d.dir[i], SpeculativeBlocks: d.spec[i],
+			MatchedTokens: min(c.MatchedBlocks*d.blockSize, max(d.tokens-1, 0)),
+			Running:       c.Load.Running, Waiting: c.Load.Waiting, KVUsage: c.Load.KVUsage, InFlight: c.Load.InFlight,
+			QueuedPrefillTokens: c.Load.QueuedPrefillTokens}
+		if i < len(d.pick.Scores) {
+			sc := d.pick.Scores[i]
+			ws.Retain, ws.CachedTokens, ws.QueueMs, ws.InterferenceMs = sc.Retain, sc.CachedTokens, sc.QueueMs, sc.InterferenceMs
+			ws.WaitMs, ws.PrefillMs, ws.ColdPrefillMs, ws.TotalMs = sc.WaitMs, sc.PrefillMs, sc.ColdPrefillMs, sc.TotalMs
+		}
+		e.Workers[i] = ws
+	}
+	return e
+}

@@ -1,0 +1,74 @@
+package router
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Request outcomes, the outcome label of kvdir_router_requests_total.
+const (
+	OutcomeOK          = "ok"           // the engine answered 2xx
+	OutcomeUpstream4xx = "upstream-4xx" // the engine answered 4xx (passed through)
+	OutcomeUpstream5xx = "upstream-5xx" // the engine answered 5xx (passed through)
+	OutcomeBroken      = "broken"       // the engine's response broke after the first byte
+	OutcomeCancelled   = "cancelled"    // the client went away
+	OutcomeRejected    = "rejected"     // the router refused the request (4xx of its own)
+	OutcomeFailed      = "failed"       // no worker could take the request (5xx of the router)
+)
+
+// metrics are the router's Prometheus series, all prefixed kvdir_router_.
+type metrics struct {
+	reg            *prometheus.Registry
+	requests       *prometheus.CounterVec
+	decision       prometheus.Histogram
+	dirLookup      prometheus.Histogram
+	fallbacks      *prometheus.CounterVec
+	retries        *prometheus.CounterVec
+	predicted      *prometheus.CounterVec
+	engineCached   *prometheus.CounterVec
+	promptTokens   *prometheus.CounterVec
+	ttft           *prometheus.HistogramVec
+	workers        prometheus.GaugeFunc
+	inflight       *prometheus.GaugeVec
+	sessionsLost   prometheus.Counter
+	sessionBatches *prometheus.CounterVec
+}
+
+func newMetrics(numWorkers func() float64) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_requests_total",
+			Help: "Requests by chosen worker (\"none\" if none), policy and outcome."}, []string{"worker", "policy", "outcome"}),
+		decision: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvdir_router_decision_seconds",
+			Help:    "Time to place a request: render, tokenize, hash, directory match and score.",
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 14)}),
+		dirLookup: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvdir_router_directory_lookup_seconds",
+			Help:    "Directory match calls, successful or not.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 12)}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_fallbacks_total",
+			Help: "Requests placed without the directory, by reason."}, []string{"reason"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_retries_total",
+			Help: "Requests placed again after a worker failed before its first response byte, by reason."}, []string{"reason"}),
+		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_predicted_cached_tokens_total",
+			Help: "Prompt tokens the policy expected the chosen worker to serve from its cache."}, []string{"worker"}),
+		engineCached: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_engine_cached_tokens_total",
+			Help: "Prompt tokens the engine reported served from its cache (usage.prompt_tokens_details.cached_tokens)."}, []string{"worker"}),
+		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_prompt_tokens_total",
+			Help: "Prompt tokens routed, as the router rendered them."}, []string{"worker"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvdir_router_upstream_ttft_seconds",
+			Help:    "Time from sending a request upstream to its first response body byte.",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16)}, []string{"worker"}),
+		workers: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvdir_router_workers",
+			Help: "Workers known to the router."}, numWorkers),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvdir_router_inflight",
+			Help: "Requests this router sent to a worker and has not seen finish."}, []string{"worker"}),
+		sessionsLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_router_session_records_dropped_total",
+			Help: "Session records not written to the directory (it failed or the queue was full)."}),
+		sessionBatches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_session_batches_total",
+			Help: "RecordSessions calls, by result."}, []string{"result"}),
+	}
+	m.reg.MustRegister(m.requests, m.decision, m.dirLookup, m.fallbacks, m.retries, m.predicted, m.engineCached,
+		m.promptTokens, m.ttft, m.workers, m.inflight, m.sessionsLost, m.sessionBatches,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}

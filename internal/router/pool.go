@@ -1,0 +1,219 @@
+package router
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvdir/kvdir/internal/placement"
+)
+
+// worker is one engine replica the router may send requests to.
+type worker struct {
+	id      string
+	address string                 // base URL, e.g. "http://10.0.0.7:8000"; validated
+	modelp  atomic.Pointer[string] // served model; "" until known (static workers learn it from metrics)
+
+	blockSize atomic.Int32
+	draining  atomic.Bool
+
+	// Load scraped from the engine (or from the directory until the first scrape).
+	running  atomic.Int32
+	waiting  atomic.Int32
+	kvUsage  atomic.Uint64 // math.Float64bits
+	scrapeAt atomic.Int64  // unix nanos of the last successful scrape
+	scrapeKO atomic.Int32  // consecutive failed scrapes
+
+	// The router's own accounting.
+	inFlight      atomic.Int64 // requests sent and not finished
+	queuedPrefill atomic.Int64 // uncached prompt tokens sent and not yet past their first byte
+	downUntil     atomic.Int64 // unix nanos: excluded after a connection failure until then
+
+	spec *specSet // speculative entries: chains this router placed here recently
+
+	stop chan struct{} // closed when the worker leaves the pool (ends its scraper)
+}
+
+// model returns the model w serves, or "" while unknown.
+func (w *worker) model() string {
+	if p := w.modelp.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// setModel records the model w serves.
+func (w *worker) setModel(m string) {
+	if w.model() != m {
+		w.modelp.Store(&m)
+	}
+}
+
+// routable reports whether new requests may go to w at now.
+func (w *worker) routable(now time.Time) bool {
+	return !w.draining.Load() && w.downUntil.Load() <= now.UnixNano()
+}
+
+// load returns w's load as placement sees it.
+func (w *worker) load() placement.Load {
+	return placement.Load{
+		Running:             int(w.running.Load()),
+		Waiting:             int(w.waiting.Load()),
+		KVUsage:             loadFloat(&w.kvUsage),
+		QueuedPrefillTokens: int(w.queuedPrefill.Load()),
+		InFlight:            int(w.inFlight.Load()),
+	}
+}
+
+// workerSpec is what discovery knows of a worker.
+type workerSpec struct {
+	ID, Address, Model string
+	BlockSize          int
+	Draining           bool
+	// Load from the directory (agents' heartbeats), used until the router's
+	// own scrape of the engine succeeds.
+	Running, Waiting int
+	KVUsage          float64
+}
+
+// validateAddress checks that a worker address is an absolute http(s) URL
+// with a host and nothing a client could abuse (no user info, query or
+// fragment), and returns it without a trailing slash.
+func validateAddress(addr string) (string, error) {
+	u, err := url.Parse(addr)
+	if err != nil {
+		return "", fmt.Errorf("worker address %q: %w", addr, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", fmt.Errorf("worker address %q: scheme must be http or https", addr)
+	}
+	if u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return "", fmt.Errorf("worker address %q: want scheme://host:port[/path] without user, query or fragment", addr)
+	}
+	s := u.String()
+	for len(s) > 0 && s[len(s)-1] == '/' {
+		s = s[:len(s)-1]
+	}
+	return s, nil
+}
+
+// pool is the set of known workers. Reads (every request) take a snapshot
+// without locking; updates (discovery) copy on write.
+type pool struct {
+	mu      sync.Mutex // serialises updates
+	workers atomic.Pointer[map[string]*worker]
+	onAdd   func(*worker) // starts a new worker's scraper
+	specTTL time.Duration
+}
+
+func newPool(specTTL time.Duration, onAdd func(*worker)) *pool {
+	p := &pool{onAdd: onAdd, specTTL: specTTL}
+	empty := map[string]*worker{}
+	p.workers.Store(&empty)
+	return p
+}
+
+// snapshot returns the current workers by id; the map must not be modified.
+func (p *pool) snapshot() map[string]*worker { return *p.workers.Load() }
+
+// get returns the worker with id, if known.
+func (p *pool) get(id string) (*worker, bool) {
+	w, ok := p.snapshot()[id]
+	return w, ok
+}
+
+// sorted returns the workers ordered by id.
+func (p *pool) sorted() []*worker {
+	m := p.snapshot()
+	out := make([]*worker, 0, len(m))
+	for _, w := range m {
+		out = append(out, w)
+	}
+	slices.SortFunc(out, func(a, b *worker) int {
+		switch {
+		case a.id < b.id:
+			return -1
+		case a.id > b.id:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// replace makes specs the complete worker set (a discovery snapshot).
+func (p *pool) replace(specs []workerSpec) []error {
+	return p.update(specs, true, nil)
+}
+
+// apply adds or updates specs and removes the ids in gone.
+func (p *pool) apply(specs []workerSpec, gone []string) []error {
+	return p.update(specs, false, gone)
+}
+
+func (p *pool) update(specs []workerSpec, full bool, gone []string) (errs []error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := p.snapshot()
+	next := make(map[string]*worker, len(old)+len(specs))
+	if !full {
+		for id, w := range old {
+			next[id] = w
+		}
+	}
+	for _, id := range gone {
+		delete(next, id)
+	}
+	for _, s := range specs {
+		addr, err := validateAddress(s.Address)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("worker %s: %w", s.ID, err))
+			continue
+		}
+		w, ok := old[s.ID]
+		if !ok || w.address != addr || (s.Model != "" && w.model() != s.Model) {
+			w = &worker{id: s.ID, address: addr, spec: newSpecSet(p.specTTL), stop: make(chan struct{})}
+			w.setModel(s.Model)
+			if s.Running != 0 || s.Waiting != 0 || s.KVUsage != 0 {
+				w.running.Store(int32(s.Running))
+				w.waiting.Store(int32(s.Waiting))
+				storeFloat(&w.kvUsage, s.KVUsage)
+			}
+		} else if w.scrapeAt.Load() == 0 {
+			w.running.Store(int32(s.Running))
+			w.waiting.Store(int32(s.Waiting))
+			storeFloat(&w.kvUsage, s.KVUsage)
+		}
+		if s.BlockSize > 0 {
+			w.blockSize.Store(int32(s.BlockSize))
+		}
+		w.draining.Store(s.Draining)
+		next[s.ID] = w
+	}
+	p.workers.Store(&next)
+	for id, w := range old {
+		if nw, ok := next[id]; !ok || nw != w {
+			close(w.stop)
+		}
+	}
+	for id, w := range next {
+		if ow, ok := old[id]; (!ok || ow != w) && p.onAdd != nil {
+			p.onAdd(w)
+		}
+	}
+	return errs
+}
+
+// close stops every worker's scraper.
+func (p *pool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.snapshot() {
+		close(w.stop)
+	}
+	empty := map[string]*worker{}
+	p.workers.Store(&empty)
+}

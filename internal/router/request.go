@@ -1,0 +1,99 @@
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/kvdir/kvdir/internal/openai"
+	"github.com/kvdir/kvdir/internal/tokenize"
+)
+
+// Endpoint paths the router proxies.
+const (
+	PathChat        = "/v1/chat/completions"
+	PathCompletions = "/v1/completions"
+	PathExplain     = "/v1/kvdir/explain"
+)
+
+// request is a parsed client request: what placement needs, plus the body
+// forwarded unchanged.
+type request struct {
+	path      string // upstream path: PathChat or PathCompletions
+	body      []byte // the client's bytes, forwarded as they are
+	model     string
+	stream    bool
+	cacheSalt string
+	session   string // session key from the configured header; may be empty
+
+	chat     bool
+	messages []tokenize.Message
+	addGen   bool
+	prompt   openai.Prompt
+}
+
+// readBody reads at most limit bytes of r's body.
+func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
+	if r.ContentLength > limit {
+		return nil, &apiError{status: http.StatusRequestEntityTooLarge, kind: "BadRequestError",
+			msg: "request body is larger than the router's limit of " + strconv.FormatInt(limit, 10) + " bytes"}
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, max(min(r.ContentLength, limit), 512)+1))
+	n, err := io.Copy(buf, io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, badRequest("reading the request body: %v", err)
+	}
+	if n > limit {
+		return nil, &apiError{status: http.StatusRequestEntityTooLarge, kind: "BadRequestError",
+			msg: "request body is larger than the router's limit of " + strconv.FormatInt(limit, 10) + " bytes"}
+	}
+	return buf.Bytes(), nil
+}
+
+// parseRequest decodes body as a chat request (chat true) or a text
+// completion request and checks the fields placement needs. Unknown fields
+// are left for the engine, as vLLM ignores them.
+func parseRequest(body []byte, chat bool) (*request, *apiError) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, badRequest("the request body is empty; expected a JSON object")
+	}
+	req := &request{body: body, chat: chat}
+	if chat {
+		var c openai.ChatCompletionRequest
+		if err := json.Unmarshal(body, &c); err != nil {
+			return nil, badRequest("malformed JSON body: %v", jsonErr(err))
+		}
+		if len(c.Messages) == 0 {
+			return nil, badRequest("messages must be a non-empty array")
+		}
+		req.path, req.model, req.stream, req.cacheSalt = PathChat, c.Model, c.Stream, c.CacheSalt
+		req.messages = c.Messages
+		req.addGen = c.AddGenerationPrompt == nil || *c.AddGenerationPrompt
+	} else {
+		var c openai.CompletionRequest
+		if err := json.Unmarshal(body, &c); err != nil {
+			return nil, badRequest("malformed JSON body: %v", jsonErr(err))
+		}
+		if !c.Prompt.Set {
+			return nil, badRequest("prompt is required")
+		}
+		req.path, req.model, req.stream, req.cacheSalt = PathCompletions, c.Model, c.Stream, c.CacheSalt
+		req.prompt = c.Prompt
+	}
+	if req.model == "" {
+		return nil, badRequest("model is required")
+	}
+	return req, nil
+}
+
+// jsonErr makes decoding errors readable: a type error names the field.
+func jsonErr(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		return "field " + te.Field + ": expected " + te.Type.String() + ", got " + te.Value
+	}
+	return err.Error()
+}

@@ -1,0 +1,301 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvdir/kvdir/internal/dirclient"
+	"github.com/kvdir/kvdir/internal/openai"
+	"github.com/kvdir/kvdir/internal/placement"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// Defaults of Config.
+const (
+	DefaultSessionHeader  = "X-Session-Id"
+	DefaultMaxBodyBytes   = 32 << 20
+	DefaultMatchTimeout   = 5 * time.Millisecond
+	DefaultScrapeInterval = 100 * time.Millisecond
+	DefaultSpecTTL        = 5 * time.Second
+	DefaultMaxAttempts    = 3
+	DefaultDownFor        = 2 * time.Second
+	DefaultBlockSize      = 16
+	DefaultConnectTimeout = 2 * time.Second
+)
+
+// StaticWorker is a worker given on the command line instead of discovered.
+type StaticWorker struct {
+	ID      string
+	Address string // base URL, e.g. http://10.0.0.7:8000
+	Model   string // "" to learn it from the engine's metrics (model_name label)
+}
+
+// Config configures a Server. Zero values select the defaults.
+type Config struct {
+	// Policy places requests (required); Fallback places them when the
+	// directory cannot answer (default session-hash).
+	Policy   placement.Policy
+	Fallback placement.Policy
+	// Renderer turns prompts into token ids (required).
+	Renderer Renderer
+	// Directory, when set, is used to match prefixes, to discover workers
+	// (unless Static is set) and to record sessions.
+	Directory *dirclient.Client
+	// Static lists the workers when they are not discovered from the
+	// directory.
+	Static []StaticWorker
+	// SessionHeader names the request header holding the session id.
+	SessionHeader string
+	// MaxBodyBytes bounds request bodies.
+	MaxBodyBytes int64
+	// MatchTimeout is the directory look-up deadline.
+	MatchTimeout time.Duration
+	// ScrapeInterval is how often each engine's /metrics is read.
+	ScrapeInterval time.Duration
+	// SpecTTL is how long a placed chain counts as present on its worker
+	// (0 uses the default; negative disables speculative entries).
+	SpecTTL time.Duration
+	// MaxAttempts bounds the workers tried for one request.
+	MaxAttempts int
+	// DownFor is how long a worker that failed a connection is avoided.
+	DownFor time.Duration
+	// BlockSize is assumed for workers that do not state theirs.
+	BlockSize int
+	// ConnectTimeout bounds connecting to a worker.
+	ConnectTimeout time.Duration
+	// SessionInterval is how often session records are written (default 250ms).
+	SessionInterval time.Duration
+	Logger          *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.Policy == nil || c.Renderer == nil {
+		return errors.New("router: Config.Policy and Config.Renderer are required")
+	}
+	if c.Directory == nil && len(c.Static) == 0 {
+		return errors.New("router: give a directory to discover workers from, or a static worker list")
+	}
+	if c.Fallback == nil {
+		p, err := placement.New("session-hash", placement.Options{})
+		if err != nil {
+			return fmt.Errorf("router: fallback policy: %w", err)
+		}
+		c.Fallback = p
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.MatchTimeout, DefaultMatchTimeout)
+	def(&c.ScrapeInterval, DefaultScrapeInterval)
+	def(&c.SpecTTL, DefaultSpecTTL)
+	def(&c.DownFor, DefaultDownFor)
+	def(&c.ConnectTimeout, DefaultConnectTimeout)
+	def(&c.SessionInterval, 250*time.Millisecond)
+	if c.SessionHeader == "" {
+		c.SessionHeader = DefaultSessionHeader
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.BlockSize <= 0 {
+		c.BlockSize = DefaultBlockSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Server is the router. Create it with New, serve Handler, and call Run to
+// discover workers and scrape their load.
+type Server struct {
+	cfg       Config
+	policy    placement.Policy
+	fallback  placement.Policy
+	renderer  Renderer
+	dir       matcher
+	pool      *pool
+	scraper   *scraper
+	metrics   *metrics
+	rec       *recorder
+	transport *http.Transport
+	bufs      sync.Pool
+	log       *slog.Logger
+	mux       *http.ServeMux
+
+	synced  atomic.Bool // the worker list has been loaded once
+	runCtx  atomic.Pointer[context.Context]
+	started atomic.Bool
+}
+
+// New returns a router for cfg.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, policy: cfg.Policy, fallback: cfg.Fallback, renderer: cfg.Renderer, log: cfg.Logger}
+	if cfg.Directory != nil {
+		s.dir = cfg.Directory
+	}
+	s.transport = &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 512,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	s.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
+	s.pool = newPool(cfg.SpecTTL, s.startScraper)
+	s.metrics = newMetrics(func() float64 { return float64(len(s.pool.snapshot())) })
+	s.scraper = &scraper{client: &http.Client{Transport: s.transport}, interval: cfg.ScrapeInterval, failures: 3,
+		onError: func(w *worker, err error) {
+			s.log.Warn("router: engine metrics unreachable; avoiding the worker", "worker", w.id, "err", err)
+			w.downUntil.Store(time.Now().Add(cfg.DownFor).UnixNano())
+		}}
+	if cfg.Directory != nil {
+		s.rec = newRecorder(cfg.Directory, cfg.SessionInterval, 512, s.metrics, s.log)
+	}
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("POST "+PathChat, func(w http.ResponseWriter, r *http.Request) { s.serveProxy(w, r, true) })
+	s.mux.HandleFunc("POST "+PathCompletions, func(w http.ResponseWriter, r *http.Request) { s.serveProxy(w, r, false) })
+	s.mux.HandleFunc("POST "+PathExplain, s.serveExplain)
+	s.mux.HandleFunc("GET /v1/models", s.serveModels)
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	s.mux.HandleFunc("GET /readyz", s.serveReady)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, notFound("no route for %s %s", r.Method, r.URL.Path))
+	})
+	return s, nil
+}
+
+// Handler returns the router's HTTP handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Run discovers workers and scrapes their load until ctx ends. It returns
+// nil when ctx ends, or an error the directory made final (such as a
+// refused token).
+func (s *Server) Run(ctx context.Context) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return errors.New("router: Run called twice")
+	}
+	s.runCtx.Store(&ctx)
+	defer s.pool.close()
+	defer s.transport.CloseIdleConnections()
+	var wg sync.WaitGroup
+	if s.rec != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.rec.run(ctx) }()
+	}
+	defer wg.Wait()
+	if len(s.cfg.Static) > 0 {
+		specs := make([]workerSpec, len(s.cfg.Static))
+		for i, w := range s.cfg.Static {
+			specs[i] = workerSpec{ID: w.ID, Address: w.Address, Model: w.Model, BlockSize: s.cfg.BlockSize}
+		}
+		if errs := s.pool.replace(specs); len(errs) > 0 {
+			return fmt.Errorf("router: static workers: %w", errors.Join(errs...))
+		}
+		s.synced.Store(true)
+		<-ctx.Done()
+		return nil
+	}
+	err := s.cfg.Directory.WatchWorkers(ctx, "", func(resp *kvdirv1.WatchWorkersResponse) error {
+		var specs []workerSpec
+		var gone []string
+		for _, w := range resp.GetWorkers() {
+			st := w.GetState()
+			if st == kvdirv1.WorkerState_WORKER_STATE_EXPIRED || st == kvdirv1.WorkerState_WORKER_STATE_DEREGISTERED {
+				gone = append(gone, w.GetSpec().GetId())
+				continue
+			}
+			specs = append(specs, specOf(w))
+		}
+		var errs []error
+		if resp.GetSnapshot() {
+			errs = s.pool.replace(specs)
+			s.synced.Store(true)
+		} else {
+			errs = s.pool.apply(specs, gone)
+		}
+		for _, e := range errs {
+			s.log.Warn("router: ignoring worker", "err", e)
+		}
+		return nil
+	})
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// specOf converts a directory worker.
+func specOf(w *kvdirv1.Worker) workerSpec {
+	sp := w.GetSpec()
+	return workerSpec{ID: sp.GetId(), Address: sp.GetAddress(), Model: sp.GetModel(), BlockSize: int(sp.GetBlockSize()),
+		Draining: w.GetState() == kvdirv1.WorkerState_WORKER_STATE_DRAINING,
+		Running:  int(w.GetLoad().GetRunning()), Waiting: int(w.GetLoad().GetWaiting()), KVUsage: w.GetLoad().GetKvUsage()}
+}
+
+// startScraper starts polling a worker that joined the pool.
+func (s *Server) startScraper(w *worker) {
+	ctx := context.Background()
+	if p := s.runCtx.Load(); p != nil {
+		ctx = *p
+	}
+	go s.scraper.run(ctx, w)
+}
+
+// models returns the models the known workers serve, sorted.
+func (s *Server) models() []string {
+	var out []string
+	for _, w := range s.pool.snapshot() {
+		if m := w.model(); m != "" && !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (s *Server) serveModels(w http.ResponseWriter, _ *http.Request) {
+	list := openai.ModelList{Object: "list", Data: []openai.Model{}}
+	for _, m := range s.models() {
+		list.Data = append(list.Data, openai.Model{ID: m, Object: "model", OwnedBy: "kvdir"})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(list)
+}
+
+// serveReady answers 200 once workers are known and at least one is routable.
+func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
+	if !s.synced.Load() {
+		http.Error(w, "worker list not loaded yet", http.StatusServiceUnavailable)
+		return
+	}
+	now := time.Now()
+	for _, wk := range s.pool.snapshot() {
+		if wk.model() != "" && wk.routable(now) {
+			_, _ = w.Write([]byte("ok\n"))
+			return
+		}
+	}
+	http.Error(w, "no routable worker", http.StatusServiceUnavailable)
+}

@@ -1,0 +1,77 @@
+package router
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// specMaxEntries bounds one worker's speculative set; past it, expired
+// entries are swept and, if that is not enough, the set starts over.
+const specMaxEntries = 1 << 21
+
+// specSet holds the block hashes of chains the router placed on one worker
+// in the last ttl: the engine will hold them as soon as it has run the
+// prefill, before its events reach the directory, so a burst of requests
+// sharing a prefix finds them at once (the speculative entries of
+// DESIGN.md section 5).
+type specSet struct {
+	ttl time.Duration
+	mu  sync.Mutex
+	exp map[uint64]int64 // hash -> expiry, unix nanos
+	// nextSweep is when expired entries are next removed (unix nanos).
+	nextSweep int64
+}
+
+func newSpecSet(ttl time.Duration) *specSet {
+	return &specSet{ttl: ttl, exp: make(map[uint64]int64)}
+}
+
+// add records chain as present from now until now+ttl.
+func (s *specSet) add(chain []uint64, now time.Time) {
+	if s.ttl <= 0 || len(chain) == 0 {
+		return
+	}
+	n := now.UnixNano()
+	until := n + int64(s.ttl)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n >= s.nextSweep || len(s.exp)+len(chain) > specMaxEntries {
+		for h, e := range s.exp {
+			if e <= n {
+				delete(s.exp, h)
+			}
+		}
+		if len(s.exp)+len(chain) > specMaxEntries {
+			clear(s.exp)
+		}
+		s.nextSweep = n + int64(s.ttl)
+	}
+	for _, h := range chain {
+		s.exp[h] = until
+	}
+}
+
+// matched returns how many leading blocks of chain are present at now.
+func (s *specSet) matched(chain []uint64, now time.Time) int {
+	if s.ttl <= 0 || len(chain) == 0 {
+		return 0
+	}
+	n := now.UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.exp) == 0 {
+		return 0
+	}
+	i := 0
+	for ; i < len(chain); i++ {
+		if e, ok := s.exp[chain[i]]; !ok || e <= n {
+			break
+		}
+	}
+	return i
+}
+
+func loadFloat(a *atomic.Uint64) float64     { return math.Float64frombits(a.Load()) }
+func storeFloat(a *atomic.Uint64, v float64) { a.Store(math.Float64bits(v)) }
