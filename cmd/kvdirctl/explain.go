@@ -1,0 +1,207 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvdir/kvdir/internal/clitable"
+)
+
+// explainPath is the router's endpoint that scores a request without
+// placing it.
+const explainPath = "/v1/kvdir/explain"
+
+// maxExplainBody bounds the router's answer.
+const maxExplainBody = 8 << 20
+
+// explanation is the router's answer (the fields kvdirctl shows; -o json
+// passes the whole answer through).
+type explanation struct {
+	Model                 string        `json:"model"`
+	SessionID             string        `json:"session_id"`
+	Policy                string        `json:"policy"`
+	PromptTokens          int           `json:"prompt_tokens"`
+	BlockSize             int           `json:"block_size"`
+	ChainBlocks           int           `json:"chain_blocks"`
+	Fallback              string        `json:"fallback"`
+	Pick                  string        `json:"pick"`
+	PredictedCachedTokens int           `json:"predicted_cached_tokens"`
+	DecisionMicros        *float64      `json:"decision_us"`
+	Workers               []workerScore `json:"workers"`
+}
+
+// workerScore is one candidate in an explanation.
+type workerScore struct {
+	Worker              string  `json:"worker"`
+	Address             string  `json:"address"`
+	MatchedBlocks       int     `json:"matched_blocks"`
+	MatchedTokens       int     `json:"matched_tokens"`
+	Running             int     `json:"running"`
+	Waiting             int     `json:"waiting"`
+	KVUsage             float64 `json:"kv_usage"`
+	InFlight            int     `json:"in_flight"`
+	QueuedPrefillTokens int     `json:"queued_prefill_tokens"`
+	Retain              float64 `json:"retain"`
+	CachedTokens        float64 `json:"cached_tokens"`
+	QueueMs             float64 `json:"queue_ms"`
+	InterferenceMs      float64 `json:"interference_ms"`
+	WaitMs              float64 `json:"wait_ms"`
+	PrefillMs           float64 `json:"prefill_ms"`
+	ColdPrefillMs       float64 `json:"cold_prefill_ms"`
+	TotalMs             float64 `json:"total_ms"`
+}
+
+// routerError is a failed explain call, with what to try.
+type routerError struct{ msg string }
+
+func (e *routerError) Error() string { return e.msg }
+
+func (a *app) explainCommand() *cobra.Command {
+	var (
+		in            promptInput
+		router        string
+		session       string
+		sessionHeader string
+	)
+	cmd := &cobra.Command{
+		Use:   "explain",
+		Short: "Ask the router how it would place a request, without sending it",
+		Long: `explain sends the request to the router's POST /v1/kvdir/explain, which
+tokenizes, hashes and scores it exactly as it would place it, but proxies
+nothing. It shows, per candidate worker: the prefix it holds (matched
+tokens), its load (running, waiting, KV usage, and the router's own requests
+in flight and their queued prefill tokens), and under the kvdir policy the
+expected wait, the prefill with its cached prefix (PREFILL-MS) and without
+(COLD-MS), and the expected time to first token (TTFT-MS); then the pick.
+
+Other policies than kvdir leave the cost columns at zero. FALLBACK says why
+the router did not use the directory (unreachable, too slow), if it did not.`,
+		Example: `  kvdirctl explain --model llama3-8b --chat "What does a prefix cache save?" --session chat-7f3a
+  kvdirctl explain --router http://router.kvdir:8080 --messages request.json -o json`,
+		Args: exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := in.parse()
+			if err != nil {
+				return err
+			}
+			if p.model == "" {
+				return usageErrorf("--model is required (or a messages file with \"model\")")
+			}
+			u, err := url.Parse(router)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return usageErrorf("--router %q: give the router's base URL, e.g. http://127.0.0.1:8080", router)
+			}
+			return a.explain(cmd.Context(), strings.TrimRight(router, "/"), sessionHeader, session, p)
+		},
+	}
+	in.addFlags(cmd)
+	cmd.Flags().StringVar(&router, "router", "http://127.0.0.1:8080", "the router's base URL")
+	cmd.Flags().StringVar(&session, "session", "", "session id, sent in --session-header")
+	cmd.Flags().StringVar(&sessionHeader, "session-header", "X-Session-Id", "header the router reads the session id from")
+	markEnv(cmd.Flags(), "router")
+	markEnv(cmd.Flags(), "session-header")
+	return cmd
+}
+
+func (a *app) explain(ctx context.Context, router, sessionHeader, session string, p *prompt) error {
+	body, err := json.Marshal(p.body())
+	if err != nil {
+		return fmt.Errorf("encode request: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, router+explainPath, bytes.NewReader(body))
+	if err != nil {
+		return &routerError{fmt.Sprintf("explain: %v", err)}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if session != "" {
+		req.Header.Set(sessionHeader, session)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		if errors.Is(err, context.Canceled) {
+			return err
+		}
+		return &routerError{fmt.Sprintf("explain: the router at %s did not answer: %v\n"+
+			"  Check --router (or KVDIRCTL_ROUTER) and that the router runs (its /healthz).", router, err)}
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxExplainBody))
+	if err != nil {
+		return &routerError{fmt.Sprintf("explain: read the router's answer: %v", err)}
+	}
+	if resp.StatusCode != http.StatusOK {
+		msg := strings.TrimSpace(string(raw))
+		var oe struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(raw, &oe) == nil && oe.Error.Message != "" {
+			msg = oe.Error.Message
+		}
+		hint := ""
+		switch resp.StatusCode {
+		case http.StatusNotFound:
+			hint = " (a 404 for the path means this router predates explain, or --router is not a kvdir router; for the model, check --model)"
+		case http.StatusUnauthorized, http.StatusForbidden:
+			hint = " (the router refused the call)"
+		}
+		return &routerError{fmt.Sprintf("explain: the router answered %s: %s%s", resp.Status, msg, hint)}
+	}
+	var e explanation
+	if err := json.Unmarshal(raw, &e); err != nil {
+		return &routerError{fmt.Sprintf("explain: the router's answer is not an explanation: %v", err)}
+	}
+	var doc any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return &routerError{fmt.Sprintf("explain: the router's answer is not JSON: %v", err)}
+	}
+	return a.write(a.out, doc, func(out io.Writer) error { return writeExplanation(out, &e) })
+}
+
+func writeExplanation(w io.Writer, e *explanation) error {
+	session := e.SessionID
+	if session == "" {
+		session = "(none)"
+	}
+	fmt.Fprintf(w, "model %s, session %s, policy %s: %d prompt tokens, %d full blocks of %d\n",
+		e.Model, session, e.Policy, e.PromptTokens, e.ChainBlocks, e.BlockSize)
+	if e.Fallback != "" {
+		fmt.Fprintf(w, "fallback: %s (the directory was not used for this decision)\n", e.Fallback)
+	}
+	fmt.Fprintln(w)
+	if len(e.Workers) == 0 {
+		fmt.Fprintln(w, "No candidate worker.")
+		return nil
+	}
+	t := clitable.NewTab("WORKER", "MATCHED", "RUNNING", "WAITING", "KV-USAGE", "IN-FLIGHT", "QUEUED", "EXP-CACHED", "WAIT-MS", "PREFILL-MS", "COLD-MS", "TTFT-MS", "")
+	for _, s := range e.Workers {
+		mark := ""
+		if s.Worker == e.Pick {
+			mark = "pick"
+		}
+		t.Add(s.Worker, s.MatchedTokens, s.Running, s.Waiting, clitable.Percent(s.KVUsage, 1), s.InFlight, s.QueuedPrefillTokens,
+			fmt.Sprintf("%.0f", s.CachedTokens), clitable.Millis(s.WaitMs), clitable.Millis(s.PrefillMs), clitable.Millis(s.ColdPrefillMs),
+			clitable.Millis(s.TotalMs), mark)
+	}
+	if _, err := t.WriteTo(w); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\npick: %s, predicted cached tokens %d", e.Pick, e.PredictedCachedTokens)
+	if e.DecisionMicros != nil {
+		fmt.Fprintf(w, " (decided in %.0f µs)", *e.DecisionMicros)
+	}
+	fmt.Fprintln(w)
+	return nil
+}

@@ -1,0 +1,306 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/kvdir/kvdir/internal/clitable"
+	"github.com/kvdir/kvdir/internal/dirclient"
+)
+
+// envPrefix prefixes the environment equivalents of the flags.
+const envPrefix = "KVDIRCTL_"
+
+// envAnnotation marks a command's local flag as having an environment
+// variable (global flags all have one).
+const envAnnotation = "kvdirctl-env"
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// app is one invocation: the global options and the directory client.
+type app struct {
+	out, errOut io.Writer
+	getenv      func(string) string
+	now         func() time.Time
+
+	directory     []string
+	token         string
+	tokenFile     string
+	tlsOn         bool
+	tlsCA         string
+	tlsCert       string
+	tlsKey        string
+	tlsServerName string
+	tlsInsecure   bool
+	dialTimeout   time.Duration
+	timeout       time.Duration
+	output        string
+	verbose       bool
+
+	format clitable.Format
+	client *dirclient.Client
+}
+
+// usageError is a mistake on the command line: exit status 2 and a pointer
+// to --help.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usageErrorf(format string, args ...any) error {
+	return &usageError{fmt.Errorf(format, args...)}
+}
+
+// run executes kvdirctl with args and returns the exit status.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	a := &app{out: stdout, errOut: stderr, getenv: getenv, now: time.Now}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	if a.client != nil {
+		a.client.Close()
+	}
+	if err == nil {
+		return exitOK
+	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "kvdirctl: %v\nRun '%s --help' for usage.\n", err, cmd.CommandPath())
+		return exitUsage
+	}
+	fmt.Fprintf(stderr, "kvdirctl: %s\n", describe(err, a))
+	return exitError
+}
+
+const rootLong = `kvdirctl is the operator CLI of kvdir, a KV-cache-aware routing control plane.
+
+It talks to the directory's gRPC API (--directory, a list of node addresses
+tried in turn: a node that does not answer is skipped) and, for "explain", to
+the router's HTTP API (--router). It shows which worker holds a session's
+prefix and how much of it, how loaded each worker is, whether the directory
+cluster agrees with itself, and why the router would place a request where it
+does; it also drains and expires workers, changes the cluster's membership and
+takes snapshots.
+
+Output is an aligned table by default; -o json and -o yaml are for scripts
+(the same keys in both). status, workers and sessions refresh with --watch.
+
+Every global flag has an environment variable: KVDIRCTL_ and the flag's name
+in capitals with '-' as '_' (--directory is KVDIRCTL_DIRECTORY, --tls-ca is
+KVDIRCTL_TLS_CA). A flag on the command line wins over the environment.`
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "kvdirctl",
+		Short:         "Operate a kvdir directory cluster and see where sessions' KV caches live",
+		Long:          rootLong,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return a.setup(cmd)
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringSliceVarP(&a.directory, "directory", "d", []string{"127.0.0.1:7001"},
+		"gRPC addresses of directory nodes (host:port), comma-separated; tried in turn when one does not answer")
+	pf.StringVar(&a.token, "token", "", "bearer token (router role for reads, admin role for changes); prefer --token-file or KVDIRCTL_TOKEN, flags show in ps")
+	pf.StringVar(&a.tokenFile, "token-file", "", "file holding the bearer token")
+	pf.BoolVar(&a.tlsOn, "tls", false, "use TLS with the system's root certificates (implied by --tls-ca and --tls-cert)")
+	pf.StringVar(&a.tlsCA, "tls-ca", "", "PEM file of the CA that signed the directory's certificates (enables TLS)")
+	pf.StringVar(&a.tlsCert, "tls-cert", "", "PEM client certificate, for a directory that asks for one (with --tls-key)")
+	pf.StringVar(&a.tlsKey, "tls-key", "", "PEM key of --tls-cert")
+	pf.StringVar(&a.tlsServerName, "tls-server-name", "", "name to verify the directory's certificate against (default: the host of each address)")
+	pf.BoolVar(&a.tlsInsecure, "tls-insecure-skip-verify", false, "do not verify the directory's certificate (testing only)")
+	pf.DurationVar(&a.dialTimeout, "dial-timeout", dirclient.DefaultDialTimeout, "time allowed to connect to one node")
+	pf.DurationVar(&a.timeout, "timeout", dirclient.DefaultCallTimeout, "time allowed for each call, failover to other nodes included")
+	pf.StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
+	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log failovers and retries to stderr")
+
+	root.AddCommand(
+		a.statusCommand(),
+		a.workersCommand(),
+		a.sessionsCommand(),
+		a.whoHoldsCommand(),
+		a.matchCommand(),
+		a.explainCommand(),
+		a.drainCommand(),
+		a.expireCommand(),
+		a.membersCommand(),
+		a.snapshotCommand(),
+		a.leaderCommand(),
+	)
+	return root
+}
+
+// envName returns the environment variable of a flag.
+func envName(flag string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// markEnv gives a command's local flag an environment variable.
+func markEnv(fs *pflag.FlagSet, name string) {
+	if err := fs.SetAnnotation(name, envAnnotation, []string{"true"}); err != nil {
+		panic(err) // a programming error: the flag does not exist
+	}
+}
+
+// applyEnv sets, from the environment, every global flag (and every local
+// flag marked with markEnv) that the command line did not set.
+func (a *app) applyEnv(cmd *cobra.Command) error {
+	var errs []error
+	global := cmd.Root().PersistentFlags()
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Changed || (global.Lookup(f.Name) == nil && f.Annotations[envAnnotation] == nil) {
+			return
+		}
+		name := envName(f.Name)
+		v := a.getenv(name)
+		if v == "" {
+			return
+		}
+		if err := f.Value.Set(v); err != nil {
+			errs = append(errs, fmt.Errorf("environment variable %s=%q: %w", name, v, err))
+			return
+		}
+		f.Changed = true
+	})
+	if len(errs) > 0 {
+		return &usageError{errors.Join(errs...)}
+	}
+	return nil
+}
+
+// setup applies the environment and checks the global flags.
+func (a *app) setup(cmd *cobra.Command) error {
+	if err := a.applyEnv(cmd); err != nil {
+		return err
+	}
+	f, err := clitable.ParseFormat(a.output)
+	if err != nil {
+		return &usageError{fmt.Errorf("--output: %w", err)}
+	}
+	a.format = f
+	var addrs []string
+	for _, d := range a.directory {
+		if d = strings.TrimSpace(d); d != "" {
+			addrs = append(addrs, d)
+		}
+	}
+	if len(addrs) == 0 {
+		return usageErrorf("--directory is empty: give at least one directory node's gRPC address (host:port)")
+	}
+	for _, d := range addrs {
+		if strings.Contains(d, "://") {
+			return usageErrorf("--directory %q: give host:port, without a scheme (TLS is --tls)", d)
+		}
+		if !strings.Contains(d, ":") {
+			return usageErrorf("--directory %q: missing port (the directory's gRPC port, 7001 by default)", d)
+		}
+	}
+	a.directory = addrs
+	if a.token != "" && a.tokenFile != "" {
+		return usageErrorf("--token and --token-file are both set: give one")
+	}
+	if (a.tlsCert == "") != (a.tlsKey == "") {
+		return usageErrorf("--tls-cert and --tls-key go together: give both or neither")
+	}
+	if a.timeout <= 0 || a.dialTimeout <= 0 {
+		return usageErrorf("--timeout and --dial-timeout must be positive")
+	}
+	return nil
+}
+
+// dir returns the directory client, creating it on first use.
+func (a *app) dir() (*dirclient.Client, error) {
+	if a.client != nil {
+		return a.client, nil
+	}
+	cfg := dirclient.Config{Addrs: a.directory, DialTimeout: a.dialTimeout, CallTimeout: a.timeout}
+	level := slog.LevelError + 4 // silent: errors are reported by the command
+	if a.verbose {
+		level = slog.LevelDebug
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(a.errOut, &slog.HandlerOptions{Level: level}))
+	cfg.Token = a.token
+	if a.tokenFile != "" {
+		b, err := os.ReadFile(a.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("read --token-file: %w", err)
+		}
+		cfg.Token = strings.TrimSpace(string(b))
+		if cfg.Token == "" {
+			return nil, fmt.Errorf("--token-file %s is empty", a.tokenFile)
+		}
+	}
+	if a.tlsOn || a.tlsCA != "" || a.tlsCert != "" || a.tlsInsecure || a.tlsServerName != "" {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: a.tlsServerName, InsecureSkipVerify: a.tlsInsecure}
+		if a.tlsCA != "" {
+			pem, err := os.ReadFile(a.tlsCA)
+			if err != nil {
+				return nil, fmt.Errorf("read --tls-ca: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", a.tlsCA)
+			}
+			tc.RootCAs = pool
+		}
+		if a.tlsCert != "" {
+			cert, err := tls.LoadX509KeyPair(a.tlsCert, a.tlsKey)
+			if err != nil {
+				return nil, fmt.Errorf("load --tls-cert and --tls-key: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		cfg.TLS = tc
+	}
+	c, err := dirclient.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("directory client: %w", err)
+	}
+	a.client = c
+	return c, nil
+}
+
+// exactArgs is cobra.ExactArgs with a usage error that names the arguments.
+func exactArgs(names ...string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) == len(names) {
+			for i, v := range args {
+				if strings.TrimSpace(v) == "" {
+					return usageErrorf("%s must not be empty", names[i])
+				}
+			}
+			return nil
+		}
+		if len(names) == 0 {
+			return usageErrorf("%s takes no arguments, got %q", cmd.Name(), args)
+		}
+		return usageErrorf("%s needs %d argument(s): %s; got %d", cmd.Name(), len(names), strings.Join(names, " "), len(args))
+	}
+}
+
+// write renders doc in the chosen format, table through table.
+func (a *app) write(w io.Writer, doc any, table func(io.Writer) error) error {
+	return clitable.Write(w, a.format, doc, table)
+}

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvdir/kvdir/internal/clitable"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// sessionView is one recorded session.
+type sessionView struct {
+	ID           string   `json:"session_id"`
+	Worker       string   `json:"worker"`
+	PromptTokens uint32   `json:"prompt_tokens"`
+	CachedTokens uint32   `json:"cached_tokens"`
+	Blocks       uint32   `json:"blocks"`
+	BlockSize    uint32   `json:"block_size"`
+	Tail         string   `json:"tail"`
+	LastSeen     string   `json:"last_seen,omitempty"`
+	AgeSeconds   *float64 `json:"age_seconds"`
+}
+
+func (a *app) sessionView(r *kvdirv1.SessionRecord) sessionView {
+	v := sessionView{ID: r.SessionId, Worker: r.WorkerId, PromptTokens: r.PromptTokens, CachedTokens: r.CachedTokens,
+		Blocks: r.Blocks, BlockSize: r.BlockSize, Tail: fmt.Sprintf("%016x", r.Tail)}
+	if r.TimeUnixNano > 0 {
+		t := time.Unix(0, r.TimeUnixNano)
+		v.LastSeen = t.UTC().Format(time.RFC3339Nano)
+		age := a.now().Sub(t).Seconds()
+		v.AgeSeconds = &age
+	}
+	return v
+}
+
+func (v sessionView) age() string {
+	if v.AgeSeconds == nil {
+		return "-"
+	}
+	return clitable.Age(time.Duration(*v.AgeSeconds * float64(time.Second)))
+}
+
+func (a *app) sessionsCommand() *cobra.Command {
+	var (
+		w      watchOpts
+		prefix string
+		worker string
+		limit  uint32
+	)
+	cmd := &cobra.Command{
+		Use:     "sessions",
+		Aliases: []string{"session"},
+		Short:   "Recorded sessions: their worker, cached / prompt tokens of the latest turn, last seen",
+		Long: `sessions lists the sessions the router recorded, most recent first: the worker
+the latest turn went to, that turn's prompt tokens and how many of them the
+engine served from its prefix cache (CACHED/PROMPT, as the engine reported
+it), the length of the turn's chain in blocks, and how long ago it was
+recorded. Filter by session-id prefix (--prefix) and by worker (--worker).
+
+"kvdirctl who-holds SESSION" shows where a session's prefix lives now.`,
+		Example: `  kvdirctl sessions
+  kvdirctl sessions --prefix user-42- --worker enginesim-0
+  kvdirctl sessions -o json --limit 1000`,
+		Args: exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.watchLoop(cmd, w, func(ctx context.Context, out io.Writer) error {
+				c, err := a.dir()
+				if err != nil {
+					return err
+				}
+				resp, err := c.ListSessions(ctx, prefix, worker, limit)
+				if err != nil {
+					return err
+				}
+				doc := struct {
+					Sessions []sessionView `json:"sessions"`
+					Total    uint64        `json:"total"`
+					Read     readView      `json:"read"`
+				}{Sessions: []sessionView{}, Total: resp.Total, Read: readOf(resp.Read)}
+				for _, r := range resp.Sessions {
+					doc.Sessions = append(doc.Sessions, a.sessionView(r))
+				}
+				return a.write(out, doc, func(out io.Writer) error {
+					if len(doc.Sessions) == 0 {
+						fmt.Fprintf(out, "No sessions match (%d recorded in all). Sessions are recorded by the router for requests with a session id.\n", resp.Total)
+						return nil
+					}
+					t := clitable.NewTab("SESSION", "WORKER", "CACHED/PROMPT", "HIT", "BLOCKS", "LAST-SEEN")
+					for _, v := range doc.Sessions {
+						t.Add(v.ID, v.Worker, fmt.Sprintf("%d/%d", v.CachedTokens, v.PromptTokens),
+							clitable.Percent(float64(v.CachedTokens), float64(v.PromptTokens)), v.Blocks, v.age())
+					}
+					if _, err := t.WriteTo(out); err != nil {
+						return err
+					}
+					if uint64(len(doc.Sessions)) < resp.Total && prefix == "" && worker == "" {
+						fmt.Fprintf(out, "(%d of %d recorded sessions; --limit shows more)\n", len(doc.Sessions), resp.Total)
+					}
+					return nil
+				})
+			})
+		},
+	}
+	w.addFlags(cmd)
+	cmd.Flags().StringVar(&prefix, "prefix", "", "only sessions whose id starts with this")
+	cmd.Flags().StringVar(&worker, "worker", "", "only sessions whose latest turn went to this worker")
+	cmd.Flags().Uint32Var(&limit, "limit", 100, "at most this many sessions, most recent first (directory maximum 10000)")
+	cmd.RegisterFlagCompletionFunc("worker", a.completeWorkers)
+	return cmd
+}

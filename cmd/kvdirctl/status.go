@@ -1,0 +1,316 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvdir/kvdir/internal/clitable"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// nodeStatus is one member as it reports itself.
+type nodeStatus struct {
+	ID                string    `json:"id"`
+	APIAddress        string    `json:"api_address"`
+	RaftAddress       string    `json:"raft_address"`
+	Voter             bool      `json:"voter"`
+	State             string    `json:"state"`
+	Term              uint64    `json:"term,omitempty"`
+	CommitIndex       uint64    `json:"commit_index,omitempty"`
+	AppliedIndex      uint64    `json:"applied_index,omitempty"`
+	LastLogIndex      uint64    `json:"last_log_index,omitempty"`
+	Lag               int64     `json:"lag"`
+	LastContactMs     float64   `json:"last_contact_ms"`
+	Digest            string    `json:"digest,omitempty"`
+	LastSnapshotIndex uint64    `json:"last_snapshot_index,omitempty"`
+	Counters          *counters `json:"counters,omitempty"`
+	WriteError        string    `json:"write_error,omitempty"`
+	Error             string    `json:"error,omitempty"`
+}
+
+type counters struct {
+	Workers      uint64 `json:"workers"`
+	Blocks       uint64 `json:"blocks"`
+	Entries      uint64 `json:"entries"`
+	StoredBlocks uint64 `json:"stored_blocks"`
+	OrphanBlocks uint64 `json:"orphan_blocks"`
+	ApproxBytes  uint64 `json:"approx_bytes"`
+	Sessions     uint64 `json:"sessions"`
+}
+
+// digestCheck says whether the members' index digests agree.
+type digestCheck struct {
+	// Agree is true when every node at Index has the same digest and every
+	// reachable node is at Index.
+	Agree bool `json:"agree"`
+	// Comparable is false when the nodes were at different applied indexes
+	// each time they were asked (writes kept arriving).
+	Comparable bool   `json:"comparable"`
+	Index      uint64 `json:"applied_index"`
+	Nodes      int    `json:"nodes_compared"`
+	Detail     string `json:"detail"`
+}
+
+// clusterStatus is what "kvdirctl status" shows.
+type clusterStatus struct {
+	Leader        string       `json:"leader"`
+	LeaderAddress string       `json:"leader_address"`
+	Term          uint64       `json:"term"`
+	Nodes         []nodeStatus `json:"nodes"`
+	Counters      *counters    `json:"counters,omitempty"`
+	CountersFrom  string       `json:"counters_from,omitempty"`
+	Digests       digestCheck  `json:"digests"`
+}
+
+func (a *app) statusCommand() *cobra.Command {
+	var w watchOpts
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Members, leader, term, indexes, lag and digest agreement of the directory cluster",
+		Long: `status asks one node for the member list, then every member for its own view:
+its Raft state, term, commit and applied index, how far its applied index is
+behind the leader's commit index (LAG), how long ago it last heard from the
+leader (LAST-CONTACT; 0 on the leader), and the digest of its index.
+
+The digests of nodes at the same applied index must be equal: "digests:
+agree" says they are. While writes keep arriving the nodes may be at
+different indexes; status asks again a few times before it calls the
+comparison inconclusive. A node that does not answer is listed as
+unreachable.
+
+Below the table: the leader, and the index counters (workers, blocks,
+entries, sessions) as the leader reports them.`,
+		Example: `  kvdirctl status
+  kvdirctl status -o json
+  kvdirctl status --watch --interval 1s`,
+		Args: exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.watchLoop(cmd, w, func(ctx context.Context, out io.Writer) error {
+				st, err := a.clusterStatus(ctx)
+				if err != nil {
+					return err
+				}
+				return a.write(out, st, func(out io.Writer) error { return writeStatus(out, st) })
+			})
+		},
+	}
+	w.addFlags(cmd)
+	return cmd
+}
+
+// clusterStatus asks every member for its status, up to four times until
+// the reachable ones are at the same applied index.
+func (a *app) clusterStatus(ctx context.Context) (*clusterStatus, error) {
+	c, err := a.dir()
+	if err != nil {
+		return nil, err
+	}
+	first, err := c.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	members := first.Members
+	if len(members) == 0 { // the node does not know its configuration
+		members = []*kvdirv1.Member{{Id: first.NodeId, ApiAddress: "", Voter: true}}
+	}
+	var st *clusterStatus
+	for attempt := 0; attempt < 4; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
+			}
+		}
+		st = a.askMembers(ctx, first, members)
+		if st.Digests.Comparable {
+			break
+		}
+	}
+	return st, nil
+}
+
+func (a *app) askMembers(ctx context.Context, first *kvdirv1.StatusResponse, members []*kvdirv1.Member) *clusterStatus {
+	c := a.client
+	answers := make([]*kvdirv1.StatusResponse, len(members))
+	errs := make([]error, len(members))
+	var wg sync.WaitGroup
+	for i, m := range members {
+		if m.ApiAddress == "" {
+			if m.Id == first.NodeId {
+				answers[i] = first
+			} else {
+				errs[i] = fmt.Errorf("its API address is not known to the cluster")
+			}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, a.timeout)
+			defer cancel()
+			answers[i], errs[i] = c.StatusOf(cctx, m.ApiAddress)
+		}()
+	}
+	wg.Wait()
+
+	st := &clusterStatus{Leader: first.LeaderId, LeaderAddress: first.LeaderAddress, Term: first.Term}
+	var leader *kvdirv1.StatusResponse
+	for _, r := range answers {
+		if r != nil && r.State == "Leader" {
+			leader = r
+		}
+	}
+	if leader != nil {
+		st.Leader, st.LeaderAddress, st.Term = leader.NodeId, leader.LeaderAddress, leader.Term
+	}
+	for i, m := range members {
+		n := nodeStatus{ID: m.Id, APIAddress: m.ApiAddress, RaftAddress: m.RaftAddress, Voter: m.Voter, Lag: -1}
+		if r := answers[i]; r != nil {
+			n.State = r.State
+			n.Term, n.CommitIndex, n.AppliedIndex, n.LastLogIndex = r.Term, r.CommitIndex, r.AppliedIndex, r.LastLogIndex
+			n.Digest = fmt.Sprintf("%016x", r.Digest)
+			n.LastSnapshotIndex = r.LastSnapshotIndex
+			n.LastContactMs = float64(r.GetStaleness().AsDuration()) / 1e6
+			n.Counters = countersOf(r.Counters)
+			n.WriteError = r.WriteError
+			if leader != nil {
+				n.Lag = max(0, int64(leader.CommitIndex)-int64(r.AppliedIndex))
+			}
+		} else {
+			n.State = "unreachable"
+			if errs[i] != nil {
+				n.Error = describe(errs[i], a)
+			}
+		}
+		st.Nodes = append(st.Nodes, n)
+	}
+	src := leader
+	if src == nil {
+		src = first
+	}
+	st.Counters, st.CountersFrom = countersOf(src.Counters), src.NodeId
+	st.Digests = compareDigests(st.Nodes)
+	return st
+}
+
+func countersOf(c *kvdirv1.IndexCounters) *counters {
+	if c == nil {
+		return nil
+	}
+	return &counters{Workers: c.Workers, Blocks: c.Blocks, Entries: c.Entries, StoredBlocks: c.StoredBlocks,
+		OrphanBlocks: c.OrphanBlocks, ApproxBytes: c.ApproxBytes, Sessions: c.Sessions}
+}
+
+// compareDigests checks that the reachable nodes are at one applied index
+// with one digest.
+func compareDigests(nodes []nodeStatus) digestCheck {
+	byIndex := map[uint64][]nodeStatus{}
+	var indexes []uint64
+	for _, n := range nodes {
+		if n.Digest == "" {
+			continue
+		}
+		if _, ok := byIndex[n.AppliedIndex]; !ok {
+			indexes = append(indexes, n.AppliedIndex)
+		}
+		byIndex[n.AppliedIndex] = append(byIndex[n.AppliedIndex], n)
+	}
+	if len(indexes) == 0 {
+		return digestCheck{Detail: "no node answered"}
+	}
+	if len(indexes) > 1 {
+		var parts []string
+		for _, n := range nodes {
+			if n.Digest != "" {
+				parts = append(parts, fmt.Sprintf("%s at %d", n.ID, n.AppliedIndex))
+			}
+		}
+		return digestCheck{Detail: "not comparable: the nodes are at different applied indexes (" + strings.Join(parts, ", ") +
+			"); writes are arriving, ask again"}
+	}
+	idx := indexes[0]
+	group := byIndex[idx]
+	digests := map[string][]string{}
+	for _, n := range group {
+		digests[n.Digest] = append(digests[n.Digest], n.ID)
+	}
+	dc := digestCheck{Comparable: true, Index: idx, Nodes: len(group)}
+	if len(digests) == 1 {
+		dc.Agree = true
+		dc.Detail = fmt.Sprintf("agree: %d node(s) at applied index %d, digest %s", len(group), idx, group[0].Digest)
+		return dc
+	}
+	var parts []string
+	keys := make([]string, 0, len(digests))
+	for d := range digests {
+		keys = append(keys, d)
+	}
+	slices.Sort(keys)
+	for _, d := range keys {
+		parts = append(parts, fmt.Sprintf("%s on %s", d, strings.Join(digests[d], ",")))
+	}
+	dc.Detail = fmt.Sprintf("DIFFER at applied index %d: %s; the indexes have diverged, which is a bug: "+
+		"keep the nodes' data directories and report it", idx, strings.Join(parts, "; "))
+	return dc
+}
+
+func writeStatus(w io.Writer, st *clusterStatus) error {
+	t := clitable.NewTab("NODE", "API-ADDRESS", "STATE", "VOTER", "TERM", "COMMIT", "APPLIED", "LAG", "LAST-CONTACT", "SNAPSHOT", "DIGEST")
+	for _, n := range st.Nodes {
+		if n.Digest == "" {
+			t.Add(n.ID, n.APIAddress, n.State, yesNo(n.Voter), "-", "-", "-", "-", "-", "-", "-")
+			continue
+		}
+		lag := "-"
+		if n.Lag >= 0 {
+			lag = fmt.Sprint(n.Lag)
+		}
+		t.Add(n.ID, n.APIAddress, n.State, yesNo(n.Voter), n.Term, n.CommitIndex, n.AppliedIndex, lag,
+			clitable.Age(time.Duration(n.LastContactMs*1e6)), n.LastSnapshotIndex, n.Digest)
+	}
+	if _, err := t.WriteTo(w); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	if st.Leader != "" {
+		fmt.Fprintf(w, "leader:   %s (%s), term %d\n", st.Leader, st.LeaderAddress, st.Term)
+	} else {
+		fmt.Fprintf(w, "leader:   NONE: no node reports a leader; writes (drain, expire, sessions) fail until one is elected\n")
+	}
+	if c := st.Counters; c != nil {
+		fmt.Fprintf(w, "index:    %d workers, %d blocks, %d entries, %d orphan blocks, %d sessions, about %s (from %s)\n",
+			c.Workers, c.Blocks, c.Entries, c.OrphanBlocks, c.Sessions, clitable.Bytes(c.ApproxBytes), st.CountersFrom)
+	}
+	fmt.Fprintf(w, "digests:  %s\n", st.Digests.Detail)
+	for _, n := range st.Nodes {
+		switch {
+		case n.Error != "":
+			fmt.Fprintf(w, "warning:  %s is unreachable: %s\n", n.ID, firstLine(n.Error))
+		case n.WriteError != "":
+			fmt.Fprintf(w, "warning:  %s refuses writes: %s\n", n.ID, n.WriteError)
+		}
+	}
+	return nil
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}

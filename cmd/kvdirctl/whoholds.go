@@ -1,0 +1,360 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvdir/kvdir/internal/clitable"
+	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/placement"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// holderView is how much of a session's chain one worker holds.
+type holderView struct {
+	Worker       string  `json:"worker"`
+	State        string  `json:"state"`
+	Blocks       uint32  `json:"blocks"`
+	Tokens       uint64  `json:"tokens"`
+	Percent      float64 `json:"percent"`
+	GPUBlocks    uint32  `json:"gpu_blocks"`
+	CPUBlocks    uint32  `json:"cpu_blocks"`
+	DiskBlocks   uint32  `json:"disk_blocks"`
+	RemoteBlocks uint32  `json:"remote_blocks"`
+}
+
+// placementView is one candidate's expected time to first token under the
+// kvdir cost model, and its difference from the pick's.
+type placementView struct {
+	Worker        string  `json:"worker"`
+	MatchedTokens int     `json:"matched_tokens"`
+	Retain        float64 `json:"retain"`
+	CachedTokens  float64 `json:"cached_tokens"`
+	Running       int     `json:"running"`
+	Waiting       int     `json:"waiting"`
+	KVUsage       float64 `json:"kv_usage"`
+	QueueMs       float64 `json:"queue_ms"`
+	InterfMs      float64 `json:"interference_ms"`
+	WaitMs        float64 `json:"wait_ms"`
+	PrefillMs     float64 `json:"prefill_ms"`
+	ColdPrefillMs float64 `json:"cold_prefill_ms"`
+	TTFTMs        float64 `json:"ttft_ms"`
+	VsPickMs      float64 `json:"vs_pick_ms"`
+	Pick          bool    `json:"pick"`
+	Current       bool    `json:"current"`
+}
+
+// whoHoldsView is one session's holders and placement.
+type whoHoldsView struct {
+	Session      sessionView     `json:"session"`
+	ChainTokens  uint64          `json:"chain_tokens"`
+	Connected    bool            `json:"connected"`
+	Holders      []holderView    `json:"holders"`
+	Model        string          `json:"model"`
+	Profile      string          `json:"profile"`
+	PromptTokens int             `json:"prompt_tokens"`
+	Pick         string          `json:"pick"`
+	Placement    []placementView `json:"placement"`
+	Note         string          `json:"note,omitempty"`
+}
+
+func (a *app) whoHoldsCommand() *cobra.Command {
+	var (
+		prefix       bool
+		limit        uint32
+		profileName  string
+		promptTokens int
+	)
+	cmd := &cobra.Command{
+		Use:   "who-holds SESSION",
+		Short: "Which workers hold a session's prefix, how much, where the router would send it now, and the cost of moving it",
+		Long: `who-holds looks up a session the router recorded and shows every worker that
+holds part of its latest turn's prefix (blocks, tokens, and percent of the
+turn's chain), then places the session's next turn with the router's kvdir
+cost model: for every ACTIVE worker of the session's model, the expected time
+to first token (TTFT) = wait (queued prefill and decode interference) +
+prefill of the tokens it does not hold, using the load its agent last
+reported. The worker with the lowest TTFT is the pick; VS-PICK is what
+sending the session anywhere else would cost in expected TTFT.
+
+The prompt is taken to be as long as the session's latest turn (use
+--prompt-tokens for a longer next turn). The model cannot see the router's
+own queue (requests routed and not yet started), so with busy routers it
+favours warm workers slightly more than the router does; "kvdirctl explain"
+asks the router itself.`,
+		Example: `  kvdirctl who-holds chat-7f3a
+  kvdirctl who-holds chat-7f3a -o json
+  kvdirctl who-holds --prefix user-42- --limit 5
+  kvdirctl who-holds chat-7f3a --profile llama3-70b --prompt-tokens 12000`,
+		Args:              exactArgs("SESSION"),
+		ValidArgsFunction: a.completeSessions,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if promptTokens < 0 {
+				return usageErrorf("--prompt-tokens must not be negative")
+			}
+			prof, err := loadProfile(profileName)
+			if err != nil {
+				return &usageError{fmt.Errorf("--profile: %w", err)}
+			}
+			return a.whoHolds(cmd.Context(), args[0], prefix, limit, prof, promptTokens)
+		},
+	}
+	cmd.Flags().BoolVar(&prefix, "prefix", false, "treat SESSION as a session-id prefix and show every matching session")
+	cmd.Flags().Uint32Var(&limit, "limit", 20, "with --prefix: at most this many sessions")
+	cmd.Flags().StringVar(&profileName, "profile", "llama3-8b", "timing profile of the cost model: "+strings.Join(engine.ProfileNames(), ", ")+", or a JSON profile file")
+	cmd.Flags().IntVar(&promptTokens, "prompt-tokens", 0, "prompt length of the turn to place (default: the latest turn's)")
+	markEnv(cmd.Flags(), "profile")
+	return cmd
+}
+
+// loadProfile returns a named profile or one read from a file.
+func loadProfile(name string) (engine.Profile, error) {
+	if p, err := engine.ProfileByName(name); err == nil {
+		return p, nil
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return engine.Profile{}, fmt.Errorf("%q is neither a profile name (%s) nor a readable file: %w",
+			name, strings.Join(engine.ProfileNames(), ", "), err)
+	}
+	defer f.Close()
+	p, err := engine.LoadProfile(f)
+	if err != nil {
+		return engine.Profile{}, fmt.Errorf("profile file %s: %w", name, err)
+	}
+	return p, nil
+}
+
+func (a *app) whoHolds(ctx context.Context, target string, prefix bool, limit uint32, prof engine.Profile, promptTokens int) error {
+	c, err := a.dir()
+	if err != nil {
+		return err
+	}
+	var resp *kvdirv1.WhoHoldsResponse
+	if prefix {
+		resp, err = c.WhoHoldsPrefix(ctx, target, limit)
+	} else {
+		resp, err = c.WhoHolds(ctx, target)
+	}
+	if err != nil {
+		return err
+	}
+	lw, err := c.ListWorkers(ctx, "", false)
+	if err != nil {
+		return err
+	}
+	var views []whoHoldsView
+	for _, sh := range resp.Sessions {
+		v, err := a.placeSession(sh, lw.Workers, prof, promptTokens)
+		if err != nil {
+			return err
+		}
+		views = append(views, v)
+	}
+	if prefix {
+		doc := struct {
+			Sessions []whoHoldsView `json:"sessions"`
+			Read     readView       `json:"read"`
+		}{Sessions: views, Read: readOf(resp.Read)}
+		if doc.Sessions == nil {
+			doc.Sessions = []whoHoldsView{}
+		}
+		return a.write(a.out, doc, func(out io.Writer) error {
+			if len(views) == 0 {
+				fmt.Fprintf(out, "No recorded session starts with %q.\n", target)
+			}
+			for i := range views {
+				if i > 0 {
+					fmt.Fprintln(out)
+				}
+				if err := writeWhoHolds(out, &views[i]); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if len(views) != 1 {
+		return fmt.Errorf("who-holds %s: the directory answered %d sessions", target, len(views))
+	}
+	return a.write(a.out, views[0], func(out io.Writer) error { return writeWhoHolds(out, &views[0]) })
+}
+
+// placeSession builds the holders and the cost-model placement of one
+// session.
+func (a *app) placeSession(sh *kvdirv1.SessionHolders, workers []*kvdirv1.Worker, prof engine.Profile, promptTokens int) (whoHoldsView, error) {
+	r := sh.Session
+	v := whoHoldsView{Session: a.sessionView(r), ChainTokens: uint64(r.Blocks) * uint64(r.BlockSize),
+		Connected: len(sh.Holders) > 0, Profile: prof.Name, Holders: []holderView{}, Placement: []placementView{}}
+	byID := map[string]*kvdirv1.Worker{}
+	for _, w := range workers {
+		byID[w.GetSpec().GetId()] = w
+	}
+	matched := map[string]int{}
+	for _, h := range sh.Holders {
+		hv := holderView{Worker: h.WorkerId, State: "GONE", Blocks: h.Blocks, Tokens: h.Tokens,
+			GPUBlocks: h.GpuBlocks, CPUBlocks: h.CpuBlocks, DiskBlocks: h.DiskBlocks, RemoteBlocks: h.RemoteBlocks}
+		if r.Blocks > 0 {
+			hv.Percent = 100 * float64(h.Blocks) / float64(r.Blocks)
+		}
+		if w, ok := byID[h.WorkerId]; ok {
+			hv.State = stateName(w.State)
+		}
+		v.Holders = append(v.Holders, hv)
+		matched[h.WorkerId] = int(h.Blocks)
+	}
+	slices.SortStableFunc(v.Holders, func(x, y holderView) int { return int(y.Blocks) - int(x.Blocks) })
+
+	// The session's model: its worker's, else its largest holder's.
+	for _, id := range append([]string{r.WorkerId}, holderIDs(v.Holders)...) {
+		if w, ok := byID[id]; ok {
+			v.Model = w.GetSpec().GetModel()
+			break
+		}
+	}
+	if v.Model == "" {
+		v.Note = "no registered worker serves this session's model any more (its worker and holders are gone)"
+		return v, nil
+	}
+	var cands []placement.Candidate
+	for _, w := range workers {
+		s := w.GetSpec()
+		if s.GetModel() != v.Model || w.State != kvdirv1.WorkerState_WORKER_STATE_ACTIVE ||
+			(r.BlockSize != 0 && s.GetBlockSize() != r.BlockSize) {
+			continue
+		}
+		l := w.GetLoad()
+		cands = append(cands, placement.Candidate{
+			Worker: s.GetId(), MatchedBlocks: matched[s.GetId()],
+			Load: placement.Load{Running: int(l.GetRunning()), Waiting: int(l.GetWaiting()), KVUsage: l.GetKvUsage()},
+		})
+	}
+	if len(cands) == 0 {
+		v.Note = fmt.Sprintf("no ACTIVE worker of model %s can take the session", v.Model)
+		return v, nil
+	}
+	v.PromptTokens = promptTokens
+	if v.PromptTokens == 0 {
+		v.PromptTokens = int(r.PromptTokens)
+	}
+	if v.PromptTokens == 0 {
+		v.PromptTokens = int(v.ChainTokens)
+	}
+	bs := int(r.BlockSize)
+	if bs == 0 {
+		bs = 16
+	}
+	if v.PromptTokens < 1 {
+		v.Note = "the session's latest turn has no tokens: nothing to place"
+		return v, nil
+	}
+	pol, err := placement.NewKVDir(placement.Options{Profile: prof})
+	if err != nil {
+		return v, fmt.Errorf("cost model: %w", err)
+	}
+	d, err := pol.Pick(placement.Request{SessionKey: r.SessionId, PromptTokens: v.PromptTokens, BlockSize: bs}, cands)
+	if err != nil {
+		return v, fmt.Errorf("cost model: %w", err)
+	}
+	v.Pick = d.Worker
+	best := d.Scores[d.Index].TotalMs
+	for i, s := range d.Scores {
+		c := cands[i]
+		v.Placement = append(v.Placement, placementView{
+			Worker: s.Worker, MatchedTokens: s.MatchedTokens, Retain: s.Retain, CachedTokens: s.CachedTokens,
+			Running: c.Load.Running, Waiting: c.Load.Waiting, KVUsage: c.Load.KVUsage,
+			QueueMs: s.QueueMs, InterfMs: s.InterferenceMs, WaitMs: s.WaitMs, PrefillMs: s.PrefillMs,
+			ColdPrefillMs: s.ColdPrefillMs, TTFTMs: s.TotalMs, VsPickMs: s.TotalMs - best,
+			Pick: i == d.Index, Current: s.Worker == r.WorkerId,
+		})
+	}
+	slices.SortStableFunc(v.Placement, func(x, y placementView) int {
+		switch {
+		case x.Pick != y.Pick:
+			if x.Pick {
+				return -1
+			}
+			return 1
+		case x.TTFTMs < y.TTFTMs:
+			return -1
+		case x.TTFTMs > y.TTFTMs:
+			return 1
+		}
+		return strings.Compare(x.Worker, y.Worker)
+	})
+	return v, nil
+}
+
+func holderIDs(hs []holderView) []string {
+	out := make([]string, len(hs))
+	for i, h := range hs {
+		out[i] = h.Worker
+	}
+	return out
+}
+
+func writeWhoHolds(w io.Writer, v *whoHoldsView) error {
+	s := v.Session
+	fmt.Fprintf(w, "session %s: latest turn on %s, %d prompt tokens, %d cached (%s), chain of %d blocks (%d tokens), recorded %s ago\n",
+		s.ID, s.Worker, s.PromptTokens, s.CachedTokens, clitable.Percent(float64(s.CachedTokens), float64(s.PromptTokens)),
+		s.Blocks, v.ChainTokens, s.age())
+	fmt.Fprintln(w)
+	if !v.Connected {
+		fmt.Fprintln(w, "Holders: none. No worker holds the turn's last block any more (evicted, or its worker expired),")
+		fmt.Fprintln(w, "so the index cannot trace the session's chain; every worker starts it cold.")
+	} else {
+		fmt.Fprintln(w, "Holders:")
+		t := clitable.NewTab("WORKER", "STATE", "BLOCKS", "TOKENS", "OF-CHAIN", "GPU", "CPU", "DISK", "REMOTE")
+		for _, h := range v.Holders {
+			t.Add(h.Worker, h.State, h.Blocks, h.Tokens, fmt.Sprintf("%.1f%%", h.Percent), h.GPUBlocks, h.CPUBlocks, h.DiskBlocks, h.RemoteBlocks)
+		}
+		if _, err := t.WriteTo(w); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(w)
+	if v.Note != "" {
+		fmt.Fprintf(w, "Placement: %s.\n", v.Note)
+		return nil
+	}
+	fmt.Fprintf(w, "Placement of a %d-token turn (kvdir cost model, profile %s, model %s, load as last reported):\n", v.PromptTokens, v.Profile, v.Model)
+	t := clitable.NewTab("WORKER", "MATCHED", "EXP-CACHED", "RUNNING", "WAITING", "KV-USAGE", "WAIT-MS", "PREFILL-MS", "TTFT-MS", "VS-PICK", "")
+	for _, p := range v.Placement {
+		mark := ""
+		switch {
+		case p.Pick && p.Current:
+			mark = "pick, current"
+		case p.Pick:
+			mark = "pick"
+		case p.Current:
+			mark = "current"
+		}
+		vs := "-"
+		if !p.Pick {
+			vs = fmt.Sprintf("%+.1f ms", p.VsPickMs)
+		}
+		t.Add(p.Worker, p.MatchedTokens, fmt.Sprintf("%.0f", p.CachedTokens), p.Running, p.Waiting, clitable.Percent(p.KVUsage, 1),
+			clitable.Millis(p.WaitMs), clitable.Millis(p.PrefillMs), clitable.Millis(p.TTFTMs), vs, mark)
+	}
+	if _, err := t.WriteTo(w); err != nil {
+		return err
+	}
+	if len(v.Placement) > 1 {
+		var worst placementView
+		for _, p := range v.Placement {
+			if !p.Pick && p.VsPickMs >= worst.VsPickMs {
+				worst = p
+			}
+		}
+		fmt.Fprintf(w, "\npick: %s. Moving the session elsewhere costs up to %+.1f ms of expected TTFT (to %s).\n", v.Pick, worst.VsPickMs, worst.Worker)
+	} else {
+		fmt.Fprintf(w, "\npick: %s (the only candidate).\n", v.Pick)
+	}
+	return nil
+}

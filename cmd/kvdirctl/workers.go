@@ -1,0 +1,273 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvdir/kvdir/internal/clitable"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// workerView is one worker as kvdirctl shows it.
+type workerView struct {
+	ID            string            `json:"id"`
+	Address       string            `json:"address"`
+	Model         string            `json:"model"`
+	Engine        string            `json:"engine"`
+	BlockSize     uint32            `json:"block_size"`
+	State         string            `json:"state"`
+	Epoch         uint64            `json:"epoch"`
+	AppliedSeq    uint64            `json:"applied_seq"`
+	Blocks        uint64            `json:"blocks"`
+	GPUBlocks     uint64            `json:"gpu_blocks"`
+	CPUBlocks     uint64            `json:"cpu_blocks"`
+	DiskBlocks    uint64            `json:"disk_blocks"`
+	RemoteBlocks  uint64            `json:"remote_blocks"`
+	KVUsage       float64           `json:"kv_usage"`
+	KVBlocks      uint64            `json:"kv_blocks"`
+	Running       uint32            `json:"running"`
+	Waiting       uint32            `json:"waiting"`
+	PrefixQueries uint64            `json:"prefix_queries"`
+	PrefixHits    uint64            `json:"prefix_hits"`
+	HeartbeatAge  *float64          `json:"heartbeat_age_seconds"`
+	Labels        map[string]string `json:"labels,omitempty"`
+}
+
+func (a *app) workerView(w *kvdirv1.Worker) workerView {
+	s := w.GetSpec()
+	l := w.GetLoad()
+	v := workerView{
+		ID: s.GetId(), Address: s.GetAddress(), Model: s.GetModel(), BlockSize: s.GetBlockSize(),
+		Engine: enumName(s.GetEngine().String(), "ENGINE_KIND_"), State: stateName(w.State),
+		Epoch: w.Epoch, AppliedSeq: w.AppliedSeq,
+		Blocks: w.Blocks, GPUBlocks: w.GpuBlocks, CPUBlocks: w.CpuBlocks, DiskBlocks: w.DiskBlocks, RemoteBlocks: w.RemoteBlocks,
+		KVUsage: l.GetKvUsage(), KVBlocks: l.GetKvBlocks(), Running: l.GetRunning(), Waiting: l.GetWaiting(),
+		PrefixQueries: l.GetPrefixQueries(), PrefixHits: l.GetPrefixHits(), Labels: s.GetLabels(),
+	}
+	if w.LoadTimeUnixNano > 0 {
+		age := a.now().Sub(time.Unix(0, w.LoadTimeUnixNano)).Seconds()
+		v.HeartbeatAge = &age
+	}
+	return v
+}
+
+func stateName(s kvdirv1.WorkerState) string { return enumName(s.String(), "WORKER_STATE_") }
+
+func enumName(s, prefix string) string {
+	s = strings.TrimPrefix(s, prefix)
+	if s == "UNSPECIFIED" {
+		return "-"
+	}
+	return s
+}
+
+func heartbeat(v workerView) string {
+	if v.HeartbeatAge == nil {
+		return "never"
+	}
+	return clitable.Age(time.Duration(*v.HeartbeatAge * float64(time.Second)))
+}
+
+func (a *app) workersCommand() *cobra.Command {
+	var (
+		w       watchOpts
+		model   string
+		all     bool
+		topN    uint32
+		withSes bool
+	)
+	cmd := &cobra.Command{
+		Use:     "workers",
+		Aliases: []string{"worker"},
+		Short:   "Workers: state, epoch, blocks held, KV usage, running and waiting requests, heartbeat age",
+		Long: `workers lists the workers (engine replicas) the directory knows: their id,
+address, model, state (ACTIVE, DRAINING; with --all also EXPIRED and
+DEREGISTERED), epoch (bumped at every registration), blocks held in the
+index, and their load as their agent last reported it: KV-cache usage,
+running and waiting requests, the engine's prefix-cache hit rate (in tokens,
+since the engine started) and how long ago the load was recorded.
+
+"workers get ID" shows one worker and its longest held chains.`,
+		Example: `  kvdirctl workers
+  kvdirctl workers --model llama3-8b -o json
+  kvdirctl workers --watch
+  kvdirctl workers get enginesim-0 --top 5`,
+		Args: exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.watchLoop(cmd, w, func(ctx context.Context, out io.Writer) error {
+				c, err := a.dir()
+				if err != nil {
+					return err
+				}
+				resp, err := c.ListWorkers(ctx, model, all)
+				if err != nil {
+					return err
+				}
+				doc := struct {
+					Workers []workerView `json:"workers"`
+					Read    readView     `json:"read"`
+				}{Workers: []workerView{}, Read: readOf(resp.Read)}
+				for _, wk := range resp.Workers {
+					doc.Workers = append(doc.Workers, a.workerView(wk))
+				}
+				return a.write(out, doc, func(out io.Writer) error {
+					if len(doc.Workers) == 0 {
+						fmt.Fprintln(out, "No workers registered"+modelSuffix(model)+". Agents register their engine when they start (cmd/agent).")
+						return nil
+					}
+					t := clitable.NewTab("ID", "ADDRESS", "MODEL", "STATE", "EPOCH", "BLOCKS", "KV-USAGE", "RUNNING", "WAITING", "PREFIX-HIT", "HEARTBEAT")
+					for _, v := range doc.Workers {
+						t.Add(v.ID, v.Address, v.Model, v.State, v.Epoch, v.Blocks, clitable.Percent(v.KVUsage, 1),
+							v.Running, v.Waiting, clitable.Percent(float64(v.PrefixHits), float64(v.PrefixQueries)), heartbeat(v))
+					}
+					_, err := t.WriteTo(out)
+					return err
+				})
+			})
+		},
+	}
+	w.addFlags(cmd)
+	cmd.Flags().StringVar(&model, "model", "", "only workers of this model")
+	cmd.Flags().BoolVar(&all, "all", false, "include expired and deregistered workers")
+
+	get := &cobra.Command{
+		Use:   "get WORKER",
+		Short: "One worker in detail, with its longest held chains",
+		Long: `get shows one worker: its registration, load and blocks per medium, and its
+--top longest chains of blocks (a chain is a prefix: its tail block's hash and
+its length), with the recorded sessions whose latest turn ends on that chain.`,
+		Example:           `  kvdirctl workers get enginesim-0 --top 5 -o yaml`,
+		Args:              exactArgs("WORKER"),
+		ValidArgsFunction: a.completeWorkers,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.workerGet(cmd.Context(), args[0], topN, withSes)
+		},
+	}
+	get.Flags().Uint32Var(&topN, "top", 10, "how many of its longest chains to show (0: none, at most 1000)")
+	get.Flags().BoolVar(&withSes, "sessions", true, "name the recorded sessions that end on each chain")
+	cmd.AddCommand(get)
+	return cmd
+}
+
+func modelSuffix(model string) string {
+	if model == "" {
+		return ""
+	}
+	return " for model " + model
+}
+
+// chainView is one chain a worker holds.
+type chainView struct {
+	Tail     string   `json:"tail"`
+	Blocks   uint32   `json:"blocks"`
+	Tokens   uint64   `json:"tokens"`
+	Sessions []string `json:"sessions,omitempty"`
+}
+
+func (a *app) workerGet(ctx context.Context, id string, top uint32, withSessions bool) error {
+	c, err := a.dir()
+	if err != nil {
+		return err
+	}
+	resp, err := c.GetWorker(ctx, id, top)
+	if err != nil {
+		return err
+	}
+	v := a.workerView(resp.Worker)
+	byTail := map[uint64][]string{}
+	if withSessions && len(resp.Chains) > 0 {
+		ss, err := c.ListSessions(ctx, "", id, 10_000)
+		if err != nil {
+			return err
+		}
+		for _, s := range ss.Sessions {
+			byTail[s.Tail] = append(byTail[s.Tail], s.SessionId)
+		}
+	}
+	doc := struct {
+		Worker workerView  `json:"worker"`
+		Chains []chainView `json:"chains"`
+		Read   readView    `json:"read"`
+	}{Worker: v, Chains: []chainView{}, Read: readOf(resp.Read)}
+	for _, ch := range resp.Chains {
+		doc.Chains = append(doc.Chains, chainView{
+			Tail: fmt.Sprintf("%016x", ch.Tail), Blocks: ch.Blocks,
+			Tokens: uint64(ch.Blocks) * uint64(v.BlockSize), Sessions: byTail[ch.Tail],
+		})
+	}
+	return a.write(a.out, doc, func(out io.Writer) error {
+		kv := clitable.NewTab()
+		kv.Add("id:", v.ID)
+		kv.Add("address:", v.Address)
+		kv.Add("model:", fmt.Sprintf("%s (engine %s, block size %d)", v.Model, v.Engine, v.BlockSize))
+		kv.Add("state:", fmt.Sprintf("%s, epoch %d, last applied event batch seq %d", v.State, v.Epoch, v.AppliedSeq))
+		kv.Add("blocks:", fmt.Sprintf("%d held (gpu %d, cpu %d, disk %d, remote %d) = %d tokens",
+			v.Blocks, v.GPUBlocks, v.CPUBlocks, v.DiskBlocks, v.RemoteBlocks, v.Blocks*uint64(v.BlockSize)))
+		capacity := ""
+		if v.KVBlocks > 0 {
+			capacity = fmt.Sprintf(" of %d blocks", v.KVBlocks)
+		}
+		kv.Add("load:", fmt.Sprintf("%d running, %d waiting, KV usage %s%s", v.Running, v.Waiting, clitable.Percent(v.KVUsage, 1), capacity))
+		kv.Add("prefix cache:", fmt.Sprintf("%d of %d prompt tokens hit (%s) since the engine started",
+			v.PrefixHits, v.PrefixQueries, clitable.Percent(float64(v.PrefixHits), float64(v.PrefixQueries))))
+		kv.Add("heartbeat:", heartbeat(v)+" ago")
+		if len(v.Labels) > 0 {
+			kv.Add("labels:", labelsString(v.Labels))
+		}
+		if _, err := kv.WriteTo(out); err != nil {
+			return err
+		}
+		if top == 0 {
+			return nil
+		}
+		fmt.Fprintf(out, "\nLongest chains (top %d):\n", top)
+		if len(doc.Chains) == 0 {
+			fmt.Fprintln(out, "  none: the worker holds no blocks")
+			return nil
+		}
+		t := clitable.NewTab("#", "TAIL", "BLOCKS", "TOKENS", "SESSIONS")
+		for i, ch := range doc.Chains {
+			t.Add(i+1, ch.Tail, ch.Blocks, ch.Tokens, listOrDash(ch.Sessions, 3))
+		}
+		_, err := t.WriteTo(out)
+		return err
+	})
+}
+
+func labelsString(m map[string]string) string {
+	var parts []string
+	for k, v := range m {
+		parts = append(parts, k+"="+v)
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ",")
+}
+
+func listOrDash(xs []string, max int) string {
+	switch {
+	case len(xs) == 0:
+		return "-"
+	case len(xs) <= max:
+		return strings.Join(xs, ",")
+	}
+	return fmt.Sprintf("%s,... (%d)", strings.Join(xs[:max], ","), len(xs))
+}
+
+// readView says which node answered a read and how fresh it was.
+type readView struct {
+	Node         string  `json:"node"`
+	AppliedIndex uint64  `json:"applied_index"`
+	StalenessMs  float64 `json:"staleness_ms"`
+	FromLeader   bool    `json:"from_leader"`
+}
+
+func readOf(r *kvdirv1.ReadInfo) readView {
+	return readView{Node: r.GetNodeId(), AppliedIndex: r.GetAppliedIndex(),
+		StalenessMs: float64(r.GetStaleness().AsDuration()) / 1e6, FromLeader: r.GetFromLeader()}
+}
