@@ -6,8 +6,10 @@
 //
 //	healthcheck [--timeout 2s] http://127.0.0.1:7002/readyz
 //
-// The URL may also come from the environment variable KVDIR_HEALTHCHECK_URL,
-// so that one image can be probed on a port chosen at run time.
+// The URL may also come from the environment variable HEALTHCHECK_URL,
+// so that one image can be probed on a port chosen at run time (it has no
+// KVDIR_ prefix because the directory warns about KVDIR_ variables it does
+// not know).
 package main
 
 import (
@@ -40,7 +42,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "healthcheck GETs a URL and exits 0 if it answers 2xx, 1 otherwise (2 on a usage error).\n\n"+
 			"Usage: healthcheck [--timeout 2s] URL\n"+
-			"The URL may instead be given as KVDIR_HEALTHCHECK_URL.\n\nFlags:\n")
+			"The URL may instead be given as HEALTHCHECK_URL.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -49,7 +51,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		}
 		return statusUsage
 	}
-	target := getenv("KVDIR_HEALTHCHECK_URL")
+	target := getenv("HEALTHCHECK_URL")
 	switch fs.NArg() {
 	case 0:
 	case 1:
@@ -59,7 +61,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return statusUsage
 	}
 	if target == "" {
-		fmt.Fprintln(stderr, "healthcheck: no URL: give it as the argument or KVDIR_HEALTHCHECK_URL")
+		fmt.Fprintln(stderr, "healthcheck: no URL: give it as the argument or HEALTHCHECK_URL")
 		return statusUsage
 	}
 	if u, err := url.Parse(target); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

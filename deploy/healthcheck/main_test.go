@@ -48,7 +48,7 @@ func TestRun(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			env := func(k string) string {
-				if k == "KVDIR_HEALTHCHECK_URL" {
+				if k == "HEALTHCHECK_URL" {
 					return c.env
 				}
 				return ""

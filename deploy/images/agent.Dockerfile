@@ -14,7 +14,7 @@ LABEL org.opencontainers.image.title="kvdir-agent" \
 COPY passwd group /etc/
 COPY agent healthcheck /usr/local/bin/
 ENV KVDIR_AGENT_HTTP_ADDR=0.0.0.0:9400 \
-    KVDIR_HEALTHCHECK_URL=http://127.0.0.1:9400/healthz
+    HEALTHCHECK_URL=http://127.0.0.1:9400/healthz
 EXPOSE 9400
 USER 65532:65532
 HEALTHCHECK --interval=5s --timeout=3s --start-period=20s --retries=3 CMD ["/usr/local/bin/healthcheck"]

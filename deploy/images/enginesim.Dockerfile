@@ -17,7 +17,7 @@ COPY enginesim healthcheck /usr/local/bin/
 ENV KVDIR_ENGINESIM_ADDR=0.0.0.0:8000 \
     KVDIR_ENGINESIM_KV_EVENTS_ENDPOINT=tcp://*:5557 \
     KVDIR_ENGINESIM_KV_EVENTS_REPLAY_ENDPOINT=tcp://*:5558 \
-    KVDIR_HEALTHCHECK_URL=http://127.0.0.1:8000/health
+    HEALTHCHECK_URL=http://127.0.0.1:8000/health
 EXPOSE 8000 5557 5558
 USER 65532:65532
 HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=3 CMD ["/usr/local/bin/healthcheck"]

@@ -14,7 +14,7 @@ LABEL org.opencontainers.image.title="kvdir-router" \
 COPY passwd group /etc/
 COPY router healthcheck /usr/local/bin/
 ENV KVDIR_ROUTER_ADDR=0.0.0.0:8080 \
-    KVDIR_HEALTHCHECK_URL=http://127.0.0.1:8080/healthz
+    HEALTHCHECK_URL=http://127.0.0.1:8080/healthz
 EXPOSE 8080
 USER 65532:65532
 HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=3 CMD ["/usr/local/bin/healthcheck"]

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Starts and stops the local compose cluster (deploy/compose/docker-compose.yml).
+#
+#   deploy/compose/cluster.sh up      start what has an image, wait until healthy
+#   deploy/compose/cluster.sh down    stop and remove containers, network and data volumes
+#   deploy/compose/cluster.sh ps      list the containers and their health
+#
+# The routers are started only when their image exists (cmd/router may not
+# be built yet); the script says when it leaves them out. COMPOSE overrides
+# the compose command (default docker-compose); KVDIR_IMAGE_PREFIX and
+# KVDIR_IMAGE_TAG as in .env.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+COMPOSE="${COMPOSE:-docker-compose}"
+DOCKER="${DOCKER:-docker}"
+# .env supplies the defaults; the environment wins.
+prefix="${KVDIR_IMAGE_PREFIX:-$(sed -n 's/^KVDIR_IMAGE_PREFIX=//p' "$here/.env")}"
+tag="${KVDIR_IMAGE_TAG:-$(sed -n 's/^KVDIR_IMAGE_TAG=//p' "$here/.env")}"
+compose() { $COMPOSE --project-directory "$here" -f "$here/docker-compose.yml" "$@"; }
+
+# wait_healthy <timeout seconds> <container...>: until every container's
+# health is "healthy"; fails with their states and last logs otherwise.
+wait_healthy() {
+  local timeout=$1 deadline states c bad
+  shift
+  deadline=$(( $(date +%s) + timeout ))
+  while :; do
+    bad=()
+    for c in "$@"; do
+      state=$("$DOCKER" inspect -f '{{.State.Status}}/{{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$c" 2>/dev/null || echo missing)
+      [ "$state" = running/healthy ] || bad+=("$c=$state")
+    done
+    [ ${#bad[@]} -eq 0 ] && return 0
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "cluster.sh: not healthy after ${timeout}s: ${bad[*]}" >&2
+      for c in "${bad[@]%%=*}"; do echo "--- last log lines of $c" >&2; "$DOCKER" logs --tail 20 "$c" >&2 || true; done
+      return 1
+    fi
+    sleep 1
+  done
+}
+
+up() {
+  local services=() missing=() s img
+  for s in $(compose config --services); do
+    case "$s" in
+      kvdir-dir*) img="${prefix}directory:$tag" ;;
+      kvdir-engine*) img="${prefix}enginesim:$tag" ;;
+      kvdir-agent*) img="${prefix}agent:$tag" ;;
+      kvdir-router*) img="${prefix}router:$tag" ;;
+      *) echo "cluster.sh: unknown service $s" >&2; exit 1 ;;
+    esac
+    if "$DOCKER" image inspect "$img" >/dev/null 2>&1; then
+      services+=("$s")
+    else
+      missing+=("$s ($img)")
+    fi
+  done
+  for m in "${missing[@]}"; do echo "cluster.sh: leaving out $m: no such image (run make images; cmd/router may not exist yet)"; done
+  case " ${services[*]} " in
+    *" kvdir-dir1 "*) ;;
+    *) echo "cluster.sh: no directory image ${prefix}directory:$tag: run make images first" >&2; exit 1 ;;
+  esac
+  compose up -d --no-build "${services[@]}"
+  wait_healthy 120 "${services[@]}"
+  compose ps
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) compose down --volumes --remove-orphans --timeout 40 ;;
+  ps) compose ps ;;
+  *) echo "usage: $0 up|down|ps" >&2; exit 2 ;;
+esac
