@@ -1,0 +1,264 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvdir/kvdir/bench/fleet"
+	"github.com/kvdir/kvdir/internal/router"
+)
+
+// chat is a minimal chat completion request.
+type chat struct {
+	Model     string    `json:"model"`
+	Messages  []message `json:"messages"`
+	MaxTokens int       `json:"max_tokens"`
+}
+
+type message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// answer is what a test reads of a response.
+type answer struct {
+	status    int
+	worker    string
+	predicted string
+	fallback  string
+	prompt    int
+	cached    int
+	content   string
+	body      string
+}
+
+func send(ctx context.Context, url, session string, c chat) (answer, error) {
+	b, _ := json.Marshal(c)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+router.PathChat, strings.NewReader(string(b)))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if session != "" {
+		req.Header.Set("X-Session-Id", session)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{}, err
+	}
+	a := answer{status: resp.StatusCode, worker: resp.Header.Get(router.HeaderWorker), body: string(body),
+		predicted: resp.Header.Get(router.HeaderPredicted), fallback: resp.Header.Get(router.HeaderFallback)}
+	var out struct {
+		Choices []struct {
+			Message message `json:"message"`
+		} `json:"choices"`
+		Usage struct {
+			Prompt  int `json:"prompt_tokens"`
+			Details struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if resp.StatusCode == 200 {
+		if err := json.Unmarshal(body, &out); err != nil {
+			return a, fmt.Errorf("decode %q: %w", body, err)
+		}
+		a.prompt, a.cached = out.Usage.Prompt, out.Usage.Details.Cached
+		if len(out.Choices) > 0 {
+			a.content = out.Choices[0].Message.Content
+		}
+	}
+	return a, nil
+}
+
+// systemPrompt returns a distinct system prompt of a few hundred tokens.
+func systemPrompt(i int) string {
+	return fmt.Sprintf("Tenant %d. ", i) + strings.Repeat(fmt.Sprintf("You are assistant number %d of the serving team; answer briefly and cite the runbook. ", i), 12)
+}
+
+// TestEndToEnd runs real processes: a 3-node directory, three engine
+// simulators with their agents, and two routers sharing the directory.
+func TestEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a fleet of processes")
+	}
+	ctx := context.Background()
+	f, err := fleet.Start(ctx, fleet.Config{Dir: t.TempDir(), Engines: 3, Routers: 2,
+		EngineArgs: []string{"--time-scale", "0.02", "--default-max-tokens", "4"},
+		RouterArgs: []string{"--policy", "kvdir", "--match-timeout", "50ms", "--down-for", "1s"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Stop)
+	defer func() {
+		if t.Failed() {
+			t.Log(f.Logs(30))
+		}
+	}()
+	r0, r1 := f.Routers[0].URL, f.Routers[1].URL
+
+	// Turn 2 of each session lands on turn 1's worker and the engine reports
+	// the cached prefix. Turn 1 goes through router 0, turn 2 through router
+	// 1, which never saw the session: it must learn where the prefix lives
+	// from the directory.
+	t.Run("turn 2 follows turn 1 through the directory", func(t *testing.T) {
+		workers := map[string]bool{}
+		for i := range 6 {
+			sess := fmt.Sprintf("session-%d", i)
+			c := chat{Model: "llama3-8b", MaxTokens: 4, Messages: []message{
+				{Role: "system", Content: systemPrompt(i)}, {Role: "user", Content: fmt.Sprintf("Question %d: what does a prefix cache save?", i)}}}
+			a1, err := send(ctx, r0, sess, c)
+			if err != nil || a1.status != 200 {
+				t.Fatalf("turn 1 of %s: %v %+v", sess, err, a1)
+			}
+			workers[a1.worker] = true
+			c.Messages = append(c.Messages, message{Role: "assistant", Content: a1.content}, message{Role: "user", Content: "And what does it cost?"})
+			// Wait until router 1's directory view has turn 1's blocks.
+			waitFor(t, 10*time.Second, "directory to hold turn 1", func() bool {
+				e, err := explain(ctx, r1, sess, c)
+				return err == nil && e.Pick == a1.worker && e.PredictedCachedTokens > 0 && e.Fallback == ""
+			})
+			a2, err := send(ctx, r1, sess, c)
+			if err != nil || a2.status != 200 {
+				t.Fatalf("turn 2 of %s: %v %+v", sess, err, a2)
+			}
+			if a2.worker != a1.worker || a2.fallback != "" {
+				t.Fatalf("%s: turn 1 on %s, turn 2 on %s (fallback %q)", sess, a1.worker, a2.worker, a2.fallback)
+			}
+			// Turn 1's prompt ends with the generation prompt, which turn 2
+			// renders differently, so all but its last partial block and
+			// those few tokens must come from the cache.
+			if a2.cached < (a1.prompt/16-1)*16 || a2.cached == 0 {
+				t.Fatalf("%s: engine reported %d cached tokens of turn 2 (turn 1 had %d prompt tokens)", sess, a2.cached, a1.prompt)
+			}
+			if a2.predicted == "0" {
+				t.Fatalf("%s: router predicted no cached tokens", sess)
+			}
+		}
+		if len(workers) < 2 {
+			t.Errorf("6 idle-cluster sessions all went to %v: load is not spread", workers)
+		}
+	})
+
+	// Kill one engine while requests run: every request still succeeds
+	// (non-streamed, so nothing reached a client before the engine died).
+	t.Run("worker killed mid-run", func(t *testing.T) {
+		victim := f.Engines[0]
+		var mu sync.Mutex
+		var failures []string
+		counts := map[string]int{}
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for n := 0; ; n++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					sess := fmt.Sprintf("load-%d-%d", g, n%5)
+					a, err := send(ctx, r0, sess, chat{Model: "llama3-8b", MaxTokens: 4, Messages: []message{
+						{Role: "system", Content: systemPrompt(100 + n%5)}, {Role: "user", Content: fmt.Sprintf("q %d", n)}}})
+					mu.Lock()
+					if err != nil || a.status != 200 {
+						failures = append(failures, fmt.Sprintf("%v %d %s", err, a.status, a.body))
+					} else {
+						counts[a.worker]++
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		waitFor(t, 20*time.Second, "requests on the victim", func() bool { mu.Lock(); defer mu.Unlock(); return counts[victim.WorkerID] >= 3 })
+		victim.Sim.Kill9()
+		mu.Lock()
+		before := counts[victim.WorkerID]
+		total := 0
+		for _, c := range counts {
+			total += c
+		}
+		mu.Unlock()
+		waitFor(t, 30*time.Second, "40 more requests after the kill", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			n := 0
+			for _, c := range counts {
+				n += c
+			}
+			return n >= total+40
+		})
+		close(stop)
+		wg.Wait()
+		if len(failures) > 0 {
+			t.Fatalf("%d requests failed after a worker was killed, first: %s", len(failures), failures[0])
+		}
+		if counts[victim.WorkerID] != before {
+			t.Fatalf("the killed worker answered %d requests after its death", counts[victim.WorkerID]-before)
+		}
+		if err := victim.Sim.Start(); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	// Kill every directory node: requests are still served, placed by the
+	// fallback policy.
+	t.Run("directory killed", func(t *testing.T) {
+		for _, n := range f.Directory.Nodes {
+			n.Kill9()
+		}
+		for i := range 20 {
+			a, err := send(ctx, r0, fmt.Sprintf("nodir-%d", i%4), chat{Model: "llama3-8b", MaxTokens: 4,
+				Messages: []message{{Role: "system", Content: systemPrompt(200 + i%4)}, {Role: "user", Content: fmt.Sprintf("hello %d", i)}}})
+			if err != nil || a.status != 200 {
+				t.Fatalf("request %d with the directory down: %v %+v", i, err, a)
+			}
+			if a.fallback == "" {
+				t.Fatalf("request %d: no fallback reported with the directory down", i)
+			}
+		}
+	})
+}
+
+// explain asks a router how it would place c.
+func explain(ctx context.Context, url, session string, c chat) (router.Explanation, error) {
+	b, _ := json.Marshal(c)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+router.PathExplain, strings.NewReader(string(b)))
+	req.Header.Set("X-Session-Id", session)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return router.Explanation{}, err
+	}
+	defer resp.Body.Close()
+	var e router.Explanation
+	if resp.StatusCode != 200 {
+		body, _ := io.ReadAll(resp.Body)
+		return e, fmt.Errorf("explain: %s: %s", resp.Status, body)
+	}
+	return e, json.NewDecoder(resp.Body).Decode(&e)
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags([]string{"--directory", "a:1,b:2"}, env(map[string]string{"KVDIR_ROUTER_POLICY": "prefix", "KVDIR_ROUTER_DIRECTORY": "ignored:9"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.directory != "a:1,b:2" || o.policy != "prefix" {
+		t.Fatalf("flags %+v: the command line must win over the environment, which fills the rest", o)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "give --directory"},
+		{[]string{"--directory", "a:1", "extra"}, "unexpected arguments"},
+		{[]string{"--nope"}, "flag provided but not defined"},
+	} {
+		if _, err := parseFlags(c.args, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("parseFlags(%q) = %v, want an error with %q", c.args, err, c.want)
+		}
+	}
+	if _, err := parseFlags([]string{"--help"}, env(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("--help: %v", err)
+	}
+}
+
+func TestParseWorkers(t *testing.T) {
+	ws, err := parseWorkers("a=http://10.0.0.1:8000@llama3-8b, b=http://h:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ws) != 2 || ws[0].ID != "a" || ws[0].Address != "http://10.0.0.1:8000" || ws[0].Model != "llama3-8b" ||
+		ws[1].Address != "http://h:1" || ws[1].Model != "" {
+		t.Fatalf("got %+v", ws)
+	}
+	for _, bad := range []string{"", "a", "=http://x", "a=", "a=http://x,a=http://y"} {
+		if _, err := parseWorkers(bad); err == nil {
+			t.Errorf("parseWorkers(%q) accepted", bad)
+		}
+	}
+}
+
+// TestRunRejectsBadConfig checks that bad settings fail at start with a
+// message naming the flag.
+func TestRunRejectsBadConfig(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--workers", "a=http://127.0.0.1:1", "--policy", "fastest"}, "--policy"},
+		{[]string{"--workers", "a=http://127.0.0.1:1", "--profile", "gpt-5"}, "--profile"},
+		{[]string{"--workers", "a=http://127.0.0.1:1", "--tokenizer", "remote"}, "--tokenize-url"},
+		{[]string{"--workers", "a=ftp://x", "--addr", "127.0.0.1:0"}, "scheme"},
+		{[]string{"--workers", "a=http://127.0.0.1:1", "--addr", "256.0.0.1:80"}, "--addr"},
+	} {
+		err := run(context.Background(), c.args, env(nil), io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("run(%q) = %v, want an error naming %q", c.args, err, c.want)
+		}
+	}
+}
