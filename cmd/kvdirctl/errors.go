@@ -43,7 +43,14 @@ func describe(err error, a *app) string {
 	case codes.PermissionDenied:
 		return fmt.Sprintf("%s: permission denied (%s); changes such as drain, expire, members and snapshot need the admin token", op, st.Message())
 	case codes.NotFound:
-		return fmt.Sprintf("%s: %s", op, st.Message())
+		hint := ""
+		switch msg := st.Message(); {
+		case strings.Contains(msg, "session"):
+			hint = "; 'kvdirctl sessions --prefix ...' lists the recorded sessions"
+		case strings.Contains(msg, "worker"):
+			hint = "; 'kvdirctl workers --all' lists the workers the directory knows"
+		}
+		return fmt.Sprintf("%s: %s%s", op, st.Message(), hint)
 	case codes.InvalidArgument, codes.FailedPrecondition:
 		return fmt.Sprintf("%s: refused: %s", op, st.Message())
 	case codes.Unavailable:

@@ -346,13 +346,12 @@ func writeWhoHolds(w io.Writer, v *whoHoldsView) error {
 		return err
 	}
 	if len(v.Placement) > 1 {
-		var worst placementView
-		for _, p := range v.Placement {
-			if !p.Pick && p.VsPickMs >= worst.VsPickMs {
-				worst = p
-			}
+		next, worst := v.Placement[1], v.Placement[len(v.Placement)-1]
+		fmt.Fprintf(w, "\npick: %s. Moving the session costs %+.1f ms of expected TTFT on %s (the next best)", v.Pick, next.VsPickMs, next.Worker)
+		if worst.Worker != next.Worker {
+			fmt.Fprintf(w, ", up to %+.1f ms on %s", worst.VsPickMs, worst.Worker)
 		}
-		fmt.Fprintf(w, "\npick: %s. Moving the session elsewhere costs up to %+.1f ms of expected TTFT (to %s).\n", v.Pick, worst.VsPickMs, worst.Worker)
+		fmt.Fprintln(w, ".")
 	} else {
 		fmt.Fprintf(w, "\npick: %s (the only candidate).\n", v.Pick)
 	}

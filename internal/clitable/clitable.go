@@ -9,6 +9,7 @@
 package clitable
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -69,12 +70,12 @@ func (t *Tab) Add(cells ...any) {
 	t.Rows = append(t.Rows, row)
 }
 
-// WriteTo writes the table with its columns aligned, three spaces apart.
-// Tabs and newlines inside cells are replaced by spaces so that they cannot
-// break the alignment.
+// WriteTo writes the table with its columns aligned, three spaces apart,
+// and no trailing spaces. Tabs and newlines inside cells are replaced by
+// spaces so that they cannot break the alignment.
 func (t *Tab) WriteTo(w io.Writer) (int64, error) {
-	cw := &countWriter{w: w}
-	tw := tabwriter.NewWriter(cw, 0, 8, 3, ' ', 0)
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 8, 3, ' ', 0)
 	line := func(cells []string) {
 		for i, c := range cells {
 			if i > 0 {
@@ -90,8 +91,19 @@ func (t *Tab) WriteTo(w io.Writer) (int64, error) {
 	for _, r := range t.Rows {
 		line(r)
 	}
-	err := tw.Flush()
-	return cw.n, err
+	if err := tw.Flush(); err != nil {
+		return 0, err
+	}
+	var out bytes.Buffer
+	for _, l := range strings.SplitAfter(buf.String(), "\n") {
+		if l == "" {
+			continue
+		}
+		out.WriteString(strings.TrimRight(l, " \n"))
+		out.WriteByte('\n')
+	}
+	n, err := w.Write(out.Bytes())
+	return int64(n), err
 }
 
 func clean(s string) string {
@@ -101,17 +113,6 @@ func clean(s string) string {
 		}
 		return r
 	}, s)
-}
-
-type countWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
 }
 
 // Write renders doc in format f: JSON (indented) or YAML of doc, or, for

@@ -85,3 +85,19 @@ func TestHumanUnits(t *testing.T) {
 		t.Errorf("Millis: %q", Millis(12.345))
 	}
 }
+
+func TestTabTrimsTrailingSpace(t *testing.T) {
+	tab := NewTab("A", "")
+	tab.Add("x", "")
+	tab.Add("longer", "pick")
+	var b bytes.Buffer
+	tab.WriteTo(&b)
+	for _, l := range strings.Split(b.String(), "\n") {
+		if strings.HasSuffix(l, " ") {
+			t.Fatalf("trailing space in %q", l)
+		}
+	}
+	if !strings.Contains(b.String(), "longer   pick\n") {
+		t.Fatalf("table:\n%s", b.String())
+	}
+}
