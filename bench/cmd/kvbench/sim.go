@@ -1,0 +1,315 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/bench/report"
+	"github.com/kvdir/kvdir/bench/sim"
+	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/placement"
+)
+
+type simFlags struct {
+	trace, profile, policies, out string
+	replicas, kvBlocks            int
+	traceBlockSize, blockSize     int
+	maxBatched, maxRunning        int
+	timeScale                     float64
+	seed                          int64
+	eventLag, specTTL             time.Duration
+	parallel                      int
+	noCharts                      bool
+}
+
+func newSim(log *slog.Logger) *cobra.Command {
+	var f simFlags
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Simulate a trace under each placement policy in virtual time",
+		Long: `Runs the trace through each placement policy (the router's internal/placement code)
+in front of --replicas copies of the engine model (internal/engine: paged prefix cache,
+continuous batching, calibrated H200 timing), in virtual time. The directory's view is
+built from the engines' own KV events, through the agent's translator into the
+directory's radix index; the router's load view is the engines' gauges plus its own
+in-flight and queued-prefill accounting, with speculative entries after each placement.
+
+Writes --out (JSON), the same name with .md (Markdown table) and, unless --no-charts,
+PNG charts next to it: -ttft-cdf.png, -replica-hit-rate.png, -queue-depth.png.
+
+--kv-blocks defaults, for a built-in profile, to what the model leaves for KV on one
+H200 (see docs/benchmarks.md):
+  ` + kvLine("llama3-8b") + `
+  ` + kvLine("llama3-70b"),
+		Example: `  kvbench sim --trace ../shared/traces/mooncake_synthetic_trace.jsonl --replicas 8 \
+    --profile llama3-70b --policies all --out bench/results/sim-mooncake.json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runSim(cmd, &f, log)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.trace, "trace", "", "trace file, Mooncake format (JSON Lines); required")
+	fl.IntVar(&f.replicas, "replicas", 8, "engine replicas")
+	fl.StringVar(&f.profile, "profile", "llama3-70b", "engine timing profile: a built-in name ("+strings.Join(engine.ProfileNames(), ", ")+") or a JSON file")
+	fl.IntVar(&f.kvBlocks, "kv-blocks", 0, "KV-cache blocks per replica (0: what the profile's model leaves on one H200)")
+	fl.StringVar(&f.policies, "policies", "round-robin,session-hash,kvdir", "comma-separated policies, or all ("+strings.Join(placement.Names(), ", ")+")")
+	fl.Float64Var(&f.timeScale, "time-scale", 1, "multiply the trace's timestamps by this (0.5: twice the request rate)")
+	fl.Int64Var(&f.seed, "seed", 1, "seed of the policies' random choices and the engines")
+	fl.StringVarP(&f.out, "out", "o", "", "result JSON file (.md and charts are written next to it); empty: print the table only")
+	fl.IntVar(&f.traceBlockSize, "trace-block-size", workload.DefaultBlockSize, "tokens per hash id in the trace")
+	fl.IntVar(&f.blockSize, "block-size", engine.DefaultBlockSize, "engine KV block size in tokens")
+	fl.IntVar(&f.maxBatched, "max-batched-tokens", engine.DefaultMaxBatchedTokens, "engine token budget per step (chunked prefill)")
+	fl.IntVar(&f.maxRunning, "max-running", engine.DefaultMaxRunning, "engine's most running requests")
+	fl.DurationVar(&f.eventLag, "event-lag", 0, "delay before a step's KV events reach the directory view (0: visible right after the step)")
+	fl.DurationVar(&f.specTTL, "speculative-ttl", sim.DefaultSpeculativeTTL, "how long a placement counts as holding its prefix (negative: off)")
+	fl.IntVar(&f.parallel, "parallel", 1, "policies simulated at the same time")
+	fl.BoolVar(&f.noCharts, "no-charts", false, "do not write PNG charts")
+	return cmd
+}
+
+func kvLine(profile string) string {
+	a, ok := sim.DefaultKVBlocks(profile, engine.DefaultBlockSize)
+	if !ok {
+		return profile + ": unknown"
+	}
+	return fmt.Sprintf("%s: %d blocks of %d tokens (%d tokens)", profile, a.Blocks, a.BlockSize, a.Tokens)
+}
+
+func loadProfile(name string) (engine.Profile, error) {
+	if p, err := engine.ProfileByName(name); err == nil {
+		return p, nil
+	}
+	fh, err := os.Open(name)
+	if err != nil {
+		return engine.Profile{}, fmt.Errorf("profile %q is neither built in (%s) nor a readable file: %w",
+			name, strings.Join(engine.ProfileNames(), ", "), err)
+	}
+	defer fh.Close()
+	p, err := engine.LoadProfile(fh)
+	if err != nil {
+		return engine.Profile{}, fmt.Errorf("profile file %s: %w", name, err)
+	}
+	return p, nil
+}
+
+func parsePolicies(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "all" {
+		return placement.Names(), nil
+	}
+	known := placement.Names()
+	var out []string
+	seen := make(map[string]bool)
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" || seen[p] {
+			continue
+		}
+		if !contains(known, p) {
+			return nil, fmt.Errorf("unknown policy %q (known: %s, or all)", p, strings.Join(known, ", "))
+		}
+		seen[p] = true
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("--policies is empty")
+	}
+	return out, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
+	if f.trace == "" {
+		return errors.New("--trace is required")
+	}
+	if f.parallel < 1 {
+		return fmt.Errorf("--parallel %d, want >= 1", f.parallel)
+	}
+	prof, err := loadProfile(f.profile)
+	if err != nil {
+		return err
+	}
+	pols, err := parsePolicies(f.policies)
+	if err != nil {
+		return err
+	}
+	if f.kvBlocks == 0 {
+		a, ok := sim.DefaultKVBlocks(prof.Name, f.blockSize)
+		if !ok {
+			return fmt.Errorf("profile %q has no default KV size; set --kv-blocks", prof.Name)
+		}
+		f.kvBlocks = a.Blocks
+		log.Info("kv blocks from the H200 arithmetic", "arithmetic", a.String())
+	}
+	recs, err := workload.ReadFile(f.trace, f.traceBlockSize)
+	if err != nil {
+		return err
+	}
+	if len(recs) == 0 {
+		return fmt.Errorf("%s: no records", f.trace)
+	}
+	workload.SortByTime(recs)
+	ideal := workload.IdealHits(recs, f.traceBlockSize, f.blockSize)
+	ts := workload.Summarize(recs, f.traceBlockSize)
+	var idealSum int64
+	for _, v := range ideal {
+		idealSum += int64(v)
+	}
+	rep := &report.Report{
+		Tool: "kvbench", Mode: "sim", Command: commandLine(), Machine: benchjson.ThisMachine(),
+		Trace: f.trace, Replicas: f.replicas, Profile: prof.Name, KVBlocks: f.kvBlocks, BlockSize: f.blockSize,
+		TimeScale: f.timeScale, Seed: f.seed,
+		Settings: map[string]any{
+			"event_lag_ms": f.eventLag.Milliseconds(), "speculative_ttl_ms": f.specTTL.Milliseconds(),
+			"max_batched_tokens": f.maxBatched, "max_running": f.maxRunning, "trace_block_size": f.traceBlockSize,
+			"session_key": "session_id, else \"h\" + first hash id",
+		},
+		TraceStats: report.TraceStats{
+			Requests: ts.Requests, DurationSec: ts.DurationSec * f.timeScale, InputTokens: ts.InputTokens,
+			OutputTokens: ts.OutputTokens, UniqueBlocks: ts.UniqueBlocks, HotWorkingSetTokens: ts.HotWorkingSetTokens,
+			IdealHitTokens: idealSum, IdealHitRate: float64(idealSum) / float64(max(ts.InputTokens, 1)),
+		},
+		ClusterKVTokens: int64(f.replicas) * int64(f.kvBlocks) * int64(f.blockSize),
+	}
+	if ts.HotWorkingSetTokens > 0 {
+		rep.KVToWorkingSet = float64(rep.ClusterKVTokens) / float64(ts.HotWorkingSetTokens)
+	}
+	log.Info("trace", "file", f.trace, "requests", ts.Requests, "minutes", fmt.Sprintf("%.1f", rep.TraceStats.DurationSec/60),
+		"ideal_hit_rate", fmt.Sprintf("%.3f", rep.TraceStats.IdealHitRate), "hot_working_set_tokens", ts.HotWorkingSetTokens,
+		"cluster_kv_tokens", rep.ClusterKVTokens, "kv_to_working_set", fmt.Sprintf("%.2f", rep.KVToWorkingSet))
+
+	results := make([]report.Policy, len(pols))
+	errs := make([]error, len(pols))
+	sem := make(chan struct{}, f.parallel)
+	var wg sync.WaitGroup
+	for i, name := range pols {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			cfg := sim.Config{
+				Policy: name, Profile: prof, Replicas: f.replicas, KVBlocks: f.kvBlocks, BlockSize: f.blockSize,
+				MaxBatchedTokens: f.maxBatched, MaxRunning: f.maxRunning, TraceBlockSize: f.traceBlockSize,
+				TimeScale: f.timeScale, EventLag: f.eventLag, SpeculativeTTL: f.specTTL, Seed: f.seed, Logger: log,
+			}
+			p, err := sim.Run(cmd.Context(), recs, ideal, cfg)
+			if err != nil {
+				errs[i] = fmt.Errorf("policy %s: %w", name, err)
+				return
+			}
+			results[i] = p
+			log.Info("policy done", "policy", name, "wall_s", fmt.Sprintf("%.1f", p.WallSec),
+				"hit_rate", fmt.Sprintf("%.3f", p.HitRate), "reuse_captured", fmt.Sprintf("%.3f", p.ReuseCaptured),
+				"ttft_p90_s", fmt.Sprintf("%.2f", p.TTFTP90Ms/1000), "max_share", fmt.Sprintf("%.3f", p.MaxReplicaShare))
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	rep.Policies = results
+	return writeReport(rep, f.out, !f.noCharts, log)
+}
+
+// writeReport writes the JSON, the Markdown table and the charts, and prints
+// the table.
+func writeReport(rep *report.Report, out string, charts bool, log *slog.Logger) error {
+	if err := rep.Validate(); err != nil {
+		log.Warn("result fails its own checks (written anyway)", "err", err)
+	}
+	if err := report.Markdown(os.Stdout, rep); err != nil {
+		return err
+	}
+	if out == "" {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	if err := benchjson.Write(out, rep); err != nil {
+		return err
+	}
+	base := strings.TrimSuffix(out, filepath.Ext(out))
+	var md strings.Builder
+	if err := report.Markdown(&md, rep); err != nil {
+		return err
+	}
+	if err := os.WriteFile(base+".md", []byte(md.String()), 0o644); err != nil {
+		return err
+	}
+	files := []string{out, base + ".md"}
+	if charts {
+		pngs, err := report.Charts(rep, base)
+		if err != nil {
+			return err
+		}
+		files = append(files, pngs...)
+	}
+	log.Info("wrote", "files", strings.Join(files, " "))
+	return nil
+}
+
+func commandLine() string {
+	args := append([]string{"kvbench"}, os.Args[1:]...)
+	for i, a := range args {
+		if strings.ContainsAny(a, " \t\"'$") {
+			args[i] = fmt.Sprintf("%q", a)
+		}
+	}
+	return strings.Join(args, " ")
+}
+
+func newReport() *cobra.Command {
+	var noCharts bool
+	cmd := &cobra.Command{
+		Use:   "report RESULT.json",
+		Short: "Re-render the Markdown table and the charts of a result file (sim or replay)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			rep, err := report.ReadFile(args[0])
+			if err != nil {
+				return err
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+			base := strings.TrimSuffix(args[0], filepath.Ext(args[0]))
+			var md strings.Builder
+			if err := report.Markdown(&md, rep); err != nil {
+				return err
+			}
+			fmt.Print(md.String())
+			if err := os.WriteFile(base+".md", []byte(md.String()), 0o644); err != nil {
+				return err
+			}
+			if noCharts {
+				return nil
+			}
+			files, err := report.Charts(rep, base)
+			if err != nil {
+				return err
+			}
+			log.Info("wrote", "files", strings.Join(append([]string{base + ".md"}, files...), " "))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&noCharts, "no-charts", false, "write only the Markdown table")
+	return cmd
+}

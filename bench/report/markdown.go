@@ -1,0 +1,71 @@
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// Markdown writes r as a Markdown section: the settings, then one table row
+// per policy in r's order.
+func Markdown(w io.Writer, r *Report) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "`%s`\n\n", r.Command)
+	fmt.Fprintf(&b, "Mode %s; trace `%s` (%d requests over %.1f min, ideal hit rate %.1f %%, hot working set %s tokens); "+
+		"%d replicas of `%s`, %d KV blocks of %d tokens each (cluster KV %s tokens = %.2fx the working set); seed %d.\n\n",
+		r.Mode, r.Trace, r.TraceStats.Requests, r.TraceStats.DurationSec/60, 100*r.TraceStats.IdealHitRate,
+		human(float64(r.TraceStats.HotWorkingSetTokens)), r.Replicas, r.Profile, r.KVBlocks, r.BlockSize,
+		human(float64(r.ClusterKVTokens)), r.KVToWorkingSet, r.Seed)
+	b.WriteString("| policy | hit rate | reuse captured | TTFT p50 | TTFT p90 | TTFT p99 | e2e p90 | throughput (tok/s) | prefill tokens | max share | peak queue | rejected |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, p := range r.Policies {
+		fmt.Fprintf(&b, "| %s | %.1f %% | %.3f | %s | %s | %s | %s | %s | %s | %.3f | %d | %d |\n",
+			p.Name, 100*p.HitRate, p.ReuseCaptured, secs(p.TTFTP50Ms), secs(p.TTFTP90Ms), secs(p.TTFTP99Ms),
+			secs(p.E2EP90Ms), human(p.ThroughputTokensPerSec), human(float64(p.PrefillTokensComputed)),
+			p.MaxReplicaShare, p.MaxPeakQueue, p.Rejected)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// secs formats milliseconds as seconds with three significant digits.
+func secs(ms float64) string {
+	s := ms / 1000
+	switch {
+	case s >= 100:
+		return fmt.Sprintf("%.0f s", s)
+	case s >= 10:
+		return fmt.Sprintf("%.1f s", s)
+	case s >= 1:
+		return fmt.Sprintf("%.2f s", s)
+	}
+	return fmt.Sprintf("%.0f ms", ms)
+}
+
+// human formats a count with a k/M/G suffix.
+func human(v float64) string {
+	switch {
+	case v >= 1e9:
+		return fmt.Sprintf("%.2f G", v/1e9)
+	case v >= 1e6:
+		return fmt.Sprintf("%.2f M", v/1e6)
+	case v >= 1e4:
+		return fmt.Sprintf("%.1f k", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+// ReadFile reads a report written as JSON.
+func ReadFile(path string) (*Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("report: %w", err)
+	}
+	var r Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("report: %s: %w", path, err)
+	}
+	return &r, nil
+}

@@ -1,0 +1,545 @@
+// Package sim is kvbench's discrete-event simulator: it runs a trace, in
+// virtual time, through a real placement policy (internal/placement) in front
+// of N copies of the real engine model (internal/engine), with the directory's
+// view built from the engines' own KV-cache events the way the real system
+// builds it.
+//
+// # What is real and what is modelled
+//
+//   - Engines: engine.Engine instances (paged prefix cache with LRU eviction,
+//     continuous batching with chunked prefill and preemption, calibrated step
+//     times), each driven on the virtual clock: a step starts when the previous
+//     one ends, or when a request arrives at an idle engine.
+//   - Directory: each engine's event batches go through the agent's real
+//     Translator (engine hashes to content hashes) into one real radix index,
+//     the directory's data structure. A batch becomes visible EventLag after
+//     the end of the step that produced it (default 0: visible to the next
+//     placement after that step).
+//   - Router: per request, the prompt's content-hash chain (internal/blockhash,
+//     the engine's block size) is matched against the index; the policy gets,
+//     per replica, the matched blocks (the larger of the directory's match and
+//     the router's speculative entries: after a placement the chosen replica
+//     counts as holding the request's chain for SpeculativeTTL) and the load:
+//     running, waiting and KV usage from the engine as of its last finished
+//     step, plus the router's own accounting of requests in flight and of the
+//     uncached prefill tokens it routed that have not produced a first token.
+//   - Not modelled: network and proxy latency, tokenization time, metric
+//     scrape intervals, directory outages.
+//
+// Requests arrive open-loop at their trace timestamps (times TimeScale). A
+// request the engine refuses (longer than a replica's KV cache) is counted as
+// rejected. The run is deterministic for a seed.
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/kvdir/kvdir/bench/report"
+	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/agent"
+	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/kvevents"
+	"github.com/kvdir/kvdir/internal/placement"
+	"github.com/kvdir/kvdir/internal/radix"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// Defaults of Config.
+const (
+	DefaultSpeculativeTTL = 2 * time.Second
+	// DefaultQueueSamples is the number of intervals of the queue-depth
+	// series when Config.QueueInterval is 0.
+	DefaultQueueSamples = 300
+	// DefaultChainPrefixBlocks is how many leading chain hashes a request
+	// carries for hashing policies when it has no session key.
+	DefaultChainPrefixBlocks = 4
+)
+
+// Config configures one simulated run.
+type Config struct {
+	Policy   string         // placement policy name (placement.Names)
+	Profile  engine.Profile // engine timing model, also given to the policy
+	Replicas int            // engines
+	KVBlocks int            // KV-cache blocks per engine
+	// BlockSize, MaxBatchedTokens and MaxRunning configure every engine
+	// (zero: the engine's defaults, 16, 8192, 256).
+	BlockSize        int
+	MaxBatchedTokens int
+	MaxRunning       int
+	// TraceBlockSize is the trace's tokens per hash id (default 512).
+	TraceBlockSize int
+	// TimeScale multiplies the trace's timestamps (default 1; 0.5 sends
+	// the trace twice as fast).
+	TimeScale float64
+	// EventLag delays the visibility of every event batch after the end of
+	// the step that produced it.
+	EventLag time.Duration
+	// SpeculativeTTL is how long a placement counts as holding its chain
+	// (0: DefaultSpeculativeTTL; negative: no speculative entries).
+	SpeculativeTTL time.Duration
+	// Model names the namespace of every request (default: the profile name).
+	Model string
+	// Seed seeds the policy's random choices and the engines.
+	Seed int64
+	// QueueInterval is the width of a queue-depth sample (0: the trace's
+	// span / DefaultQueueSamples, at least one second).
+	QueueInterval time.Duration
+	// Logger receives progress; nil discards.
+	Logger *slog.Logger
+}
+
+// ErrBadConfig is wrapped by configuration errors.
+var ErrBadConfig = errors.New("sim: invalid config")
+
+func (c *Config) fill(recs []workload.Record) error {
+	if c.TraceBlockSize == 0 {
+		c.TraceBlockSize = workload.DefaultBlockSize
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = engine.DefaultBlockSize
+	}
+	if c.MaxBatchedTokens == 0 {
+		c.MaxBatchedTokens = engine.DefaultMaxBatchedTokens
+	}
+	if c.TimeScale == 0 {
+		c.TimeScale = 1
+	}
+	if c.SpeculativeTTL == 0 {
+		c.SpeculativeTTL = DefaultSpeculativeTTL
+	}
+	if c.Model == "" {
+		c.Model = c.Profile.Name
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case c.Replicas < 1:
+		return fmt.Errorf("%w: replicas %d, want >= 1", ErrBadConfig, c.Replicas)
+	case c.KVBlocks < 1:
+		return fmt.Errorf("%w: kv blocks %d, want >= 1", ErrBadConfig, c.KVBlocks)
+	case !(c.TimeScale > 0) || math.IsInf(c.TimeScale, 0):
+		return fmt.Errorf("%w: time scale %v, want a finite value > 0", ErrBadConfig, c.TimeScale)
+	case c.EventLag < 0:
+		return fmt.Errorf("%w: event lag %v, want >= 0", ErrBadConfig, c.EventLag)
+	case c.QueueInterval < 0:
+		return fmt.Errorf("%w: queue interval %v, want >= 0", ErrBadConfig, c.QueueInterval)
+	case len(recs) == 0:
+		return fmt.Errorf("%w: empty trace", ErrBadConfig)
+	}
+	if c.QueueInterval == 0 {
+		span := time.Duration(recs[len(recs)-1].Timestamp * c.TimeScale * float64(time.Millisecond))
+		c.QueueInterval = max(time.Second, span/DefaultQueueSamples)
+	}
+	return nil
+}
+
+// SessionKey is the key a run gives hashing policies for r: its session id,
+// or, for traces without one, "h" and its first hash id (in the Mooncake
+// traces the first block identifies the conversation). A live replay sends
+// the same key as its X-Session-Id header.
+func SessionKey(r *workload.Record) string {
+	if r.SessionID != "" {
+		return r.SessionID
+	}
+	if len(r.HashIDs) == 0 {
+		return ""
+	}
+	return "h" + strconv.FormatInt(r.HashIDs[0], 10)
+}
+
+// replica is one engine and the router's and directory's view of it.
+type replica struct {
+	idx  int
+	id   string
+	eng  *engine.Engine
+	tr   *agent.Translator
+	sink []engine.EventBatch // published, not yet visible
+
+	busy bool               // a step is in progress
+	step engine.StepResult  // the step in progress
+	load placement.Load     // engine gauges as of the last finished step
+	spec []specEntry        // the router's speculative entries, oldest first
+	evs  []*kvdirv1.Event   // translation buffer
+	res  map[string]*reqRef // requests in flight here
+
+	inFlight, queued int // router accounting
+	peakQueue        int
+	queue            []int // largest waiting count per interval
+	prefill          int64
+	preemptions      int64
+}
+
+type specEntry struct {
+	chain  []uint64
+	expiry time.Duration
+}
+
+// reqRef is what the simulator remembers about a request in flight.
+type reqRef struct {
+	idx      int // record index
+	uncached int // prefill tokens the router counted as queued
+	started  bool
+}
+
+// state is one run.
+type state struct {
+	cfg    Config
+	recs   []workload.Record
+	ideal  []int
+	pol    placement.Policy
+	reps   []*replica
+	byName map[string]int
+	index  *radix.Index
+	hasher *blockhash.Hasher
+
+	samples []report.Sample
+	done    []bool // per record: finished or rejected
+	err     error  // a broken invariant seen while finishing a step
+	tokens  []uint32
+	chain   []uint64
+	matches []radix.WorkerMatch
+	cands   []placement.Candidate
+}
+
+// Run simulates recs (in arrival order, see workload.SortByTime) under
+// cfg.Policy and returns the policy's results. ideal holds each record's
+// ideal cached tokens (workload.IdealHits with the trace's and the engine's
+// block sizes).
+func Run(ctx context.Context, recs []workload.Record, ideal []int, cfg Config) (report.Policy, error) {
+	wall := time.Now()
+	if err := cfg.fill(recs); err != nil {
+		return report.Policy{}, err
+	}
+	if len(ideal) != len(recs) {
+		return report.Policy{}, fmt.Errorf("%w: %d ideal counts for %d records", ErrBadConfig, len(ideal), len(recs))
+	}
+	pol, err := placement.New(cfg.Policy, placement.Options{
+		Seed: cfg.Seed, Profile: cfg.Profile, ChunkTokens: cfg.MaxBatchedTokens,
+	})
+	if err != nil {
+		return report.Policy{}, fmt.Errorf("sim: %w", err)
+	}
+	hasher, err := blockhash.New(blockhash.Namespace{Model: cfg.Model, BlockSize: cfg.BlockSize})
+	if err != nil {
+		return report.Policy{}, fmt.Errorf("sim: %w", err)
+	}
+	s := &state{
+		cfg: cfg, recs: recs, ideal: ideal, pol: pol, hasher: hasher,
+		byName:  make(map[string]int, cfg.Replicas),
+		index:   radix.New(radix.Options{}),
+		samples: make([]report.Sample, 0, len(recs)),
+		done:    make([]bool, len(recs)),
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	for i := range cfg.Replicas {
+		r := &replica{idx: i, id: fmt.Sprintf("r%d", i), res: make(map[string]*reqRef)}
+		r.tr = agent.NewTranslator(cfg.Model, max(agent.DefaultMapCapacity, 4*cfg.KVBlocks), quiet)
+		r.eng, err = engine.New(engine.Config{
+			Profile: cfg.Profile, BlockSize: cfg.BlockSize, CapacityBlocks: cfg.KVBlocks,
+			MaxBatchedTokens: cfg.MaxBatchedTokens, MaxRunning: cfg.MaxRunning, Seed: uint64(cfg.Seed),
+		}, engine.SinkFunc(func(b engine.EventBatch) { r.sink = append(r.sink, b) }))
+		if err != nil {
+			return report.Policy{}, fmt.Errorf("sim: replica %d: %w", i, err)
+		}
+		s.reps = append(s.reps, r)
+		s.byName[r.id] = i
+	}
+	if err := s.loop(ctx); err != nil {
+		return report.Policy{}, err
+	}
+	return s.result(time.Since(wall))
+}
+
+func (s *state) arrival(i int) time.Duration {
+	return time.Duration(math.Round(s.recs[i].Timestamp * s.cfg.TimeScale * float64(time.Millisecond)))
+}
+
+// loop processes arrivals and step ends in time order; at equal times, a
+// step's end comes first, so its results are visible to the arrival.
+func (s *state) loop(ctx context.Context) error {
+	next := 0
+	lastLog := time.Now()
+	for n := 0; ; n++ {
+		if n&1023 == 0 {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("sim: %w", err)
+			}
+			if time.Since(lastLog) > 5*time.Second {
+				lastLog = time.Now()
+				s.cfg.Logger.Info("sim progress", "policy", s.cfg.Policy, "arrived", next, "of", len(s.recs), "finished", len(s.samples))
+			}
+		}
+		var step *replica
+		for _, r := range s.reps {
+			if r.busy && (step == nil || r.step.End < step.step.End) {
+				step = r
+			}
+		}
+		if next < len(s.recs) && (step == nil || s.arrival(next) < step.step.End) {
+			if err := s.arrive(next); err != nil {
+				return err
+			}
+			next++
+			continue
+		}
+		if step == nil {
+			return nil
+		}
+		s.finishStep(step)
+		if s.err != nil {
+			return s.err
+		}
+	}
+}
+
+// finishStep applies the results of r's step at its end and starts the next.
+func (s *state) finishStep(r *replica) {
+	res := &r.step
+	now := res.End
+	r.prefill += int64(res.PrefillTokens)
+	r.preemptions += int64(res.Preempted)
+	for _, t := range res.Tokens {
+		if t.Index != 0 {
+			continue
+		}
+		if q := r.res[t.RequestID]; q != nil && !q.started {
+			q.started = true
+			r.queued -= q.uncached
+		}
+	}
+	for _, f := range res.Finished {
+		q := r.res[f.ID]
+		delete(r.res, f.ID)
+		r.inFlight--
+		if q != nil && !q.started {
+			r.queued -= q.uncached
+		}
+		if q == nil || s.done[q.idx] {
+			s.err = fmt.Errorf("sim: %s finished request %s twice or without placing it", r.id, f.ID)
+			continue
+		}
+		s.done[q.idx] = true
+		s.samples = append(s.samples, report.Sample{
+			Replica: r.idx, PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
+			IdealCached: s.ideal[q.idx], OutputTokens: len(f.Output),
+			Arrival: f.Arrival, FirstToken: f.FirstToken, Finish: f.Finish,
+		})
+	}
+	st := r.eng.Stats()
+	r.load.Running, r.load.Waiting, r.load.KVUsage = st.Running, st.Waiting, st.KVUsage
+	s.recordQueue(r, now, st.Waiting)
+	if r.eng.Busy() {
+		r.step = r.eng.Step(now)
+		r.busy = !r.step.Idle
+	} else {
+		r.busy = false
+	}
+}
+
+func (s *state) recordQueue(r *replica, now time.Duration, waiting int) {
+	r.peakQueue = max(r.peakQueue, waiting)
+	b := int(now / s.cfg.QueueInterval)
+	for len(r.queue) <= b {
+		r.queue = append(r.queue, 0)
+	}
+	r.queue[b] = max(r.queue[b], waiting)
+}
+
+// arrive places record i and submits it.
+func (s *state) arrive(i int) error {
+	now := s.arrival(i)
+	rec := &s.recs[i]
+	if err := s.flush(now); err != nil {
+		return err
+	}
+	s.tokens = workload.Prompt(s.tokens[:0], rec, s.cfg.TraceBlockSize)
+	s.chain = s.hasher.Chain(s.chain[:0], s.tokens, nil)
+	var err error
+	s.matches, err = s.index.MatchInto(s.matches[:0], s.chain)
+	if err != nil {
+		return fmt.Errorf("sim: request %d: directory match: %w", i, err)
+	}
+	s.cands = s.cands[:0]
+	for _, r := range s.reps {
+		r.expire(now)
+		l := r.load
+		l.InFlight, l.QueuedPrefillTokens = r.inFlight, max(r.queued, 0)
+		s.cands = append(s.cands, placement.Candidate{Worker: r.id, MatchedBlocks: r.specDepth(s.chain), Load: l})
+	}
+	for _, m := range s.matches {
+		if k, ok := s.byName[m.Worker]; ok {
+			s.cands[k].MatchedBlocks = max(s.cands[k].MatchedBlocks, m.Blocks)
+		}
+	}
+	req := placement.Request{
+		SessionKey: SessionKey(rec), PromptTokens: len(s.tokens), BlockSize: s.cfg.BlockSize,
+		ChainPrefix: s.chain[:min(len(s.chain), DefaultChainPrefixBlocks)],
+	}
+	d, err := s.pol.Pick(req, s.cands)
+	if err != nil {
+		return fmt.Errorf("sim: request %d: %s: %w", i, s.cfg.Policy, err)
+	}
+	r := s.reps[d.Index]
+	id := strconv.Itoa(i)
+	err = r.eng.Submit(now, engine.Request{ID: id, Tokens: s.tokens, MaxTokens: rec.OutputLength, Namespace: s.cfg.Model})
+	switch {
+	case errors.Is(err, engine.ErrTooLong):
+		s.done[i] = true
+		s.samples = append(s.samples, report.Sample{Replica: r.idx, PromptTokens: len(s.tokens), Rejected: true,
+			Arrival: now, FirstToken: now, Finish: now})
+		return nil
+	case err != nil:
+		return fmt.Errorf("sim: request %d: %w", i, err)
+	}
+	uncached := max(len(s.tokens)-d.PredictedCachedTokens, 0)
+	r.res[id] = &reqRef{idx: i, uncached: uncached}
+	r.inFlight++
+	r.queued += uncached
+	if s.cfg.SpeculativeTTL > 0 {
+		r.spec = append(r.spec, specEntry{chain: append([]uint64(nil), s.chain...), expiry: now + s.cfg.SpeculativeTTL})
+	}
+	s.recordQueue(r, now, r.eng.Stats().Waiting)
+	if !r.busy {
+		r.step = r.eng.Step(now)
+		r.busy = !r.step.Idle
+	}
+	return nil
+}
+
+// expire drops the speculative entries that ended at or before now.
+func (r *replica) expire(now time.Duration) {
+	k := 0
+	for k < len(r.spec) && r.spec[k].expiry <= now {
+		k++
+	}
+	if k > 0 {
+		r.spec = append(r.spec[:0], r.spec[k:]...)
+	}
+}
+
+// specDepth returns the longest common prefix of chain with a live
+// speculative entry.
+func (r *replica) specDepth(chain []uint64) int {
+	best := 0
+	for _, e := range r.spec {
+		n := min(len(chain), len(e.chain))
+		k := 0
+		for k < n && chain[k] == e.chain[k] {
+			k++
+		}
+		best = max(best, k)
+	}
+	return best
+}
+
+// flush applies to the index every event batch visible at now.
+func (s *state) flush(now time.Duration) error {
+	for _, r := range s.reps {
+		k := 0
+		for ; k < len(r.sink) && r.sink[k].Time+s.cfg.EventLag <= now; k++ {
+			if err := s.apply(r, r.sink[k]); err != nil {
+				return err
+			}
+		}
+		if k > 0 {
+			n := copy(r.sink, r.sink[k:])
+			clear(r.sink[n:])
+			r.sink = r.sink[:n]
+		}
+	}
+	return nil
+}
+
+// apply translates one engine batch the agent's way and applies it to the
+// index the directory's way.
+func (s *state) apply(r *replica, b engine.EventBatch) error {
+	r.evs, _ = r.tr.Translate(r.evs[:0], kvevents.Batch{TS: b.Time.Seconds(), Events: wireEvents(b.Events)})
+	for _, ev := range r.evs {
+		switch k := ev.Kind.(type) {
+		case *kvdirv1.Event_Stored:
+			if err := s.index.Insert(r.id, k.Stored.Parent, k.Stored.Hashes, radix.GPU); err != nil && !errors.Is(err, radix.ErrParentMismatch) {
+				return fmt.Errorf("sim: %s: directory insert: %w", r.id, err)
+			}
+		case *kvdirv1.Event_Removed:
+			if err := s.index.Remove(r.id, k.Removed.Hashes, radix.GPU); err != nil {
+				return fmt.Errorf("sim: %s: directory remove: %w", r.id, err)
+			}
+		case *kvdirv1.Event_Cleared:
+			s.index.ClearWorker(r.id)
+		}
+	}
+	clear(r.evs)
+	return nil
+}
+
+// wireEvents converts engine events to their wire form, as the engine
+// simulator publishes them.
+func wireEvents(evs []engine.Event) []kvevents.Event {
+	out := make([]kvevents.Event, 0, len(evs))
+	for _, ev := range evs {
+		switch e := ev.(type) {
+		case *engine.BlockStored:
+			ws := &kvevents.BlockStored{
+				BlockHashes: wireHashes(e.BlockHashes), TokenIDs: e.TokenIDs,
+				BlockSize: e.BlockSize, Medium: e.Medium, LoRAName: e.LoRAName,
+			}
+			if e.HasParent {
+				h := kvevents.HashFromUint64(uint64(e.ParentBlockHash))
+				ws.Parent = &h
+			}
+			out = append(out, ws)
+		case *engine.BlockRemoved:
+			out = append(out, &kvevents.BlockRemoved{BlockHashes: wireHashes(e.BlockHashes), Medium: e.Medium})
+		case *engine.AllBlocksCleared:
+			out = append(out, &kvevents.AllBlocksCleared{})
+		}
+	}
+	return out
+}
+
+func wireHashes(hs []engine.BlockHash) []kvevents.Hash {
+	out := make([]kvevents.Hash, len(hs))
+	for i, h := range hs {
+		out[i] = kvevents.HashFromUint64(uint64(h))
+	}
+	return out
+}
+
+// result summarises the run.
+func (s *state) result(wall time.Duration) (report.Policy, error) {
+	if len(s.samples) != len(s.recs) {
+		return report.Policy{}, fmt.Errorf("sim: %d of %d requests finished", len(s.samples), len(s.recs))
+	}
+	ids := make([]string, len(s.reps))
+	for i, r := range s.reps {
+		ids[i] = r.id
+	}
+	p, err := report.Summarize(s.cfg.Policy, ids, s.samples)
+	if err != nil {
+		return report.Policy{}, err
+	}
+	p.Queue = &report.QueueSeries{IntervalSec: s.cfg.QueueInterval.Seconds(), Replicas: make([][]int, len(s.reps))}
+	for i, r := range s.reps {
+		p.Replicas[i].PeakQueue = r.peakQueue
+		p.PrefillTokensComputed += r.prefill
+		p.Preemptions += r.preemptions
+		p.Queue.Replicas[i] = r.queue
+		for k, v := range r.tr.Stats().Problems {
+			if p.DirectoryProblems == nil {
+				p.DirectoryProblems = make(map[string]uint64)
+			}
+			p.DirectoryProblems[k] += v
+		}
+	}
+	p.Finish()
+	p.WallSec = wall.Seconds()
+	return p, nil
+}
