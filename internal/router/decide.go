@@ -164,7 +164,6 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	}
 	if needsDirectory(d.policy) {
 		d.fallback = s.matchDirectory(ctx, d, chainFor)
-		d.matchDur = time.Since(t2)
 		for i, w := range ws {
 			bs := int(w.blockSize.Load())
 			if bs <= 0 {
@@ -183,6 +182,7 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 		}
 	}
 	t3 := time.Now()
+	d.matchDur = t3.Sub(t2)
 
 	preq := placement.Request{SessionKey: req.session, PromptTokens: d.tokens, BlockSize: d.blockSize,
 		ChainPrefix: d.chain[:min(chainPrefixBlocks, len(d.chain))]}

@@ -3,6 +3,7 @@ package router
 import (
 	"encoding/json"
 	"net/http"
+	"time"
 )
 
 // Explanation is the answer of POST /v1/kvdir/explain: how the router would
@@ -18,6 +19,10 @@ type Explanation struct {
 	Pick                  string        `json:"pick"`
 	PredictedCachedTokens int           `json:"predicted_cached_tokens"`
 	DecisionMicros        float64       `json:"decision_us"`
+	RenderMicros          float64       `json:"render_us"` // render and tokenize (new messages only, for a cached session)
+	HashMicros            float64       `json:"hash_us"`
+	MatchMicros           float64       `json:"match_us"` // directory look-up plus speculative entries
+	ScoreMicros           float64       `json:"score_us"`
 	Workers               []WorkerScore `json:"workers"`
 }
 
@@ -83,7 +88,8 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 		BlockSize: d.blockSize, ChainBlocks: len(d.chain), Fallback: d.fallback, Pick: d.pick.Worker,
 		PredictedCachedTokens: d.pick.PredictedCachedTokens,
 		DecisionMicros:        float64((d.renderDur + d.hashDur + d.matchDur + d.scoreDur).Nanoseconds()) / 1e3,
-		Workers:               make([]WorkerScore, len(d.cands))}
+		RenderMicros:          us(d.renderDur), HashMicros: us(d.hashDur), MatchMicros: us(d.matchDur), ScoreMicros: us(d.scoreDur),
+		Workers: make([]WorkerScore, len(d.cands))}
 	for i, c := range d.cands {
 		ws := WorkerScore{Worker: c.Worker, Address: d.workers[i].address, MatchedBlocks: c.MatchedBlocks,
 			DirectoryBlocks: d.dir[i], SpeculativeBlocks: d.spec[i],
@@ -99,3 +105,5 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 	}
 	return e
 }
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

@@ -27,7 +27,7 @@ type upstream struct {
 	lastHost atomic.Pointer[string]
 }
 
-func newUpstream(t *testing.T, model string, h http.HandlerFunc) *upstream {
+func newUpstream(t testing.TB, model string, h http.HandlerFunc) *upstream {
 	t.Helper()
 	u := &upstream{model: model, handler: h}
 	mux := http.NewServeMux()
@@ -57,7 +57,7 @@ func okJSON(cached int) http.HandlerFunc {
 }
 
 // testRouter starts a router over static workers and returns its URL.
-func testRouter(t *testing.T, policy string, workers []StaticWorker, tweak func(*Config)) (*Server, string) {
+func testRouter(t testing.TB, policy string, workers []StaticWorker, tweak func(*Config)) (*Server, string) {
 	t.Helper()
 	tmpl, err := tokenize.ChatMLCL100K()
 	if err != nil {
@@ -102,7 +102,7 @@ func testRouter(t *testing.T, policy string, workers []StaticWorker, tweak func(
 }
 
 // waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
