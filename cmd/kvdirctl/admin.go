@@ -198,6 +198,7 @@ func (a *app) membersList(ctx context.Context) error {
 	for _, m := range st.Members {
 		doc.Members = append(doc.Members, memberView{ID: m.Id, RaftAddress: m.RaftAddress, APIAddress: m.ApiAddress, Voter: m.Voter, Leader: m.Leader})
 	}
+	slices.SortFunc(doc.Members, func(x, y memberView) int { return strings.Compare(x.ID, y.ID) })
 	return a.write(a.out, doc, func(out io.Writer) error {
 		t := clitable.NewTab("ID", "RAFT-ADDRESS", "API-ADDRESS", "VOTER", "LEADER")
 		for _, m := range doc.Members {

@@ -116,7 +116,8 @@ func (a *app) clusterStatus(ctx context.Context) (*clusterStatus, error) {
 	if err != nil {
 		return nil, err
 	}
-	members := first.Members
+	members := slices.Clone(first.Members)
+	slices.SortFunc(members, func(x, y *kvdirv1.Member) int { return strings.Compare(x.Id, y.Id) })
 	if len(members) == 0 { // the node does not know its configuration
 		members = []*kvdirv1.Member{{Id: first.NodeId, ApiAddress: "", Voter: true}}
 	}
