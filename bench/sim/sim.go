@@ -48,12 +48,14 @@ import (
 	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/radix"
+	"github.com/kvdir/kvdir/internal/router"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
 // Defaults of Config.
 const (
-	DefaultSpeculativeTTL = 2 * time.Second
+	// DefaultSpeculativeTTL is the router's default (router.DefaultSpecTTL).
+	DefaultSpeculativeTTL = router.DefaultSpecTTL
 	// DefaultQueueSamples is the number of intervals of the queue-depth
 	// series when Config.QueueInterval is 0.
 	DefaultQueueSamples = 300

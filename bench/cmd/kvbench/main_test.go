@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvdir/kvdir/bench/report"
+	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/placement"
+)
+
+func run(t *testing.T, args ...string) error {
+	t.Helper()
+	root := newRoot(slog.New(slog.DiscardHandler))
+	root.SetArgs(args)
+	root.SetOut(io.Discard)
+	return root.ExecuteContext(context.Background())
+}
+
+// TestGenThenSim generates a trace and simulates it under every policy,
+// checking the files the issue asks for.
+func TestGenThenSim(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "sessions.jsonl")
+	if err := run(t, "gen", "sessions", "--preset", "seed-example", "--sessions", "12", "-o", trace); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := workload.ReadFile(trace, 512)
+	if err != nil || len(recs) != 24 {
+		t.Fatalf("generated %d records, err %v", len(recs), err)
+	}
+	out := filepath.Join(dir, "results", "sim-test.json")
+	if err := run(t, "sim", "--trace", trace, "--replicas", "2", "--profile", "llama3-8b", "--kv-blocks", "3000",
+		"--policies", "all", "--out", out); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := report.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Policies) != len(placement.Names()) || rep.KVBlocks != 3000 || rep.Replicas != 2 {
+		t.Fatalf("report: %d policies, %d kv blocks, %d replicas", len(rep.Policies), rep.KVBlocks, rep.Replicas)
+	}
+	for _, suffix := range []string{".md", report.SuffixTTFTCDF, report.SuffixReplicaHits, report.SuffixQueueOverTim} {
+		if _, err := os.Stat(strings.TrimSuffix(out, ".json") + suffix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := run(t, "report", "--no-charts", out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "t.jsonl")
+	if err := os.WriteFile(trace, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}`+"\n"+`{"oops"`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sim"}, "--trace is required"},
+		{[]string{"sim", "--trace", trace}, "line 2"},
+		{[]string{"sim", "--trace", trace, "--policies", "fastest"}, "unknown policy"},
+		{[]string{"sim", "--trace", trace, "--profile", "gpt-9"}, "neither built in"},
+		{[]string{"gen", "sessions", "--preset", "nope"}, "unknown preset"},
+		{[]string{"gen", "shared-prefix", "--rate", "0"}, "rate"},
+	}
+	for _, c := range cases {
+		err := run(t, c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%v: err %v, want %q", c.args, err, c.want)
+		}
+	}
+}

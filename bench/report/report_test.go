@@ -1,0 +1,126 @@
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func sample(rep, prompt, cached, ideal int, arrive, first, finish time.Duration) Sample {
+	return Sample{Replica: rep, PromptTokens: prompt, CachedTokens: cached, IdealCached: ideal, OutputTokens: 10,
+		Arrival: arrive, FirstToken: first, Finish: finish}
+}
+
+func TestSummarize(t *testing.T) {
+	s := []Sample{
+		sample(0, 1000, 500, 800, 0, 100*time.Millisecond, time.Second),
+		sample(0, 1000, 300, 800, time.Second, 1300*time.Millisecond, 2*time.Second),
+		sample(1, 2000, 0, 400, time.Second, 1500*time.Millisecond, 3*time.Second),
+		{Replica: 1, PromptTokens: 99999, Rejected: true},
+	}
+	p, err := Summarize("kvdir", []string{"a", "b"}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	switch {
+	case p.Requests != 3 || p.Rejected != 1:
+		t.Fatalf("requests %d rejected %d", p.Requests, p.Rejected)
+	case p.PromptTokens != 4000 || p.HitTokens != 800 || !near(p.HitRate, 0.2) || !near(p.ReuseCaptured, 0.4):
+		t.Fatalf("hits: %+v", p)
+	case !near(p.TTFTP50Ms, 300) || !near(p.TTFTP90Ms, 460) || !near(p.TTFTCDFMs[0], 100) || !near(p.TTFTCDFMs[100], 500):
+		t.Fatalf("ttft p50 %v p90 %v cdf %v", p.TTFTP50Ms, p.TTFTP90Ms, p.TTFTCDFMs)
+	case !near(p.MaxReplicaShare, 2.0/3) || p.Replicas[1].Requests != 1 || !near(p.Replicas[0].HitRate, 0.4):
+		t.Fatalf("replicas: %+v", p.Replicas)
+	case !near(p.DurationSec, 3) || !near(p.ThroughputTokensPerSec, 4030.0/3):
+		t.Fatalf("throughput %v over %v s", p.ThroughputTokensPerSec, p.DurationSec)
+	}
+	if _, err := Summarize("x", []string{"a"}, []Sample{{Replica: 3}}); err == nil {
+		t.Fatal("sample on an unknown replica accepted")
+	}
+}
+
+func testReport(t *testing.T) *Report {
+	t.Helper()
+	p, err := Summarize("kvdir", []string{"r0", "r1"}, []Sample{
+		sample(0, 1000, 500, 800, 0, 100*time.Millisecond, time.Second),
+		sample(1, 2000, 0, 400, time.Second, 1500*time.Millisecond, 3*time.Second),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Queue = &QueueSeries{IntervalSec: 1, Replicas: [][]int{{0, 2, 1}, {1, 0}}}
+	p.Replicas[0].PeakQueue = 2
+	p.Finish()
+	q := p
+	q.Name = "round-robin"
+	return &Report{Tool: "kvbench", Mode: "sim", Command: "kvbench sim", Trace: "t.jsonl", Replicas: 2,
+		Profile: "llama3-70b", KVBlocks: 100, BlockSize: 16, Policies: []Policy{p, q}}
+}
+
+// TestSchema checks the JSON field names the issue fixes.
+func TestSchema(t *testing.T) {
+	r := testReport(t)
+	if err := r.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"trace", "replicas", "profile", "kv_blocks", "policies"} {
+		if _, ok := m[k]; !ok {
+			t.Fatalf("report has no %q", k)
+		}
+	}
+	pol := m["policies"].([]any)[0].(map[string]any)
+	for _, k := range []string{"name", "requests", "hit_rate", "reuse_captured", "ttft_p50_ms", "ttft_p90_ms",
+		"ttft_p99_ms", "e2e_p90_ms", "throughput_tokens_per_sec", "prefill_tokens_computed", "max_replica_share"} {
+		if _, ok := pol[k]; !ok {
+			t.Fatalf("policy has no %q", k)
+		}
+	}
+	if pol["max_peak_queue"].(float64) != 2 {
+		t.Fatalf("max_peak_queue %v, want 2", pol["max_peak_queue"])
+	}
+	r.Policies[1].Name = "kvdir"
+	if err := r.Validate(); err == nil {
+		t.Fatal("duplicate policy accepted")
+	}
+}
+
+func TestMarkdownAndCharts(t *testing.T) {
+	r := testReport(t)
+	var buf bytes.Buffer
+	if err := Markdown(&buf, r); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	if !strings.Contains(out, "| kvdir | 16.7 % |") || !strings.Contains(out, "| round-robin |") {
+		t.Fatalf("table:\n%s", out)
+	}
+	files, err := Charts(r, t.TempDir()+"/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 3 {
+		t.Fatalf("files %v", files)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(b, []byte("\x89PNG")) {
+			t.Fatalf("%s is not a PNG", f)
+		}
+	}
+}
