@@ -70,6 +70,7 @@ type testEnv struct {
 	cluster *dircluster.Cluster
 	addrs   string // every node's API address, comma-separated
 	sims    map[string]string
+	router  string // the router's base URL
 	client  *dirclient.Client
 }
 
@@ -81,7 +82,7 @@ func startEnv(t *testing.T) *testEnv {
 	}
 	dir := t.TempDir()
 	bins := map[string]string{}
-	for _, name := range []string{"directory", "enginesim", "agent"} {
+	for _, name := range []string{"directory", "enginesim", "agent", "router"} {
 		if bins[name], err = dircluster.BuildCommand(root, dir, name); err != nil {
 			t.Fatal(err)
 		}
@@ -142,6 +143,21 @@ func startEnv(t *testing.T) *testEnv {
 			"--http-addr", fmt.Sprintf("127.0.0.1:%d", ports[3]), "--heartbeat-interval", "100ms", "--log-level", "warn"))
 		e.sims[id] = "http://" + sim
 	}
+	ports, err := dircluster.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.router = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	procs = append(procs, startProc(t, "router", bins["router"], "--addr", strings.TrimPrefix(e.router, "http://"),
+		"--directory", e.addrs, "--seed", "1", "--log-level", "warn"))
+	waitFor(t, 30*time.Second, "router ready", func() bool {
+		resp, err := http.Get(e.router + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 	if e.client, err = dirclient.New(dirclient.Config{Addrs: addrs}); err != nil {
 		t.Fatal(err)
 	}
@@ -236,6 +252,15 @@ func engineMetric(t *testing.T, engineURL, name string) float64 {
 	}
 	t.Fatalf("engine %s has no metric %s", engineURL, name)
 	return 0
+}
+
+func indexOfWorker(x explanation, id string) int {
+	for i, w := range x.Workers {
+		if w.Worker == id {
+			return i
+		}
+	}
+	return -1
 }
 
 // checkRow finds the table row whose first cell is first and checks its
@@ -416,6 +441,32 @@ func TestCluster(t *testing.T) {
 		var m matchDoc
 		e.ctlJSON(t, &m, "match", "--messages", writeJSON(t, map[string]any{"model": testModel, "messages": turn2}))
 		return len(m.Workers) > 0 && m.Workers[0].Worker == workerA && m.Workers[0].MatchedBlocks == uint32(len(chain2))
+	})
+
+	t.Run("explain", func(t *testing.T) {
+		// The real router scores the turn-2 prompt: A holds all of it, B
+		// turn 1's blocks; both are idle, so A wins on prefill.
+		file2 := writeJSON(t, map[string]any{"model": testModel, "messages": turn2})
+		var x explanation
+		e.ctlJSON(t, &x, "explain", "--router", e.router, "--messages", file2, "--session", "chat-7f3a")
+		if x.Model != testModel || x.SessionID != "chat-7f3a" || x.Policy != "kvdir" || x.PromptTokens != len(ids2) ||
+			x.BlockSize != 16 || x.ChainBlocks != len(chain2) || x.Fallback != "" || x.Pick != workerA || len(x.Workers) != 2 {
+			t.Fatalf("explanation %+v", x)
+		}
+		for _, w := range x.Workers {
+			want := 16 * len(chain1)
+			if w.Worker == workerA {
+				want = min(16*len(chain2), len(ids2)-1)
+			}
+			if w.MatchedTokens != want || w.TotalMs <= 0 || w.ColdPrefillMs < w.PrefillMs {
+				t.Errorf("%s: %+v, want %d matched tokens", w.Worker, w, want)
+			}
+		}
+		out := e.ctlOK(t, "explain", "--router", e.router, "--messages", file2, "--session", "chat-7f3a")
+		if !strings.Contains(out, fmt.Sprintf("model %s, session chat-7f3a, policy kvdir: %d prompt tokens", testModel, len(ids2))) ||
+			!strings.HasSuffix(strings.Split(out, "\n")[3+indexOfWorker(x, workerA)], "pick") {
+			t.Errorf("explain table:\n%s", out)
+		}
 	})
 
 	t.Run("who-holds", func(t *testing.T) {

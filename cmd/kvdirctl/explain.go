@@ -163,6 +163,16 @@ func (a *app) explain(ctx context.Context, router, sessionHeader, session string
 	if err := json.Unmarshal(raw, &e); err != nil {
 		return &routerError{fmt.Sprintf("explain: the router's answer is not an explanation: %v", err)}
 	}
+	if a.format == clitable.JSON {
+		// The router's answer as it is, every field in its order.
+		var buf bytes.Buffer
+		if err := json.Indent(&buf, bytes.TrimSpace(raw), "", "  "); err != nil {
+			return &routerError{fmt.Sprintf("explain: the router's answer is not JSON: %v", err)}
+		}
+		buf.WriteByte('\n')
+		_, err := a.out.Write(buf.Bytes())
+		return err
+	}
 	var doc any
 	if err := json.Unmarshal(raw, &doc); err != nil {
 		return &routerError{fmt.Sprintf("explain: the router's answer is not JSON: %v", err)}
@@ -185,15 +195,23 @@ func writeExplanation(w io.Writer, e *explanation) error {
 		fmt.Fprintln(w, "No candidate worker.")
 		return nil
 	}
-	t := clitable.NewTab("WORKER", "MATCHED", "RUNNING", "WAITING", "KV-USAGE", "IN-FLIGHT", "QUEUED", "EXP-CACHED", "WAIT-MS", "PREFILL-MS", "COLD-MS", "TTFT-MS", "")
+	best := 0.0
 	for _, s := range e.Workers {
-		mark := ""
+		if s.Worker == e.Pick {
+			best = s.TotalMs
+		}
+	}
+	t := clitable.NewTab("WORKER", "MATCHED", "RUNNING", "WAITING", "KV-USAGE", "IN-FLIGHT", "QUEUED", "EXP-CACHED", "WAIT-MS", "PREFILL-MS", "COLD-MS", "TTFT-MS", "VS-PICK", "")
+	for _, s := range e.Workers {
+		mark, vs := "", "-"
 		if s.Worker == e.Pick {
 			mark = "pick"
+		} else if e.Policy == "kvdir" {
+			vs = fmt.Sprintf("%+.1f ms", s.TotalMs-best)
 		}
 		t.Add(s.Worker, s.MatchedTokens, s.Running, s.Waiting, clitable.Percent(s.KVUsage, 1), s.InFlight, s.QueuedPrefillTokens,
 			fmt.Sprintf("%.0f", s.CachedTokens), clitable.Millis(s.WaitMs), clitable.Millis(s.PrefillMs), clitable.Millis(s.ColdPrefillMs),
-			clitable.Millis(s.TotalMs), mark)
+			clitable.Millis(s.TotalMs), vs, mark)
 	}
 	if _, err := t.WriteTo(w); err != nil {
 		return err

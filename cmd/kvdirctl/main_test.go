@@ -293,9 +293,9 @@ func TestExplainAgainstRouter(t *testing.T) {
 	}
 	for _, want := range []string{
 		"model llama3-8b, session chat-1, policy kvdir: 55 prompt tokens, 3 full blocks of 16",
-		"WORKER   MATCHED   RUNNING   WAITING   KV-USAGE   IN-FLIGHT   QUEUED   EXP-CACHED   WAIT-MS   PREFILL-MS   COLD-MS   TTFT-MS",
-		"w-a      48        2         0         25.0%      1           0        48           0.4       2.1          5.2       2.5       pick",
-		"w-b      0         0         1         50.0%      0           300      0            7.5       5.2          5.2       12.7\n",
+		"WORKER   MATCHED   RUNNING   WAITING   KV-USAGE   IN-FLIGHT   QUEUED   EXP-CACHED   WAIT-MS   PREFILL-MS   COLD-MS   TTFT-MS   VS-PICK",
+		"w-a      48        2         0         25.0%      1           0        48           0.4       2.1          5.2       2.5       -          pick",
+		"w-b      0         0         1         50.0%      0           300      0            7.5       5.2          5.2       12.7      +10.2 ms\n",
 		"pick: w-a, predicted cached tokens 48 (decided in 88 µs)",
 	} {
 		if !strings.Contains(out, want) {
