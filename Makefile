@@ -56,9 +56,22 @@ bench-agent: ## Agent decode+hash rate, end-to-end event lag (directory, engines
 	@mkdir -p bench/results
 	$(GO) run ./bench/cmd/agentbench -out bench/results/agent.json
 
+.PHONY: bench-router
+bench-router: haproxy-dep ## Router decision time, proxy overhead vs HAProxy, throughput (real processes) -> bench/results/router.json
+	@mkdir -p bench/results
+	$(GO) run ./bench/cmd/routerbench -out bench/results/router.json
+
+.PHONY: haproxy-dep
+haproxy-dep: ## Install Debian's HAProxy if missing (the router benchmark's baseline)
+	@if ! command -v haproxy >/dev/null 2>&1; then \
+	  echo "installing haproxy (Debian) for the router benchmark's baseline"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy; \
+	  else echo "run as root, or: sudo apt-get install haproxy" >&2; exit 1; fi; \
+	fi
+
 .PHONY: bench-go
 bench-go: ## Go micro-benchmarks of the index and hashing (for benchstat)
-	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./internal/radix ./internal/blockhash | tee bench/results/go-bench.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./internal/radix ./internal/blockhash ./internal/router | tee bench/results/go-bench.txt
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME each (default 15s)

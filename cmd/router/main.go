@@ -94,7 +94,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.tokenizeURL, "tokenize-url", "", "engine /tokenize URL for --tokenizer remote, e.g. http://vllm:8000/tokenize")
 	fs.StringVar(&o.tokenizeModel, "tokenize-model", "", "model name sent to --tokenize-url")
 	fs.IntVar(&o.sessionCacheSessions, "session-cache-sessions", 100000, "sessions whose rendered tokens are kept for incremental tokenization")
-	fs.IntVar(&o.sessionCacheTokens, "session-cache-tokens", 256<<20, "tokens kept over all cached sessions (4 bytes each)")
+	fs.IntVar(&o.sessionCacheTokens, "session-cache-tokens", 64<<20, "tokens kept over all cached sessions (4 bytes each)")
 	fs.DurationVar(&o.matchTimeout, "match-timeout", router.DefaultMatchTimeout, "directory look-up deadline; past it the fallback policy places the request")
 	fs.DurationVar(&o.scrapeInterval, "scrape-interval", router.DefaultScrapeInterval, "how often each engine's /metrics is read for its load")
 	fs.DurationVar(&o.specTTL, "speculative-ttl", router.DefaultSpecTTL, "how long a placed prompt counts as cached on its worker before the directory confirms it (negative disables)")

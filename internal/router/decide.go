@@ -77,7 +77,11 @@ func (s *Server) candidates(model string, exclude []string, now time.Time) ([]*w
 		if len(exclude) > 0 {
 			return nil, badGateway("every worker serving model %q failed before responding", model)
 		}
-		if models := s.models(); !slices.Contains(models, model) {
+		models := s.models()
+		if len(models) == 0 {
+			return nil, unavailable("no worker is registered yet, for model %q or any other (are the agents running and registered?)", model)
+		}
+		if !slices.Contains(models, model) {
 			return nil, notFound("The model `%s` does not exist. Served models: %s", model, strings.Join(models, ", "))
 		}
 		return nil, unavailable("no worker serving model %q is available", model)
