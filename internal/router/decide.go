@@ -19,6 +19,15 @@ const (
 	FallbackNoDirectory = "no-directory"      // the router runs without a directory
 	FallbackTimeout     = "directory-timeout" // the match missed its deadline
 	FallbackError       = "directory-error"   // the match failed (unreachable, no leader, stale, ...)
+	FallbackDown        = "directory-down"    // recent look-ups failed; not asked for a moment
+)
+
+// Directory circuit breaker: after breakerFailures consecutive failed
+// look-ups the router stops asking for breakerPause, so that an outage
+// costs requests no deadline wait; then one request tries again.
+const (
+	breakerFailures = 3
+	breakerPause    = time.Second
 )
 
 // chainPrefixBlocks is how many leading blocks key session-hash when a
@@ -212,6 +221,26 @@ func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(
 	if len(d.chain) == 0 {
 		return "" // shorter than a block: nothing to match anywhere
 	}
+	now := time.Now().UnixNano()
+	if until := s.dirPausedUntil.Load(); until > now {
+		return FallbackDown
+	} else if until != 0 && !s.dirPausedUntil.CompareAndSwap(until, 0) {
+		return FallbackDown // another request is the one trying again
+	}
+	reason := s.lookup(ctx, d, chainFor)
+	if reason == "" {
+		s.dirFailures.Store(0)
+	} else if s.dirFailures.Add(1) >= breakerFailures {
+		s.dirFailures.Store(0)
+		s.dirPausedUntil.Store(time.Now().Add(s.breakerPause).UnixNano())
+		s.log.Warn("router: directory look-ups failing; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause)
+	}
+	return reason
+}
+
+// lookup asks the directory for d's chain in every block size of its
+// workers and fills d.dir; it returns the fallback reason, or "".
+func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(int) ([]uint64, error)) string {
 	sizes := map[int]bool{}
 	for _, w := range d.workers {
 		bs := int(w.blockSize.Load())

@@ -139,9 +139,12 @@ type Server struct {
 	log       *slog.Logger
 	mux       *http.ServeMux
 
-	synced  atomic.Bool // the worker list has been loaded once
-	runCtx  atomic.Pointer[context.Context]
-	started atomic.Bool
+	synced         atomic.Bool  // the worker list has been loaded once
+	dirFailures    atomic.Int32 // consecutive failed directory look-ups
+	dirPausedUntil atomic.Int64 // unix nanos: the directory is not asked until then
+	breakerPause   time.Duration
+	runCtx         atomic.Pointer[context.Context]
+	started        atomic.Bool
 }
 
 // New returns a router for cfg.
@@ -149,7 +152,7 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, policy: cfg.Policy, fallback: cfg.Fallback, renderer: cfg.Renderer, log: cfg.Logger}
+	s := &Server{cfg: cfg, policy: cfg.Policy, fallback: cfg.Fallback, renderer: cfg.Renderer, log: cfg.Logger, breakerPause: breakerPause}
 	if cfg.Directory != nil {
 		s.dir = cfg.Directory
 	}

@@ -1,0 +1,171 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvdir/kvdir/internal/openai"
+	"github.com/kvdir/kvdir/internal/tokenize"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// fakeMatcher stands in for the directory in unit tests of the decision.
+type fakeMatcher struct {
+	calls  atomic.Int64
+	err    error
+	blocks map[string]uint32
+}
+
+func (f *fakeMatcher) MatchChain(ctx context.Context, hashes []uint64, bs uint32, _ bool) (*kvdirv1.MatchResponse, error) {
+	f.calls.Add(1)
+	if f.err != nil {
+		return nil, f.err
+	}
+	resp := &kvdirv1.MatchResponse{ChainBlocks: uint32(len(hashes))}
+	for id, b := range f.blocks {
+		resp.Matches = append(resp.Matches, &kvdirv1.WorkerMatch{WorkerId: id, Blocks: min(b, uint32(len(hashes)))})
+	}
+	return resp, nil
+}
+
+func decisionServer(t *testing.T, m *fakeMatcher) *Server {
+	t.Helper()
+	s, err := New(Config{Policy: mustPolicy(t, "kvdir"), Renderer: mustRenderer(t), Static: []StaticWorker{{ID: "x", Address: "http://127.0.0.1:1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.dir = m
+	s.pool.replace([]workerSpec{{ID: "a", Address: "http://127.0.0.1:1", Model: "m", BlockSize: 16}, {ID: "b", Address: "http://127.0.0.1:2", Model: "m", BlockSize: 16}})
+	return s
+}
+
+func longChat(t *testing.T) *request {
+	t.Helper()
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("prefix caches save prefill time. ", 30) + `"}]}`
+	req, aerr := parseRequest([]byte(body), true)
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	return req
+}
+
+// TestDecisionUsesDirectory checks that the directory's matches reach the
+// policy: the worker holding the prefix is picked, with its cached tokens.
+func TestDecisionUsesDirectory(t *testing.T) {
+	m := &fakeMatcher{blocks: map[string]uint32{"b": 1000}}
+	s := decisionServer(t, m)
+	d, aerr := s.decide(t.Context(), longChat(t), nil)
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	if d.fallback != "" || d.pick.Worker != "b" || d.pick.PredictedCachedTokens != len(d.chain)*16 || d.dir[1] != len(d.chain) {
+		t.Fatalf("decision %v, dir %v", d, d.dir)
+	}
+}
+
+// TestDirectoryBreaker checks that consecutive failed look-ups stop the
+// router from asking for a pause, then one request asks again.
+func TestDirectoryBreaker(t *testing.T) {
+	m := &fakeMatcher{err: errors.New("unavailable")}
+	s := decisionServer(t, m)
+	s.breakerPause = 200 * time.Millisecond
+	req := longChat(t)
+	for i := range breakerFailures {
+		d, aerr := s.decide(t.Context(), req, nil)
+		if aerr != nil || d.fallback != FallbackError || d.policy != "session-hash" {
+			t.Fatalf("look-up %d: %v %v", i, d, aerr)
+		}
+	}
+	for range 5 {
+		if d, _ := s.decide(t.Context(), req, nil); d.fallback != FallbackDown {
+			t.Fatalf("during the pause: fallback %q", d.fallback)
+		}
+	}
+	if got := m.calls.Load(); got != breakerFailures {
+		t.Fatalf("%d look-ups, want %d (none during the pause)", got, breakerFailures)
+	}
+	m.err = nil
+	m.blocks = map[string]uint32{"a": 5}
+	waitFor(t, 5*time.Second, "the directory asked again after the pause", func() bool {
+		d, _ := s.decide(t.Context(), req, nil)
+		return d.fallback == "" && d.dir[0] == 5
+	})
+}
+
+// TestMatchTimeout checks that a directory slower than the deadline makes
+// a fallback, not a slow request.
+func TestMatchTimeout(t *testing.T) {
+	s := decisionServer(t, &fakeMatcher{})
+	s.dir = slowMatcher{}
+	s.cfg.MatchTimeout = 2 * time.Millisecond
+	start := time.Now()
+	d, aerr := s.decide(t.Context(), longChat(t), nil)
+	if aerr != nil || d.fallback != FallbackTimeout {
+		t.Fatalf("decision %v %v", d, aerr)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("decision took %v with a 2 ms deadline", el)
+	}
+}
+
+type slowMatcher struct{}
+
+func (slowMatcher) MatchChain(ctx context.Context, _ []uint64, _ uint32, _ bool) (*kvdirv1.MatchResponse, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestRemoteRenderer checks that rendering through an engine's /tokenize
+// gives the same ids as the built-in template.
+func TestRemoteRenderer(t *testing.T) {
+	tmpl, err := tokenize.ChatMLCL100K()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var tr openai.TokenizeRequest
+		if err := json.NewDecoder(r.Body).Decode(&tr); err != nil || tr.Model != "m" {
+			http.Error(w, "bad request", 400)
+			return
+		}
+		var ids []uint32
+		if tr.Messages != nil {
+			ids, err = tmpl.RenderChat(tr.Messages, tr.AddGenerationPrompt == nil || *tr.AddGenerationPrompt)
+		} else {
+			ids = tmpl.RenderCompletion(*tr.Prompt)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(openai.TokenizeResponse{Count: len(ids), Tokens: ids})
+	}))
+	defer srv.Close()
+	remote := NewRemoteRenderer(srv.URL+"/tokenize", "m", 5*time.Second)
+	local := mustRenderer(t)
+	msgs := []tokenize.Message{{Role: "system", Content: tokenize.TextContent("be brief")}, {Role: "user", Content: tokenize.TextContent("héllo wörld 123")}}
+	got, err := remote.RenderChat(t.Context(), "", msgs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := local.RenderChat(t.Context(), "", msgs, true)
+	if !equalIDs(got, want) {
+		t.Fatalf("remote chat rendering %v, local %v", got, want)
+	}
+	got, err = remote.RenderCompletion(t.Context(), openai.Prompt{Set: true, Text: "once upon a time"})
+	want, _ = local.RenderCompletion(t.Context(), openai.Prompt{Set: true, Text: "once upon a time"})
+	if err != nil || !equalIDs(got, want) {
+		t.Fatalf("remote completion rendering %v (%v), local %v", got, err, want)
+	}
+	bad := NewRemoteRenderer(srv.URL+"/tokenize", "other-model", time.Second)
+	if _, err := bad.RenderChat(t.Context(), "", msgs, true); err == nil || !strings.Contains(err.Error(), "400") {
+		t.Fatalf("an engine's refusal was not reported: %v", err)
+	}
+}
