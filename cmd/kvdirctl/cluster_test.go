@@ -494,7 +494,7 @@ func TestCluster(t *testing.T) {
 		for _, want := range []string{
 			fmt.Sprintf("session chat-7f3a: latest turn on %s, %d prompt tokens", workerA, len(ids2)),
 			"pick, current",
-			fmt.Sprintf("pick: %s. Moving the session costs +", workerA),
+			fmt.Sprintf("pick: %s, where the session is. Moving it costs +", workerA),
 		} {
 			if !strings.Contains(out, want) {
 				t.Errorf("who-holds table lacks %q:\n%s", want, out)

@@ -187,8 +187,10 @@ func (a *app) askMembers(ctx context.Context, first *kvdirv1.StatusResponse, mem
 			}
 		} else {
 			n.State = "unreachable"
-			if errs[i] != nil {
-				n.Error = describe(errs[i], a)
+			if st, ok := grpcStatus(errs[i]); ok {
+				n.Error = st.Code().String() + ": " + st.Message()
+			} else if errs[i] != nil {
+				n.Error = errs[i].Error()
 			}
 		}
 		st.Nodes = append(st.Nodes, n)
@@ -287,8 +289,8 @@ func writeStatus(w io.Writer, st *clusterStatus) error {
 		fmt.Fprintf(w, "leader:   NONE: no node reports a leader; writes (drain, expire, sessions) fail until one is elected\n")
 	}
 	if c := st.Counters; c != nil {
-		fmt.Fprintf(w, "index:    %d workers, %d blocks, %d entries, %d orphan blocks, %d sessions, about %s (from %s)\n",
-			c.Workers, c.Blocks, c.Entries, c.OrphanBlocks, c.Sessions, clitable.Bytes(c.ApproxBytes), st.CountersFrom)
+		fmt.Fprintf(w, "index:    %d blocks held by %d worker(s), %d (block, worker) entries, %d orphan blocks, %d sessions, about %s (from %s)\n",
+			c.Blocks, c.Workers, c.Entries, c.OrphanBlocks, c.Sessions, clitable.Bytes(c.ApproxBytes), st.CountersFrom)
 	}
 	fmt.Fprintf(w, "digests:  %s\n", st.Digests.Detail)
 	for _, n := range st.Nodes {

@@ -345,15 +345,30 @@ func writeWhoHolds(w io.Writer, v *whoHoldsView) error {
 	if _, err := t.WriteTo(w); err != nil {
 		return err
 	}
-	if len(v.Placement) > 1 {
+	var pick, current *placementView
+	for i := range v.Placement {
+		if v.Placement[i].Pick {
+			pick = &v.Placement[i]
+		}
+		if v.Placement[i].Current {
+			current = &v.Placement[i]
+		}
+	}
+	switch {
+	case len(v.Placement) == 1:
+		fmt.Fprintf(w, "\npick: %s (the only candidate).\n", v.Pick)
+	case current == pick:
 		next, worst := v.Placement[1], v.Placement[len(v.Placement)-1]
-		fmt.Fprintf(w, "\npick: %s. Moving the session costs %+.1f ms of expected TTFT on %s (the next best)", v.Pick, next.VsPickMs, next.Worker)
+		fmt.Fprintf(w, "\npick: %s, where the session is. Moving it costs %+.1f ms of expected TTFT on %s (the next best)", v.Pick, next.VsPickMs, next.Worker)
 		if worst.Worker != next.Worker {
 			fmt.Fprintf(w, ", up to %+.1f ms on %s", worst.VsPickMs, worst.Worker)
 		}
 		fmt.Fprintln(w, ".")
-	} else {
-		fmt.Fprintf(w, "\npick: %s (the only candidate).\n", v.Pick)
+	case current != nil:
+		fmt.Fprintf(w, "\npick: %s. Staying on %s, where the session's latest turn went, would cost %+.1f ms of expected TTFT: its load outweighs its cache.\n",
+			pick.Worker, current.Worker, current.VsPickMs)
+	default:
+		fmt.Fprintf(w, "\npick: %s. The session's worker %s is not a candidate (not ACTIVE, or another model or block size).\n", v.Pick, s.Worker)
 	}
 	return nil
 }

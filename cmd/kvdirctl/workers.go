@@ -141,7 +141,9 @@ since the engine started) and how long ago the load was recorded.
 		Short: "One worker in detail, with its longest held chains",
 		Long: `get shows one worker: its registration, load and blocks per medium, and its
 --top longest chains of blocks (a chain is a prefix: its tail block's hash and
-its length), with the recorded sessions whose latest turn ends on that chain.`,
+its length), with the recorded sessions whose latest turn's prompt ends
+exactly at that chain's tail (a chain often goes on past a session's prompt
+with the blocks of its generated tokens).`,
 		Example:           `  kvdirctl workers get enginesim-0 --top 5 -o yaml`,
 		Args:              exactArgs("WORKER"),
 		ValidArgsFunction: a.completeWorkers,
