@@ -65,35 +65,6 @@ func hasLabelValue(m *dto.Metric, v string) bool {
 	return false
 }
 
-func TestParseEngineMetrics(t *testing.T) {
-	text := `# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0
-vllm:num_requests_running{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0
-vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 4.0
-vllm:num_requests_waiting{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0 1712345678000
-vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.5
-vllm:kv_cache_usage_perc{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.25
-vllm:num_requests_running_total 99
-vllm:prefix_cache_hits_total{model_name="x"} 12
-`
-	l, err := parseEngineMetrics(strings.NewReader(text))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := engineLoad{running: 5, waiting: 4, kvUsage: 0.375, model: "meta-llama/Llama-3.1-8B-Instruct"}
-	if l != want {
-		t.Fatalf("got %+v, want %+v", l, want)
-	}
-	old := "vllm:gpu_cache_usage_perc{model_name=\"a\\\"b\"} 0.75\nvllm:num_requests_running 1\n"
-	if l, err = parseEngineMetrics(strings.NewReader(old)); err != nil || l.kvUsage != 0.75 || l.running != 1 || l.model != `a\"b` {
-		t.Fatalf("old names: %+v, %v", l, err)
-	}
-	if _, err := parseEngineMetrics(strings.NewReader("go_goroutines 4\n")); err == nil {
-		t.Fatal("metrics without vLLM gauges accepted")
-	}
-}
-
 func TestSpecSet(t *testing.T) {
 	s := newSpecSet(time.Second)
 	t0 := time.Unix(100, 0)

@@ -1,0 +1,35 @@
+package enginemetrics
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	text := `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0
+vllm:num_requests_running{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 4.0
+vllm:num_requests_waiting{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0 1712345678000
+vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.25
+vllm:num_requests_running_total 99
+vllm:prefix_cache_hits_total{model_name="x"} 12
+`
+	l, err := Parse(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Load{Running: 5, Waiting: 4, KVUsage: 0.375, Model: "meta-llama/Llama-3.1-8B-Instruct"}
+	if l != want {
+		t.Fatalf("got %+v, want %+v", l, want)
+	}
+	old := "vllm:gpu_cache_usage_perc{model_name=\"a\\\"b\"} 0.75\nvllm:num_requests_running 1\n"
+	if l, err = Parse(strings.NewReader(old)); err != nil || l.KVUsage != 0.75 || l.Running != 1 || l.Model != `a\"b` {
+		t.Fatalf("old names: %+v, %v", l, err)
+	}
+	if _, err := Parse(strings.NewReader("go_goroutines 4\n")); err == nil {
+		t.Fatal("metrics without vLLM gauges accepted")
+	}
+}
