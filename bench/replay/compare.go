@@ -1,0 +1,249 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kvdir/kvdir/bench/dircluster"
+	"github.com/kvdir/kvdir/bench/fleet"
+	"github.com/kvdir/kvdir/bench/report"
+	"github.com/kvdir/kvdir/internal/dirclient"
+)
+
+// HAProxy is the policy name of the HAProxy baseline: Debian's HAProxy with
+// balance hdr(X-Session-Id), hash-type consistent, hash-balance-factor 150
+// in front of the same engines.
+const HAProxy = "haproxy"
+
+// Compare runs one trace under several policies on one fleet of engines:
+// before each policy the engines' prefix caches are cleared (and the
+// directory with them), then the policy's routers (or HAProxy) are started,
+// the trace replayed through them, and the routers stopped.
+type Compare struct {
+	Fleet      *fleet.Fleet // directory and engines; its own routers are not used
+	Routers    int          // routers per policy (requests spread over them)
+	RouterArgs []string     // extra router flags
+	HAProxyBin string       // default "haproxy"
+	Base       Config       // the replay settings; URLs and Engines are filled in
+	Log        *slog.Logger
+}
+
+// Run replays the trace under policy and summarises it.
+func (c *Compare) Run(ctx context.Context, policy string) (report.Policy, *Result, error) {
+	if err := c.reset(ctx); err != nil {
+		return report.Policy{}, nil, err
+	}
+	cfg := c.Base
+	cfg.Engines = nil
+	var ids []string
+	for _, e := range c.Fleet.Engines {
+		cfg.Engines = append(cfg.Engines, Engine{ID: e.WorkerID, URL: e.URL})
+		ids = append(ids, e.WorkerID)
+	}
+	urls, stop, err := c.start(ctx, policy)
+	if err != nil {
+		return report.Policy{}, nil, err
+	}
+	cfg.URLs = urls
+	c.Log.Info("replaying", "policy", policy, "requests", len(cfg.Records), "front_ends", len(urls))
+	res, err := Run(ctx, cfg)
+	stop()
+	if err != nil {
+		return report.Policy{}, nil, err
+	}
+	var ok []report.Sample
+	for _, s := range res.Samples {
+		if s.Replica >= 0 || s.Rejected {
+			ok = append(ok, s)
+		}
+	}
+	p, err := report.Summarize(policy, ids, ok)
+	if err != nil {
+		return report.Policy{}, nil, fmt.Errorf("summarise %s: %w", policy, err)
+	}
+	for _, s := range ok {
+		if !s.Rejected {
+			p.PrefillTokensComputed += int64(s.PromptTokens - s.CachedTokens)
+		}
+	}
+	p.Queue = res.Queue
+	for i := range p.Replicas {
+		if i < len(res.PeakQueue) {
+			p.Replicas[i].PeakQueue = res.PeakQueue[i]
+		}
+	}
+	p.WallSec = res.WallSec
+	p.Finish()
+	if res.Errors > 0 {
+		c.Log.Warn("requests failed", "policy", policy, "errors", res.Errors, "first", res.FirstErr)
+	}
+	return p, res, nil
+}
+
+// reset clears every engine's prefix cache and waits until the directory
+// holds no block of any of them.
+func (c *Compare) reset(ctx context.Context) error {
+	for _, e := range c.Fleet.Engines {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			resp, err := http.Post(e.URL+"/reset_prefix_cache", "application/json", nil)
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("reset the prefix cache of %s: %v (status %v)", e.WorkerID, err, resp)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if c.Fleet.Directory == nil {
+		return nil
+	}
+	dc, err := dirclient.New(dirclient.Config{Addrs: strings.Split(c.Fleet.DirectoryAddrs(), ",")})
+	if err != nil {
+		return err
+	}
+	defer dc.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		lw, err := dc.ListWorkers(ctx, c.Base.Model, false)
+		if err == nil {
+			var blocks uint64
+			for _, w := range lw.GetWorkers() {
+				blocks += w.GetBlocks()
+			}
+			if blocks == 0 && len(lw.GetWorkers()) >= len(c.Fleet.Engines) {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the directory still holds blocks 30 s after the caches were reset (last error %v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// start starts the front ends of policy and returns their URLs and a stop
+// function.
+func (c *Compare) start(ctx context.Context, policy string) ([]string, func(), error) {
+	n := max(c.Routers, 1)
+	ports, err := dircluster.FreePorts(n)
+	if err != nil {
+		return nil, nil, err
+	}
+	if policy == HAProxy {
+		p, url, err := c.startHAProxy(ports[0])
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := waitReady(ctx, url, c.Base.Model); err != nil {
+			p.Stop(5 * time.Second)
+			return nil, nil, fmt.Errorf("haproxy: %w\n%s", err, p.Tail(20))
+		}
+		return []string{url}, func() { p.Stop(5 * time.Second) }, nil
+	}
+	var procs []*fleet.Proc
+	var urls []string
+	stop := func() {
+		for _, p := range procs {
+			p.Stop(10 * time.Second)
+		}
+	}
+	for i := range n {
+		url := fmt.Sprintf("http://127.0.0.1:%d", ports[i])
+		args := append([]string{"--addr", strings.TrimPrefix(url, "http://"), "--policy", policy, "--log-level", "warn",
+			"--directory", c.Fleet.DirectoryAddrs(), "--seed", fmt.Sprint(i + 1)}, c.RouterArgs...)
+		p, err := fleet.StartProc(fmt.Sprintf("router-%s-%d", policy, i), c.Fleet.Bin("router"), args...)
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		procs = append(procs, p)
+		urls = append(urls, url)
+		r := &fleet.Router{URL: url, Proc: p}
+		if err := c.Fleet.WaitRouterWorkers(ctx, r, len(c.Fleet.Engines), 60*time.Second); err != nil {
+			stop()
+			return nil, nil, fmt.Errorf("router for %s: %w\n%s", policy, err, p.Tail(20))
+		}
+	}
+	return urls, stop, nil
+}
+
+// startHAProxy runs HAProxy in front of the fleet's engines; it names the
+// server that answered in X-Kvdir-Worker, as the router does.
+func (c *Compare) startHAProxy(port int) (*fleet.Proc, string, error) {
+	name := c.HAProxyBin
+	if name == "" {
+		name = "haproxy"
+	}
+	bin, err := exec.LookPath(name)
+	if err != nil {
+		return nil, "", fmt.Errorf("HAProxy not found (%w): apt-get install haproxy", err)
+	}
+	var servers strings.Builder
+	for _, e := range c.Fleet.Engines {
+		fmt.Fprintf(&servers, "  server %s %s\n", e.WorkerID, strings.TrimPrefix(e.URL, "http://"))
+	}
+	cfg := HAProxyConfig(port, servers.String())
+	dir, err := os.MkdirTemp("", "kvbench-haproxy-")
+	if err != nil {
+		return nil, "", err
+	}
+	path := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		return nil, "", err
+	}
+	p, err := fleet.StartProc("haproxy", bin, "-db", "-f", path)
+	return p, fmt.Sprintf("http://127.0.0.1:%d", port), err
+}
+
+// HAProxyConfig is the baseline's configuration: HAProxy's bounded-load
+// consistent hashing on the session header, the response naming the server.
+func HAProxyConfig(port int, servers string) string {
+	return fmt.Sprintf(`global
+  maxconn 8192
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 600s
+  timeout server 600s
+  option http-keep-alive
+frontend fe
+  bind 127.0.0.1:%d
+  default_backend be
+backend be
+  balance hdr(X-Session-Id)
+  hash-type consistent
+  hash-balance-factor 150
+  http-response set-header X-Kvdir-Worker %%s
+%s`, port, servers)
+}
+
+// waitReady waits until url answers /v1/models with model.
+func waitReady(ctx context.Context, url, model string) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v1/models", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready: %v", url, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
