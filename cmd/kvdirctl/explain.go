@@ -103,7 +103,7 @@ the router did not use the directory (unreachable, too slow), if it did not.`,
 			return a.explain(cmd.Context(), strings.TrimRight(router, "/"), sessionHeader, session, p)
 		},
 	}
-	in.addFlags(cmd)
+	in.addFlags(cmd, "the model (the OpenAI \"model\" name; required unless the messages file names it)")
 	cmd.Flags().StringVar(&router, "router", "http://127.0.0.1:8080", "the router's base URL")
 	cmd.Flags().StringVar(&session, "session", "", "session id, sent in --session-header")
 	cmd.Flags().StringVar(&sessionHeader, "session-header", "X-Session-Id", "header the router reads the session id from")

@@ -74,8 +74,7 @@ block less.`,
 			return a.match(cmd.Context(), p, in.lora, consistent)
 		},
 	}
-	in.stdin = nil
-	in.addFlags(cmd)
+	in.addFlags(cmd, "the model (the OpenAI \"model\" name; default: the messages file's, or the only model the workers serve)")
 	cmd.Flags().BoolVar(&consistent, "consistent", false, "read through the leader (linearizable) instead of any node")
 	cmd.RegisterFlagCompletionFunc("model", a.completeModels)
 	return cmd

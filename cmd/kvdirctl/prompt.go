@@ -36,9 +36,9 @@ type promptInput struct {
 	stdin io.Reader
 }
 
-func (p *promptInput) addFlags(cmd *cobra.Command) {
+func (p *promptInput) addFlags(cmd *cobra.Command, modelHelp string) {
 	fs := cmd.Flags()
-	fs.StringVar(&p.model, "model", "", "the model (the OpenAI \"model\" name; default: the messages file's, or the only model registered)")
+	fs.StringVar(&p.model, "model", "", modelHelp)
 	fs.StringVar(&p.text, "prompt", "", "completion prompt text, tokenized as /v1/completions does (no chat template)")
 	fs.StringVar(&p.chat, "chat", "", "one user message, rendered with the chat template as /v1/chat/completions does")
 	fs.StringVar(&p.system, "system", "", "with --chat: a system message before it")
@@ -65,7 +65,7 @@ type prompt struct {
 	cacheSalt   string
 }
 
-// describe names the kind of prompt for a header line.
+// kind names the kind of prompt for a header line.
 func (p *prompt) kind() string {
 	switch {
 	case p.isChat:
