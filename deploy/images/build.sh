@@ -71,6 +71,7 @@ for b in "${bins[@]}"; do
   fi
   cp "$stage/healthcheck" "$ctx/healthcheck"
   cp deploy/images/passwd deploy/images/group "$ctx/"
+  old="$("$DOCKER" image inspect -f '{{.Id}}' "$prefix$b:$tag" 2>/dev/null || true)"
   # The legacy builder's deprecation notice goes to stderr: show it only
   # when the build fails.
   if ! "$DOCKER" build --quiet -f "$dockerfile" \
@@ -80,6 +81,11 @@ for b in "${bins[@]}"; do
     echo "   $b: docker build failed" >&2
     failed+=("$b")
     continue
+  fi
+  # The image this one replaces is left untagged: remove it unless a
+  # container still uses it.
+  if [ -n "$old" ] && [ "$old" != "$("$DOCKER" image inspect -f '{{.Id}}' "$prefix$b:$tag")" ]; then
+    "$DOCKER" rmi "$old" >/dev/null 2>&1 || true
   fi
   echo "   $prefix$b:$tag ($("$DOCKER" image inspect -f '{{.Size}}' "$prefix$b:$tag") bytes, version $version)"
   built+=("$b")
