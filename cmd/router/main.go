@@ -97,7 +97,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.IntVar(&o.sessionCacheTokens, "session-cache-tokens", 64<<20, "tokens kept over all cached sessions (4 bytes each)")
 	fs.DurationVar(&o.matchTimeout, "match-timeout", router.DefaultMatchTimeout, "directory look-up deadline; past it the fallback policy places the request")
 	fs.DurationVar(&o.scrapeInterval, "scrape-interval", router.DefaultScrapeInterval, "how often each engine's /metrics is read for its load")
-	fs.DurationVar(&o.specTTL, "speculative-ttl", router.DefaultSpecTTL, "how long a placed prompt counts as cached on its worker before the directory confirms it (negative disables)")
+	fs.DurationVar(&o.specTTL, "speculative-ttl", router.DefaultSpecTTL, "how long a placed prompt counts as cached on its worker after its first response byte (it counts from placement on; negative disables)")
 	fs.IntVar(&o.maxAttempts, "max-attempts", router.DefaultMaxAttempts, "workers tried for a request whose worker fails before the first response byte")
 	fs.DurationVar(&o.downFor, "down-for", router.DefaultDownFor, "how long a worker that refused a connection is avoided")
 	fs.Int64Var(&o.maxBody, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body accepted")

@@ -58,7 +58,8 @@ type Score struct {
 	WaitMs         float64 // QueueMs + InterferenceMs
 	PrefillMs      float64 // our prefill with the expected cache
 	ColdPrefillMs  float64 // our prefill with no cache
-	TotalMs        float64 // expected time to first token: WaitMs + PrefillMs
+	ExtraMs        float64 // delay our recomputation (prefill beyond the best candidate's) imposes on the requests waiting there
+	TotalMs        float64 // cost: expected time to first token (WaitMs + PrefillMs) plus ExtraMs
 }
 
 // Decision is a policy's choice.

@@ -68,9 +68,14 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
 			s.metrics.inflight.WithLabelValues(wk.id).Dec()
 		}
 		sent := time.Now()
+		// The chosen worker will hold the prompt's blocks once it has run the
+		// prefill: count them there now (speculative entry), until the first
+		// byte and for the TTL after it.
+		wk.spec.pending(d.chain, sent)
 		resp, err := s.send(r.Context(), r.Header, req, wk)
 		if err != nil {
 			wk.queuedPrefill.Add(-uncached)
+			wk.spec.add(d.chain, time.Now())
 			done()
 			if r.Context().Err() != nil {
 				s.metrics.requests.WithLabelValues(wk.id, d.policy, OutcomeCancelled).Inc()
@@ -89,9 +94,6 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
 			}
 			continue
 		}
-		// The chosen worker will hold the prompt's blocks once it has run the
-		// prefill; count them there now (speculative entry).
-		wk.spec.add(d.chain, sent)
 		s.relay(w, r, req, d, wk, resp, sent, uncached)
 		done()
 		return
@@ -185,6 +187,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 			if first {
 				first = false
 				wk.queuedPrefill.Add(-uncached)
+				wk.spec.add(d.chain, time.Now())
 				s.metrics.ttft.WithLabelValues(wk.id).Observe(time.Since(sent).Seconds())
 			}
 			u.feed((*buf)[:n])
@@ -204,6 +207,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 	}
 	if first {
 		wk.queuedPrefill.Add(-uncached)
+		wk.spec.add(d.chain, time.Now())
 	}
 	outcome := OutcomeOK
 	switch {

@@ -11,11 +11,15 @@ import (
 // entries are swept and, if that is not enough, the set starts over.
 const specMaxEntries = 1 << 21
 
-// specSet holds the block hashes of chains the router placed on one worker
-// in the last ttl: the engine will hold them as soon as it has run the
-// prefill, before its events reach the directory, so a burst of requests
-// sharing a prefix finds them at once (the speculative entries of
-// DESIGN.md section 5).
+// specPendingMax bounds how long a placed request's chain counts as present
+// while the request waits for its first byte.
+const specPendingMax = 10 * time.Minute
+
+// specSet holds the block hashes of chains the router placed on one worker:
+// while their requests wait there for their prefill, and for ttl after it.
+// The engine will hold them as soon as it has run the prefill, before its
+// events reach the directory, so a burst of requests sharing a prefix finds
+// them at once (the speculative entries of DESIGN.md section 5).
 type specSet struct {
 	ttl time.Duration
 	mu  sync.Mutex
@@ -29,12 +33,22 @@ func newSpecSet(ttl time.Duration) *specSet {
 }
 
 // add records chain as present from now until now+ttl.
-func (s *specSet) add(chain []uint64, now time.Time) {
+func (s *specSet) add(chain []uint64, now time.Time) { s.put(chain, now, now.Add(s.ttl)) }
+
+// pending records chain as present until further notice (at most
+// specPendingMax): its request is queued on the worker, and a request that
+// shares its prefix should queue behind it rather than recompute elsewhere,
+// however long the queue. add shortens it to the TTL once the request's
+// prefill is done.
+func (s *specSet) pending(chain []uint64, now time.Time) { s.put(chain, now, now.Add(specPendingMax)) }
+
+// put records chain as present from now until until.
+func (s *specSet) put(chain []uint64, now, untilT time.Time) {
 	if s.ttl <= 0 || len(chain) == 0 {
 		return
 	}
 	n := now.UnixNano()
-	until := n + int64(s.ttl)
+	until := untilT.UnixNano()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if n >= s.nextSweep || len(s.exp)+len(chain) > specMaxEntries {

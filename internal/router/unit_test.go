@@ -90,6 +90,16 @@ func TestSpecSet(t *testing.T) {
 	if len(s.exp) != 1 {
 		t.Fatalf("%d entries after the sweep, want 1", len(s.exp))
 	}
+	// A pending chain (its request still queued) outlives the TTL until its
+	// first byte, then lasts the TTL.
+	s.pending([]uint64{5, 6}, t0)
+	if got := s.matched([]uint64{5, 6}, t0.Add(time.Minute)); got != 2 {
+		t.Fatalf("pending chain matched %d blocks a minute later, want 2", got)
+	}
+	s.add([]uint64{5, 6}, t0.Add(time.Minute))
+	if got := s.matched([]uint64{5, 6}, t0.Add(time.Minute+time.Second)); got != 0 {
+		t.Fatalf("chain matched %d blocks past the TTL after its first byte, want 0", got)
+	}
 	off := newSpecSet(-1)
 	off.add([]uint64{1}, t0)
 	if off.matched([]uint64{1}, t0) != 0 {
