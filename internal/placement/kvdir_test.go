@@ -120,6 +120,49 @@ func TestKVDirAffinityCrossover(t *testing.T) {
 	}
 }
 
+// TestKVDirBusyDestination checks the recomputation charge: a cache miss on
+// a worker with n requests waiting must save more than (1+n) times the
+// prefill it recomputes, so the warm worker keeps the request past the idle
+// crossover, and loses it past the raised one.
+func TestKVDirBusyDestination(t *testing.T) {
+	prof := llama8b(t)
+	req := Request{SessionKey: "s", PromptTokens: 5100, BlockSize: 16}
+	saving := prof.Prefill.Millis(5100, 0) - prof.Prefill.Millis(5100-4896, 4896)
+	p, err := NewKVDir(Options{Seed: 1, TieTolerance: 1e-12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiting = 3
+	// Smallest warm queue (tokens) whose wait exceeds (1+waiting)·saving, when
+	// the cold worker has an empty token queue but 3 requests waiting.
+	qStar := 0
+	for prof.Prefill.Millis(qStar+1, 0) < (1+waiting)*saving {
+		qStar++
+	}
+	cands := func(q int) []Candidate {
+		return []Candidate{
+			{Worker: "cold", Load: Load{Waiting: waiting}},
+			{Worker: "warm", MatchedBlocks: 306, Load: Load{QueuedPrefillTokens: q}},
+		}
+	}
+	for _, q := range []int{qStar / 3, qStar} {
+		d := mustPick(t, p, req, cands(q))
+		if d.Worker != "warm" {
+			t.Fatalf("queue %d (wait %.1f ms, charge %.1f ms): picked %s, want warm", q, d.Scores[1].WaitMs, d.Scores[0].ExtraMs, d.Worker)
+		}
+		if math.Abs(d.Scores[0].ExtraMs-waiting*saving) > 1e-6 {
+			t.Fatalf("charge %.3f ms, want %d x %.3f", d.Scores[0].ExtraMs, waiting, saving)
+		}
+	}
+	if d := mustPick(t, p, req, cands(qStar+200)); d.Worker != "cold" {
+		t.Fatalf("queue %d: picked %s, want cold", qStar+200, d.Worker)
+	}
+	// The warm worker itself pays no charge: it recomputes least.
+	if d := mustPick(t, p, req, cands(0)); d.Scores[1].ExtraMs != 0 {
+		t.Fatalf("warm worker charged %.3f ms", d.Scores[1].ExtraMs)
+	}
+}
+
 func TestKVDirTiesRandom(t *testing.T) {
 	req := Request{PromptTokens: 2000, BlockSize: 16}
 	cands := workers(4)

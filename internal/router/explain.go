@@ -47,6 +47,7 @@ type WorkerScore struct {
 	WaitMs              float64 `json:"wait_ms"`
 	PrefillMs           float64 `json:"prefill_ms"`
 	ColdPrefillMs       float64 `json:"cold_prefill_ms"`
+	ExtraMs             float64 `json:"extra_ms"` // delay its recomputation imposes on the requests waiting there
 	TotalMs             float64 `json:"total_ms"`
 }
 
@@ -99,7 +100,7 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 		if i < len(d.pick.Scores) {
 			sc := d.pick.Scores[i]
 			ws.Retain, ws.CachedTokens, ws.QueueMs, ws.InterferenceMs = sc.Retain, sc.CachedTokens, sc.QueueMs, sc.InterferenceMs
-			ws.WaitMs, ws.PrefillMs, ws.ColdPrefillMs, ws.TotalMs = sc.WaitMs, sc.PrefillMs, sc.ColdPrefillMs, sc.TotalMs
+			ws.WaitMs, ws.PrefillMs, ws.ColdPrefillMs, ws.ExtraMs, ws.TotalMs = sc.WaitMs, sc.PrefillMs, sc.ColdPrefillMs, sc.ExtraMs, sc.TotalMs
 		}
 		e.Workers[i] = ws
 	}
