@@ -30,13 +30,29 @@ func Build(moduleRoot, dir string) (string, error) { return BuildCommand(moduleR
 
 // BuildCommand compiles cmd/<name> into dir and returns the binary's path.
 func BuildCommand(moduleRoot, dir, name string) (string, error) {
-	bin := filepath.Join(dir, name)
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/"+name)
+	bins, err := BuildCommands(moduleRoot, dir, name)
+	if err != nil {
+		return "", err
+	}
+	return bins[name], nil
+}
+
+// BuildCommands compiles cmd/<name> for every name into dir in one go build
+// (packages compile in parallel and share their dependencies) and returns
+// the binaries' paths by name.
+func BuildCommands(moduleRoot, dir string, names ...string) (map[string]string, error) {
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	bins := make(map[string]string, len(names))
+	for _, n := range names {
+		args = append(args, "./cmd/"+n)
+		bins[n] = filepath.Join(dir, n)
+	}
+	cmd := exec.Command("go", args...)
 	cmd.Dir = moduleRoot
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build %s: %w\n%s", name, err, out)
+		return nil, fmt.Errorf("build %v: %w\n%s", names, err, out)
 	}
-	return bin, nil
+	return bins, nil
 }
 
 // ModuleRoot finds the repository root (the folder with go.mod) from the

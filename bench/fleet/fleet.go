@@ -168,17 +168,15 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 	if err != nil {
 		return nil, err
 	}
-	f = &Fleet{bins: map[string]string{}, cfg: cfg}
+	f = &Fleet{cfg: cfg}
 	defer func() {
 		if err != nil {
 			f.Stop()
 			f = nil
 		}
 	}()
-	for _, name := range []string{"directory", "enginesim", "agent", "router"} {
-		if f.bins[name], err = dircluster.BuildCommand(root, cfg.Dir, name); err != nil {
-			return nil, fmt.Errorf("fleet: build %s: %w", name, err)
-		}
+	if f.bins, err = dircluster.BuildCommands(root, cfg.Dir, "directory", "enginesim", "agent", "router"); err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
 	}
 	if !cfg.NoDirectory {
 		if f.Directory, err = dircluster.Start(f.bins["directory"], cfg.Dir, cfg.DirectoryNodes, append([]string{"--log-level", "warn"}, cfg.DirectoryArgs...)...); err != nil {
