@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Sends two turns of one chat session through the compose cluster's two
+# routers and prints the responses with their X-Kvdir-* headers: turn 1 to
+# router 1, turn 2 (turn 1's transcript plus a new question) to router 2,
+# which has never seen the session and must find its prefix in the directory.
+#
+# Usage: deploy/compose/demo.sh [router1-url] [router2-url]
+#        (default http://127.0.0.1:28080 and http://127.0.0.1:28081)
+# Needs curl and python3 (to put turn 1's answer into turn 2).
+set -euo pipefail
+r1="${1:-http://127.0.0.1:28080}"
+r2="${2:-http://127.0.0.1:28081}"
+sys='You are a concise assistant for an LLM serving team. Answer in one sentence.'
+q1='What does a prefix cache save?'
+q2='And what evicts it?'
+
+post() { # post <url> <body>: the response's status line, X-Kvdir headers and body
+  curl -sS -i "$1/v1/chat/completions" -H 'Content-Type: application/json' -H 'X-Session-Id: demo-1' -d "$2" |
+    tr -d '\r' | grep -iv '^date:\|^content-length:'
+}
+
+t1=$(python3 -c 'import json,sys; print(json.dumps({"model":"llama3-8b","max_tokens":8,"messages":[
+  {"role":"system","content":sys.argv[1]},{"role":"user","content":sys.argv[2]}]}))' "$sys" "$q1")
+echo "== turn 1 -> $r1"
+out=$(post "$r1" "$t1")
+echo "$out"
+reply=$(echo "$out" | tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])')
+t2=$(python3 -c 'import json,sys; print(json.dumps({"model":"llama3-8b","max_tokens":8,"messages":[
+  {"role":"system","content":sys.argv[1]},{"role":"user","content":sys.argv[2]},
+  {"role":"assistant","content":sys.argv[3]},{"role":"user","content":sys.argv[4]}]}))' "$sys" "$q1" "$reply" "$q2")
+echo
+echo "== turn 2 -> $r2"
+post "$r2" "$t2"
