@@ -386,7 +386,7 @@ func checkStatefulSet(o Object, s *appsv1.StatefulSet, objs []Object, add func(O
 }
 
 // directoryClientVars are the variables that list directory API addresses.
-var directoryClientVars = []string{"KVDIR_AGENT_DIRECTORY", "KVDIR_ROUTER_DIRECTORY", "KVDIR_KVDIRCTL_DIRECTORY"}
+var directoryClientVars = []string{"KVDIR_AGENT_DIRECTORY", "KVDIR_ROUTER_DIRECTORY", "KVDIRCTL_DIRECTORY"}
 
 // checkDirectoryClients checks that every directory address list names each
 // member of the directory StatefulSet by its headless-Service DNS name and
