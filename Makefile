@@ -10,6 +10,8 @@ PROTOC_GEN_GO_VERSION      ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 BIN := $(CURDIR)/bin
 
+include deploy/Makefile.inc
+
 .DEFAULT_GOAL := help
 
 .PHONY: help
