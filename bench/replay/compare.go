@@ -3,11 +3,13 @@ package replay
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -54,6 +56,9 @@ func (c *Compare) Run(ctx context.Context, policy string) (report.Policy, *Resul
 	cfg.URLs = urls
 	c.Log.Info("replaying", "policy", policy, "requests", len(cfg.Records), "front_ends", len(urls))
 	res, err := Run(ctx, cfg)
+	if err == nil && policy != HAProxy {
+		res.Fallbacks = routerFallbacks(urls)
+	}
 	stop()
 	if err != nil {
 		return report.Policy{}, nil, err
@@ -227,6 +232,35 @@ backend be
   hash-balance-factor 150
   http-response set-header X-Kvdir-Worker %%s
 %s`, port, servers)
+}
+
+// routerFallbacks sums kvdir_router_fallbacks_total over the routers.
+func routerFallbacks(urls []string) map[string]int {
+	out := map[string]int{}
+	for _, u := range urls {
+		resp, err := http.Get(u + "/metrics")
+		if err != nil {
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, line := range strings.Split(string(body), "\n") {
+			if !strings.HasPrefix(line, "kvdir_router_fallbacks_total{") {
+				continue
+			}
+			i, j := strings.Index(line, `reason="`), strings.LastIndexByte(line, ' ')
+			if i < 0 || j < 0 {
+				continue
+			}
+			reason := line[i+len(`reason="`):]
+			reason = reason[:strings.IndexByte(reason, '"')]
+			v, err := strconv.ParseFloat(line[j+1:], 64)
+			if err == nil {
+				out[reason] += int(v)
+			}
+		}
+	}
+	return out
 }
 
 // waitReady waits until url answers /v1/models with model.

@@ -70,6 +70,9 @@ type Result struct {
 	Errors    int                 // requests that failed at the transport or with an unexpected status
 	FirstErr  string
 	WallSec   float64
+	// Fallbacks counts the routers' requests placed without the directory,
+	// by reason (kvdir_router_fallbacks_total; nil for HAProxy).
+	Fallbacks map[string]int
 }
 
 var client = &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 1024, DisableCompression: true}}

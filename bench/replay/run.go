@@ -1,0 +1,163 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/bench/fleet"
+	"github.com/kvdir/kvdir/bench/report"
+	"github.com/kvdir/kvdir/bench/workload"
+)
+
+// Options describe a live comparison: a fleet of real processes started for
+// it, a trace replayed under each policy.
+type Options struct {
+	Trace          string // the trace's file name, for the report
+	Records        []workload.Record
+	TraceBlockSize int
+	Replicas       int     // enginesim + agent pairs
+	Profile        string  // enginesim --profile
+	KVBlocks       int     // enginesim --kv-blocks (0: its default)
+	TimeScale      float64 // enginesim --time-scale and the trace's compression
+	Model          string
+	Policies       []string // router policies, and HAProxy for the HAProxy baseline
+	Routers        int      // routers per policy
+	RouterArgs     []string // extra router flags
+	Dir            string   // binaries and data
+	Command        string   // the command line, for the report
+	Log            *slog.Logger
+	// Progress receives a progress bar (nil: none).
+	Progress io.Writer
+}
+
+// RunComparison starts the fleet, replays the trace under every policy and
+// returns the report. Every process it started is stopped before it
+// returns, also when ctx is cancelled.
+func RunComparison(ctx context.Context, o Options) (*report.Report, error) {
+	if o.Model == "" {
+		o.Model = o.Profile
+	}
+	if o.KVBlocks <= 0 {
+		o.KVBlocks = 32768 // enginesim's default
+	}
+	args := []string{"--time-scale", fmt.Sprint(o.TimeScale), "--profile", o.Profile, "--kv-blocks", fmt.Sprint(o.KVBlocks)}
+	o.Log.Info("starting processes", "directory_nodes", 3, "enginesims_with_agents", o.Replicas, "profile", o.Profile, "time_scale", o.TimeScale)
+	f, err := fleet.Start(ctx, fleet.Config{Dir: o.Dir, Engines: o.Replicas, Model: o.Model, EngineArgs: args})
+	if err != nil {
+		return nil, err
+	}
+	defer f.Stop()
+	ideal := workload.IdealHits(o.Records, o.TraceBlockSize, 16)
+	rep := NewReport("replay", o.Trace, o.Records, ideal, o.TraceBlockSize, 16, o.Replicas, o.Profile, o.KVBlocks, o.TimeScale)
+	rep.Command = o.Command
+	rep.Settings = map[string]any{"routers_per_policy": max(o.Routers, 1), "directory_nodes": 3, "model": o.Model,
+		"engine": "cmd/enginesim", "session_key": "session_id, else \"prefix-\" + first hash id", "trace_block_size": o.TraceBlockSize}
+	fallbacks := map[string]map[string]int{}
+	rep.Settings["router_args"] = strings.Join(o.RouterArgs, " ")
+	rep.Settings["router_fallbacks"] = fallbacks
+	c := &Compare{Fleet: f, Routers: o.Routers, RouterArgs: o.RouterArgs, Log: o.Log,
+		Base: Config{Records: o.Records, TraceBlockSize: o.TraceBlockSize, EngineBlockSize: 16, Model: o.Model, TimeScale: o.TimeScale}}
+	for _, p := range o.Policies {
+		var bar *progressBar
+		if o.Progress != nil {
+			bar = newProgressBar(o.Progress, p, len(o.Records))
+			c.Base.Progress = bar.set
+		}
+		pol, res, err := c.Run(ctx, p)
+		if bar != nil {
+			bar.finish()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("policy %s: %w", p, err)
+		}
+		if res.Errors > 0 {
+			return nil, fmt.Errorf("policy %s: %d of %d requests failed; first: %s\n%s", p, res.Errors, len(o.Records), res.FirstErr, f.Logs(15))
+		}
+		if res.Fallbacks != nil {
+			fallbacks[p] = res.Fallbacks
+		}
+		o.Log.Info("policy done", "policy", p, "fallbacks", fmt.Sprint(res.Fallbacks), "hit_rate", fmt.Sprintf("%.3f", pol.HitRate), "reuse_captured", fmt.Sprintf("%.3f", pol.ReuseCaptured),
+			"ttft_p90_ms", fmt.Sprintf("%.0f", pol.TTFTP90Ms), "wall_s", fmt.Sprintf("%.1f", pol.WallSec))
+		rep.Policies = append(rep.Policies, pol)
+	}
+	return rep, nil
+}
+
+// NewReport returns a report for recs with its trace statistics filled in
+// and no policies.
+func NewReport(mode, trace string, recs []workload.Record, ideal []int, traceBlockSize, blockSize, replicas int, profile string, kvBlocks int, timeScale float64) *report.Report {
+	ts := workload.Summarize(recs, traceBlockSize)
+	var idealSum int64
+	for _, v := range ideal {
+		idealSum += int64(v)
+	}
+	rep := &report.Report{
+		Tool: "kvbench", Mode: mode, Machine: benchjson.ThisMachine(), Trace: trace, Replicas: replicas, Profile: profile,
+		KVBlocks: kvBlocks, BlockSize: blockSize, TimeScale: timeScale,
+		TraceStats: report.TraceStats{Requests: ts.Requests, DurationSec: ts.DurationSec, InputTokens: ts.InputTokens,
+			OutputTokens: ts.OutputTokens, UniqueBlocks: ts.UniqueBlocks, HotWorkingSetTokens: ts.HotWorkingSetTokens,
+			IdealHitTokens: idealSum, IdealHitRate: float64(idealSum) / float64(max(ts.InputTokens, 1))},
+		ClusterKVTokens: int64(replicas) * int64(kvBlocks) * int64(blockSize),
+	}
+	if ts.HotWorkingSetTokens > 0 {
+		rep.KVToWorkingSet = float64(rep.ClusterKVTokens) / float64(ts.HotWorkingSetTokens)
+	}
+	return rep
+}
+
+// progressBar draws "policy [#####.....] done/total" on one line, redrawn at
+// most ten times a second (on a terminal it overwrites itself; elsewhere it
+// prints a line every 10 %).
+type progressBar struct {
+	w           io.Writer
+	name        string
+	total       int
+	tty         bool
+	mu          sync.Mutex
+	last        time.Time
+	lastPercent int
+	start       time.Time
+}
+
+func newProgressBar(w io.Writer, name string, total int) *progressBar {
+	tty := false
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	return &progressBar{w: w, name: name, total: total, tty: tty, start: time.Now(), lastPercent: -1}
+}
+
+func (b *progressBar) set(done, total int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	pct := 100 * done / max(total, 1)
+	if b.tty {
+		if done < total && time.Since(b.last) < 100*time.Millisecond {
+			return
+		}
+		b.last = time.Now()
+		const width = 30
+		n := width * done / max(total, 1)
+		fmt.Fprintf(b.w, "\r%-14s [%s%s] %d/%d requests %3d%%  %4.0fs", b.name, strings.Repeat("#", n), strings.Repeat(".", width-n), done, total, pct, time.Since(b.start).Seconds())
+		return
+	}
+	if pct/10 != b.lastPercent/10 || done == total {
+		b.lastPercent = pct
+		fmt.Fprintf(b.w, "%-14s %d/%d requests (%d%%) after %.0fs\n", b.name, done, total, pct, time.Since(b.start).Seconds())
+	}
+}
+
+func (b *progressBar) finish() {
+	if b.tty {
+		fmt.Fprintln(b.w)
+	}
+}
