@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 )
 
@@ -68,4 +69,26 @@ func ReadFile(path string) (*Report, error) {
 		return nil, fmt.Errorf("report: %s: %w", path, err)
 	}
 	return &r, nil
+}
+
+var spaces = regexp.MustCompile(`\s+`)
+
+// numberArray matches a JSON array of numbers spread over several lines.
+var numberArray = regexp.MustCompile(`\[\s*-?[0-9][0-9.eE+-]*(?:,\s*-?[0-9][0-9.eE+-]*)*\s*\]`)
+
+// WriteJSON writes r as indented JSON with arrays of numbers kept on one
+// line (the CDFs and queue series would otherwise take a line per value).
+func WriteJSON(path string, r *Report) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("report: encode: %w", err)
+	}
+	b = numberArray.ReplaceAllFunc(b, func(m []byte) []byte {
+		return spaces.ReplaceAll(m, nil)
+	})
+	b = append(b, '\n')
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	return nil
 }

@@ -19,10 +19,13 @@
 //     the engine's block size) is matched against the index; the policy gets,
 //     per replica, the matched blocks (the larger of the directory's match and
 //     the router's speculative entries: after a placement the chosen replica
-//     counts as holding the request's chain for SpeculativeTTL) and the load:
+//     counts as holding the request's chain, see below) and the load:
 //     running, waiting and KV usage from the engine as of its last finished
 //     step, plus the router's own accounting of requests in flight and of the
 //     uncached prefill tokens it routed that have not produced a first token.
+//     Speculative entries follow the router: held while the request waits
+//     for its first token (at most SpeculativePendingMax), then for
+//     SpeculativeTTL.
 //   - Not modelled: network and proxy latency, tokenization time, metric
 //     scrape intervals, directory outages.
 //
@@ -48,14 +51,17 @@ import (
 	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/radix"
-	"github.com/kvdir/kvdir/internal/router"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
 // Defaults of Config.
 const (
-	// DefaultSpeculativeTTL is the router's default (router.DefaultSpecTTL).
-	DefaultSpeculativeTTL = router.DefaultSpecTTL
+	// DefaultSpeculativeTTL is the router's default (router.DefaultSpecTTL,
+	// not imported so that the simulator does not build the HTTP router).
+	DefaultSpeculativeTTL = 5 * time.Second
+	// SpeculativePendingMax bounds how long an entry waits for its
+	// request's first token (the router's specPendingMax).
+	SpeculativePendingMax = 10 * time.Minute
 	// DefaultQueueSamples is the number of intervals of the queue-depth
 	// series when Config.QueueInterval is 0.
 	DefaultQueueSamples = 300
@@ -66,7 +72,10 @@ const (
 
 // Config configures one simulated run.
 type Config struct {
-	Policy   string         // placement policy name (placement.Names)
+	Policy string // placement policy name (placement.Names)
+	// Impl, if set, is used instead of placement.New(Policy, ...) (for
+	// experiments with policy variants); Policy still names it in results.
+	Impl     placement.Policy
 	Profile  engine.Profile // engine timing model, also given to the policy
 	Replicas int            // engines
 	KVBlocks int            // KV-cache blocks per engine
@@ -86,6 +95,11 @@ type Config struct {
 	// SpeculativeTTL is how long a placement counts as holding its chain
 	// (0: DefaultSpeculativeTTL; negative: no speculative entries).
 	SpeculativeTTL time.Duration
+	// SpeculativeFixedTTL ends a speculative entry SpeculativeTTL after the
+	// placement (the router's earlier rule). By default, as the router does
+	// now, the entry lasts while the request waits for its first token (at
+	// most SpeculativePendingMax) and then for SpeculativeTTL.
+	SpeculativeFixedTTL bool
 	// Model names the namespace of every request (default: the profile name).
 	Model string
 	// Seed seeds the policy's random choices and the engines.
@@ -182,6 +196,7 @@ type replica struct {
 type specEntry struct {
 	chain  []uint64
 	expiry time.Duration
+	req    string // request id, while the expiry waits for its first token
 }
 
 // reqRef is what the simulator remembers about a request in flight.
@@ -223,11 +238,15 @@ func Run(ctx context.Context, recs []workload.Record, ideal []int, cfg Config) (
 	if len(ideal) != len(recs) {
 		return report.Policy{}, fmt.Errorf("%w: %d ideal counts for %d records", ErrBadConfig, len(ideal), len(recs))
 	}
-	pol, err := placement.New(cfg.Policy, placement.Options{
-		Seed: cfg.Seed, Profile: cfg.Profile, ChunkTokens: cfg.MaxBatchedTokens,
-	})
-	if err != nil {
-		return report.Policy{}, fmt.Errorf("sim: %w", err)
+	pol := cfg.Impl
+	if pol == nil {
+		var err error
+		pol, err = placement.New(cfg.Policy, placement.Options{
+			Seed: cfg.Seed, Profile: cfg.Profile, ChunkTokens: cfg.MaxBatchedTokens,
+		})
+		if err != nil {
+			return report.Policy{}, fmt.Errorf("sim: %w", err)
+		}
 	}
 	hasher, err := blockhash.New(blockhash.Namespace{Model: cfg.Model, BlockSize: cfg.BlockSize})
 	if err != nil {
@@ -315,6 +334,13 @@ func (s *state) finishStep(r *replica) {
 		if q := r.res[t.RequestID]; q != nil && !q.started {
 			q.started = true
 			r.queued -= q.uncached
+		}
+		if !s.cfg.SpeculativeFixedTTL {
+			for k := range r.spec {
+				if r.spec[k].req == t.RequestID {
+					r.spec[k].expiry, r.spec[k].req = now+s.cfg.SpeculativeTTL, ""
+				}
+			}
 		}
 	}
 	for _, f := range res.Finished {
@@ -406,7 +432,11 @@ func (s *state) arrive(i int) error {
 	r.inFlight++
 	r.queued += uncached
 	if s.cfg.SpeculativeTTL > 0 {
-		r.spec = append(r.spec, specEntry{chain: append([]uint64(nil), s.chain...), expiry: now + s.cfg.SpeculativeTTL})
+		e := specEntry{chain: append([]uint64(nil), s.chain...), expiry: now + s.cfg.SpeculativeTTL}
+		if !s.cfg.SpeculativeFixedTTL {
+			e.expiry, e.req = now+SpeculativePendingMax, id
+		}
+		r.spec = append(r.spec, e)
 	}
 	s.recordQueue(r, now, r.eng.Stats().Waiting)
 	if !r.busy {
@@ -419,12 +449,14 @@ func (s *state) arrive(i int) error {
 // expire drops the speculative entries that ended at or before now.
 func (r *replica) expire(now time.Duration) {
 	k := 0
-	for k < len(r.spec) && r.spec[k].expiry <= now {
-		k++
+	for _, e := range r.spec {
+		if e.expiry > now {
+			r.spec[k] = e
+			k++
+		}
 	}
-	if k > 0 {
-		r.spec = append(r.spec[:0], r.spec[k:]...)
-	}
+	clear(r.spec[k:])
+	r.spec = r.spec[:k]
 }
 
 // specDepth returns the longest common prefix of chain with a live
@@ -528,7 +560,20 @@ func (s *state) result(wall time.Duration) (report.Policy, error) {
 	if err != nil {
 		return report.Policy{}, err
 	}
-	p.Queue = &report.QueueSeries{IntervalSec: s.cfg.QueueInterval.Seconds(), Replicas: make([][]int, len(s.reps))}
+	// Keep at most 2·DefaultQueueSamples intervals: the run drains well past
+	// the last arrival under overload.
+	interval, longest := s.cfg.QueueInterval, 0
+	for _, r := range s.reps {
+		longest = max(longest, len(r.queue))
+	}
+	for longest > 2*DefaultQueueSamples {
+		for _, r := range s.reps {
+			r.queue = halve(r.queue)
+		}
+		longest = (longest + 1) / 2
+		interval *= 2
+	}
+	p.Queue = &report.QueueSeries{IntervalSec: interval.Seconds(), Replicas: make([][]int, len(s.reps))}
 	for i, r := range s.reps {
 		p.Replicas[i].PeakQueue = r.peakQueue
 		p.PrefillTokensComputed += r.prefill
@@ -544,4 +589,17 @@ func (s *state) result(wall time.Duration) (report.Policy, error) {
 	p.Finish()
 	p.WallSec = wall.Seconds()
 	return p, nil
+}
+
+// halve merges pairs of consecutive intervals, keeping the larger queue.
+func halve(q []int) []int {
+	out := q[:0]
+	for i := 0; i < len(q); i += 2 {
+		v := q[i]
+		if i+1 < len(q) {
+			v = max(v, q[i+1])
+		}
+		out = append(out, v)
+	}
+	return out
 }

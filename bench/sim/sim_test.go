@@ -61,8 +61,12 @@ func TestConservation(t *testing.T) {
 		input += int64(r.InputLength)
 		idealSum += int64(ideal[i])
 	}
-	for _, pol := range placement.Names() {
-		p, err := Run(context.Background(), recs, ideal, config(t, pol, 2000))
+	for _, pol := range append(placement.Names(), "kvdir-fixed-ttl") {
+		cfg := config(t, pol, 2000)
+		if pol == "kvdir-fixed-ttl" {
+			cfg.Policy, cfg.SpeculativeFixedTTL = "kvdir", true
+		}
+		p, err := Run(context.Background(), recs, ideal, cfg)
 		if err != nil {
 			t.Fatalf("%s: %v", pol, err)
 		}

@@ -30,6 +30,7 @@ type simFlags struct {
 	eventLag, specTTL             time.Duration
 	parallel                      int
 	noCharts                      bool
+	specFixed                     bool
 }
 
 func newSim(log *slog.Logger) *cobra.Command {
@@ -73,6 +74,7 @@ H200 (see docs/benchmarks.md):
 	fl.IntVar(&f.maxRunning, "max-running", engine.DefaultMaxRunning, "engine's most running requests")
 	fl.DurationVar(&f.eventLag, "event-lag", 0, "delay before a step's KV events reach the directory view (0: visible right after the step)")
 	fl.DurationVar(&f.specTTL, "speculative-ttl", sim.DefaultSpeculativeTTL, "how long a placement counts as holding its prefix (negative: off)")
+	fl.BoolVar(&f.specFixed, "speculative-fixed-ttl", false, "what-if: end a speculative entry the TTL after the placement (default, as the router: hold it until the request's first token, then for the TTL)")
 	fl.IntVar(&f.parallel, "parallel", 1, "policies simulated at the same time")
 	fl.BoolVar(&f.noCharts, "no-charts", false, "do not write PNG charts")
 	return cmd
@@ -178,9 +180,13 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 		Trace: f.trace, Replicas: f.replicas, Profile: prof.Name, KVBlocks: f.kvBlocks, BlockSize: f.blockSize,
 		TimeScale: f.timeScale, Seed: f.seed,
 		Settings: map[string]any{
-			"event_lag_ms": f.eventLag.Milliseconds(), "speculative_ttl_ms": f.specTTL.Milliseconds(),
-			"max_batched_tokens": f.maxBatched, "max_running": f.maxRunning, "trace_block_size": f.traceBlockSize,
-			"session_key": "session_id, else \"h\" + first hash id",
+			"event_lag_ms":          f.eventLag.Milliseconds(),
+			"speculative_ttl_ms":    f.specTTL.Milliseconds(),
+			"speculative_fixed_ttl": f.specFixed,
+			"max_batched_tokens":    f.maxBatched,
+			"max_running":           f.maxRunning,
+			"trace_block_size":      f.traceBlockSize,
+			"session_key":           "session_id, else \"h\" + first hash id",
 		},
 		TraceStats: report.TraceStats{
 			Requests: ts.Requests, DurationSec: ts.DurationSec * f.timeScale, InputTokens: ts.InputTokens,
@@ -210,6 +216,7 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 				Policy: name, Profile: prof, Replicas: f.replicas, KVBlocks: f.kvBlocks, BlockSize: f.blockSize,
 				MaxBatchedTokens: f.maxBatched, MaxRunning: f.maxRunning, TraceBlockSize: f.traceBlockSize,
 				TimeScale: f.timeScale, EventLag: f.eventLag, SpeculativeTTL: f.specTTL, Seed: f.seed, Logger: log,
+				SpeculativeFixedTTL: f.specFixed,
 			}
 			p, err := sim.Run(cmd.Context(), recs, ideal, cfg)
 			if err != nil {
@@ -245,7 +252,7 @@ func writeReport(rep *report.Report, out string, charts bool, log *slog.Logger) 
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
-	if err := benchjson.Write(out, rep); err != nil {
+	if err := report.WriteJSON(out, rep); err != nil {
 		return err
 	}
 	base := strings.TrimSuffix(out, filepath.Ext(out))
