@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
 	"github.com/kvdir/kvdir/bench/fleet"
 	"github.com/kvdir/kvdir/bench/report"
 	"github.com/kvdir/kvdir/bench/workload"
@@ -55,9 +54,9 @@ func RunComparison(ctx context.Context, o Options) (*report.Report, error) {
 	}
 	defer f.Stop()
 	ideal := workload.IdealHits(o.Records, o.TraceBlockSize, 16)
-	rep := NewReport("replay", o.Trace, o.Records, ideal, o.TraceBlockSize, 16, o.Replicas, o.Profile, o.KVBlocks, o.TimeScale)
+	rep := report.ForTrace("replay", o.Trace, o.Records, ideal, o.TraceBlockSize, 16, o.Replicas, o.Profile, o.KVBlocks, 1)
 	rep.Command = o.Command
-	rep.Settings = map[string]any{"routers_per_policy": max(o.Routers, 1), "directory_nodes": 3, "model": o.Model,
+	rep.Settings = map[string]any{"wall_time_scale": o.TimeScale, "routers_per_policy": max(o.Routers, 1), "directory_nodes": 3, "model": o.Model,
 		"engine": "cmd/enginesim", "session_key": "session_id, else \"prefix-\" + first hash id", "trace_block_size": o.TraceBlockSize}
 	fallbacks := map[string]map[string]int{}
 	rep.Settings["router_args"] = strings.Join(o.RouterArgs, " ")
@@ -88,28 +87,6 @@ func RunComparison(ctx context.Context, o Options) (*report.Report, error) {
 		rep.Policies = append(rep.Policies, pol)
 	}
 	return rep, nil
-}
-
-// NewReport returns a report for recs with its trace statistics filled in
-// and no policies.
-func NewReport(mode, trace string, recs []workload.Record, ideal []int, traceBlockSize, blockSize, replicas int, profile string, kvBlocks int, timeScale float64) *report.Report {
-	ts := workload.Summarize(recs, traceBlockSize)
-	var idealSum int64
-	for _, v := range ideal {
-		idealSum += int64(v)
-	}
-	rep := &report.Report{
-		Tool: "kvbench", Mode: mode, Machine: benchjson.ThisMachine(), Trace: trace, Replicas: replicas, Profile: profile,
-		KVBlocks: kvBlocks, BlockSize: blockSize, TimeScale: timeScale,
-		TraceStats: report.TraceStats{Requests: ts.Requests, DurationSec: ts.DurationSec, InputTokens: ts.InputTokens,
-			OutputTokens: ts.OutputTokens, UniqueBlocks: ts.UniqueBlocks, HotWorkingSetTokens: ts.HotWorkingSetTokens,
-			IdealHitTokens: idealSum, IdealHitRate: float64(idealSum) / float64(max(ts.InputTokens, 1))},
-		ClusterKVTokens: int64(replicas) * int64(kvBlocks) * int64(blockSize),
-	}
-	if ts.HotWorkingSetTokens > 0 {
-		rep.KVToWorkingSet = float64(rep.ClusterKVTokens) / float64(ts.HotWorkingSetTokens)
-	}
-	return rep
 }
 
 // progressBar draws "policy [#####.....] done/total" on one line, redrawn at

@@ -3,11 +3,12 @@
 //	kvbench gen sessions      agent/chat sessions as a Mooncake-format trace
 //	kvbench gen shared-prefix groups sharing a system prompt (inference-perf's shared_prefix)
 //	kvbench sim               discrete-event simulation of a trace under each policy
+//	kvbench replay            the same trace through real processes (directory, enginesims, agents, routers or HAProxy)
+//	kvbench demo              the main job: a bundled agent-session trace under round-robin, session-hash and kvdir
 //	kvbench report            re-render the Markdown table and charts of a result JSON
 //
-// The live replay through real processes (kvbench replay) is added by the
-// router's issue; it fills the same report schema (bench/report), so report
-// and the charts work on its results unchanged.
+// sim and replay fill the same report schema (bench/report), so report and
+// the charts work on either.
 package main
 
 import (
@@ -47,7 +48,6 @@ as JSON, a Markdown table and PNG charts (bench/results/ by convention).`,
 		Short: "Generate a trace (Mooncake format, JSON Lines)",
 	}
 	gen.AddCommand(newGenSessions(), newGenSharedPrefix())
-	root.AddCommand(gen, newSim(log), newReport())
-	// kvbench replay (live processes) registers here once the router exists.
+	root.AddCommand(gen, newSim(log), newReplay(log), newDemo(log), newReport())
 	return root
 }

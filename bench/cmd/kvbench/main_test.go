@@ -72,7 +72,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"sim"}, "--trace is required"},
 		{[]string{"sim", "--trace", trace}, "line 2"},
 		{[]string{"sim", "--trace", trace, "--policies", "fastest"}, "unknown policy"},
-		{[]string{"sim", "--trace", trace, "--profile", "gpt-9"}, "neither built in"},
+		{[]string{"sim", "--trace", trace, "--profile", "gpt-9"}, "neither a built-in profile"},
 		{[]string{"gen", "sessions", "--preset", "nope"}, "unknown preset"},
 		{[]string{"gen", "shared-prefix", "--rate", "0"}, "rate"},
 	}

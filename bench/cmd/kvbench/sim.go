@@ -12,7 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
 	"github.com/kvdir/kvdir/bench/report"
 	"github.com/kvdir/kvdir/bench/sim"
 	"github.com/kvdir/kvdir/bench/workload"
@@ -88,23 +87,6 @@ func kvLine(profile string) string {
 	return fmt.Sprintf("%s: %d blocks of %d tokens (%d tokens)", profile, a.Blocks, a.BlockSize, a.Tokens)
 }
 
-func loadProfile(name string) (engine.Profile, error) {
-	if p, err := engine.ProfileByName(name); err == nil {
-		return p, nil
-	}
-	fh, err := os.Open(name)
-	if err != nil {
-		return engine.Profile{}, fmt.Errorf("profile %q is neither built in (%s) nor a readable file: %w",
-			name, strings.Join(engine.ProfileNames(), ", "), err)
-	}
-	defer fh.Close()
-	p, err := engine.LoadProfile(fh)
-	if err != nil {
-		return engine.Profile{}, fmt.Errorf("profile file %s: %w", name, err)
-	}
-	return p, nil
-}
-
 func parsePolicies(s string) ([]string, error) {
 	if strings.TrimSpace(s) == "all" {
 		return placement.Names(), nil
@@ -145,7 +127,7 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	if f.parallel < 1 {
 		return fmt.Errorf("--parallel %d, want >= 1", f.parallel)
 	}
-	prof, err := loadProfile(f.profile)
+	prof, err := engine.ResolveProfile(f.profile)
 	if err != nil {
 		return err
 	}
@@ -170,35 +152,19 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	}
 	workload.SortByTime(recs)
 	ideal := workload.IdealHits(recs, f.traceBlockSize, f.blockSize)
-	ts := workload.Summarize(recs, f.traceBlockSize)
-	var idealSum int64
-	for _, v := range ideal {
-		idealSum += int64(v)
+	rep := report.ForTrace("sim", f.trace, recs, ideal, f.traceBlockSize, f.blockSize, f.replicas, prof.Name, f.kvBlocks, f.timeScale)
+	rep.Command, rep.Seed = commandLine(), f.seed
+	rep.Settings = map[string]any{
+		"event_lag_ms":          f.eventLag.Milliseconds(),
+		"speculative_ttl_ms":    f.specTTL.Milliseconds(),
+		"speculative_fixed_ttl": f.specFixed,
+		"max_batched_tokens":    f.maxBatched,
+		"max_running":           f.maxRunning,
+		"trace_block_size":      f.traceBlockSize,
+		"session_key":           "session_id, else \"h\" + first hash id",
 	}
-	rep := &report.Report{
-		Tool: "kvbench", Mode: "sim", Command: commandLine(), Machine: benchjson.ThisMachine(),
-		Trace: f.trace, Replicas: f.replicas, Profile: prof.Name, KVBlocks: f.kvBlocks, BlockSize: f.blockSize,
-		TimeScale: f.timeScale, Seed: f.seed,
-		Settings: map[string]any{
-			"event_lag_ms":          f.eventLag.Milliseconds(),
-			"speculative_ttl_ms":    f.specTTL.Milliseconds(),
-			"speculative_fixed_ttl": f.specFixed,
-			"max_batched_tokens":    f.maxBatched,
-			"max_running":           f.maxRunning,
-			"trace_block_size":      f.traceBlockSize,
-			"session_key":           "session_id, else \"h\" + first hash id",
-		},
-		TraceStats: report.TraceStats{
-			Requests: ts.Requests, DurationSec: ts.DurationSec * f.timeScale, InputTokens: ts.InputTokens,
-			OutputTokens: ts.OutputTokens, UniqueBlocks: ts.UniqueBlocks, HotWorkingSetTokens: ts.HotWorkingSetTokens,
-			IdealHitTokens: idealSum, IdealHitRate: float64(idealSum) / float64(max(ts.InputTokens, 1)),
-		},
-		ClusterKVTokens: int64(f.replicas) * int64(f.kvBlocks) * int64(f.blockSize),
-	}
-	if ts.HotWorkingSetTokens > 0 {
-		rep.KVToWorkingSet = float64(rep.ClusterKVTokens) / float64(ts.HotWorkingSetTokens)
-	}
-	log.Info("trace", "file", f.trace, "requests", ts.Requests, "minutes", fmt.Sprintf("%.1f", rep.TraceStats.DurationSec/60),
+	ts := rep.TraceStats
+	log.Info("trace", "file", f.trace, "requests", ts.Requests, "minutes", fmt.Sprintf("%.1f", ts.DurationSec/60),
 		"ideal_hit_rate", fmt.Sprintf("%.3f", rep.TraceStats.IdealHitRate), "hot_working_set_tokens", ts.HotWorkingSetTokens,
 		"cluster_kv_tokens", rep.ClusterKVTokens, "kv_to_working_set", fmt.Sprintf("%.2f", rep.KVToWorkingSet))
 

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvdir/kvdir/bench/replay"
+	"github.com/kvdir/kvdir/bench/sim"
+	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/placement"
+)
+
+type replayFlags struct {
+	trace, profile, policies, out, dir, model string
+	replicas, kvBlocks, routers, limit        int
+	traceBlockSize                            int
+	timeScale                                 float64
+	matchTimeout                              string
+	noCharts                                  bool
+}
+
+func newReplay(log *slog.Logger) *cobra.Command {
+	var f replayFlags
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Replay a trace through real processes under each policy",
+		Long: `Starts a fleet of real processes on this machine (3 directory nodes, --replicas engine
+simulators each with its agent) and, for each policy, --routers routers running it (or, for
+"haproxy", Debian's HAProxy with balance hdr(X-Session-Id), hash-type consistent and
+hash-balance-factor 150 in front of the same engines), then sends the trace's requests
+open-loop at their timestamps. Before each policy the engines' prefix caches are reset.
+
+Prompts are sent as token ids (/v1/completions), built from the trace's hash ids, so the
+engines see exactly the trace's sharing. Hit rates come from the engines' own accounting
+(usage.prompt_tokens_details.cached_tokens). The engines run --time-scale times their
+modelled speed and the trace is compressed by the same factor; latencies are reported on
+the trace's clock (wall time / time scale), so proxy overheads count 1/time-scale times.
+
+Writes the same schema as kvbench sim: --out (JSON), .md next to it, and the charts.`,
+		Example: `  kvbench replay --trace bench/testdata/demo-sessions.jsonl --replicas 4 --profile llama3-70b \
+    --policies round-robin,session-hash,kvdir,haproxy --out bench/results/replay-demo.json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.trace == "" {
+				return errors.New("--trace is required")
+			}
+			return runReplay(cmd, &f, log)
+		},
+	}
+	fl := cmd.Flags()
+	addReplayFlags(fl, &f)
+	fl.StringVar(&f.trace, "trace", "", "trace file, Mooncake format (JSON Lines); required")
+	fl.StringVar(&f.policies, "policies", "round-robin,session-hash,kvdir", "comma-separated policies (the router's names, and haproxy), or all")
+	fl.IntVar(&f.replicas, "replicas", 4, "engine simulators (each with its agent)")
+	fl.IntVar(&f.routers, "routers", 1, "routers per policy, sharing the directory (requests alternate between them)")
+	fl.StringVarP(&f.out, "out", "o", "", "result JSON file (.md and charts next to it); empty: print the table only")
+	return cmd
+}
+
+// addReplayFlags adds the flags replay and demo share.
+func addReplayFlags(fl interface {
+	StringVar(*string, string, string, string)
+	IntVar(*int, string, int, string)
+	Float64Var(*float64, string, float64, string)
+	BoolVar(*bool, string, bool, string)
+}, f *replayFlags) {
+	fl.StringVar(&f.profile, "profile", "llama3-70b", "engine timing profile: a built-in name ("+strings.Join(engine.ProfileNames(), ", ")+") or a JSON file")
+	fl.IntVar(&f.kvBlocks, "kv-blocks", 0, "KV-cache blocks per engine (0: what the profile's model leaves on one H200)")
+	fl.Float64Var(&f.timeScale, "time-scale", 0.1, "engine speed and trace compression: 0.1 runs ten times faster than modelled")
+	fl.IntVar(&f.limit, "limit", 0, "replay only the first N requests (0: all)")
+	fl.IntVar(&f.traceBlockSize, "trace-block-size", workload.DefaultBlockSize, "tokens per hash id in the trace")
+	fl.StringVar(&f.model, "model", "", "model name the engines serve (default: the profile's name)")
+	fl.StringVar(&f.matchTimeout, "match-timeout", "25ms", "the routers' directory look-up deadline (the router's default is 5ms; a 2-core machine running the whole fleet needs more)")
+	fl.StringVar(&f.dir, "dir", "", "directory for binaries and data (default: a temporary one, removed after)")
+	fl.BoolVar(&f.noCharts, "no-charts", false, "do not write PNG charts")
+}
+
+func parseReplayPolicies(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "all" {
+		return append(placement.Names(), replay.HAProxy), nil
+	}
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		if p != replay.HAProxy && !contains(placement.Names(), p) {
+			return nil, fmt.Errorf("unknown policy %q (known: %s, %s, or all)", p, strings.Join(placement.Names(), ", "), replay.HAProxy)
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("--policies is empty")
+	}
+	return out, nil
+}
+
+func runReplay(cmd *cobra.Command, f *replayFlags, log *slog.Logger) error {
+	pols, err := parseReplayPolicies(f.policies)
+	if err != nil {
+		return err
+	}
+	recs, err := workload.ReadFile(f.trace, f.traceBlockSize)
+	if err != nil {
+		return err
+	}
+	workload.SortByTime(recs)
+	if f.limit > 0 && f.limit < len(recs) {
+		recs = recs[:f.limit]
+	}
+	if len(recs) == 0 {
+		return fmt.Errorf("%s: no records", f.trace)
+	}
+	return replayAndReport(cmd, f, pols, recs, f.trace, f.out, log)
+}
+
+// replayAndReport runs the comparison and writes the report.
+func replayAndReport(cmd *cobra.Command, f *replayFlags, pols []string, recs []workload.Record, trace, out string, log *slog.Logger) error {
+	prof, err := engine.ResolveProfile(f.profile)
+	if err != nil {
+		return fmt.Errorf("--profile: %w", err)
+	}
+	if f.kvBlocks == 0 {
+		a, ok := sim.DefaultKVBlocks(prof.Name, engine.DefaultBlockSize)
+		if !ok {
+			return fmt.Errorf("profile %q has no default KV size; set --kv-blocks", prof.Name)
+		}
+		f.kvBlocks = a.Blocks
+	}
+	if f.timeScale <= 0 || f.timeScale > 10 {
+		return fmt.Errorf("--time-scale %v: want a value in (0, 10]", f.timeScale)
+	}
+	dir := f.dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "kvbench-replay-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	} else if dir, err = filepath.Abs(dir); err != nil {
+		return err
+	}
+	rep, err := replay.RunComparison(cmd.Context(), replay.Options{
+		Trace: trace, Records: recs, TraceBlockSize: f.traceBlockSize, Replicas: f.replicasOr(4), Profile: f.profile,
+		KVBlocks: f.kvBlocks, TimeScale: f.timeScale, Model: f.model, Policies: pols, Routers: f.routers,
+		RouterArgs: []string{"--match-timeout", f.matchTimeout, "--profile", f.profile}, Dir: dir, Command: commandLine(),
+		Log: log, Progress: os.Stderr})
+	if err != nil {
+		return err
+	}
+	return writeReport(rep, out, !f.noCharts, log)
+}
+
+func (f *replayFlags) replicasOr(d int) int {
+	if f.replicas > 0 {
+		return f.replicas
+	}
+	return d
+}
