@@ -16,19 +16,24 @@ import (
 //	cached(w)   = round(matched(w) · Retain(KVUsage))
 //	new(w)      = P − cached(w)
 //	prefill(w)  = Prefill.Millis(new(w), cached(w))
-//	queue(w)    = Prefill.Millis(QueuedPrefillTokens, 0), or 0 if nothing is queued
+//	rate        = Prefill.Millis(R, 0) / R, with R = max(P, ChunkTokens)
+//	queue(w)    = QueuedPrefillTokens · rate
 //	steps(w)    = ⌈(QueuedPrefillTokens + new(w)) / ChunkTokens⌉
 //	interf(w)   = steps(w) · Decode.Extra(Running, Running·DecodeContext)
 //	wait(w)     = queue(w) + interf(w)
 //	ttft(w)     = wait(w) + prefill(w)
-//	extra(w)    = Waiting(w) · (prefill(w) − min over candidates of prefill)
+//	n(w)        = Waiting(w) + QueuedPrefillTokens(w) / P
+//	extra(w)    = max(n(w), mean over candidates of n) · (prefill(w) − min over candidates of prefill)
 //	cost(w)     = ttft(w) + extra(w)
 //
 // interf is the decode batch riding along with every chunked-prefill step
 // until our prefill is done: each such step costs the chunk plus the decodes'
-// extra (calibration README, mixed steps). queue charges the queued tokens as
-// one cold prefill, which slightly overstates the attention term when they
-// belong to several requests.
+// extra (calibration README, mixed steps). queue charges the queued tokens at
+// the per-token cost of a cold prefill of our own size: they belong to many
+// requests, each prefilled on its own, so pricing them as one prefill of
+// their sum (as an earlier version did) grows with the square of the queue;
+// at 400 k queued tokens one more token then cost about 2 ms while a cached
+// token saves about 0.25 ms, and kvdir gave up reuse to even out queues.
 //
 // The worker with the lowest cost wins; candidates within TieTolerance
 // (relative) of the best are ties, broken uniformly at random.
@@ -39,22 +44,22 @@ import (
 // spills a hot shared prefix to a second worker once the first one's queue
 // costs more than the prefix saves. It is exact for an idle destination.
 //
-// extra(w) is what the rule leaves out when the destination is busy: the
-// prefill a cache miss recomputes is work added to w's queue, and every
-// request waiting there is delayed by it. (For a single queue, extra work x
-// delays the others by x·ρ/(1−ρ) in all, which is x times the mean number
-// of requests in the queue; Waiting is that number as the engine last
-// reported it.) Without it, a saturated cluster's transient queue
-// differences, which later placements even out anyway, always outweigh the
-// saving, the policy degenerates to least-load and recomputes prefixes until
-// the cluster drowns (kvbench sim on the Mooncake trace: 14 % hit rate).
-// With it, moving a request away from its prefix must save more than the
-// recomputation costs everyone behind it: wait(a) − wait(b) > (1 +
-// Waiting(b)) · saving.
-//
-// QueuedPrefillTokens (the router's accounting of work sent and not yet
-// started) measures the wait in time; Waiting, the engine's queue length,
-// only counts who would suffer the extra work.
+// extra(w) is what the rule leaves out when the cluster is busy: the
+// prefill a cache miss recomputes is work added to w's queue, and the
+// requests that queue behind it are delayed by it. For a single queue, extra
+// work x delays the others by x·ρ/(1−ρ) in all, x times the mean number of
+// requests in the queue; n(w) estimates that number (the engine's queue plus
+// the router's queued prefill counted in requests of our size), and the
+// cluster's mean stands in for it on a worker that is idle only for the
+// moment. Without extra, a busy cluster's transient queue differences, which
+// later placements even out anyway, outweigh the saving; the policy drifts
+// to least-load and recomputes prefixes until the cluster drowns (kvbench sim,
+// Mooncake trace, 8 x llama3-70b: 14 % hit rate without extra, 53.6 % with
+// it; at half the trace's rate, reuse captured 0.82 with n(w) alone and 0.91
+// with the cluster's mean). With it, moving a request away from its prefix
+// must save more than the recomputation costs the requests behind it:
+// wait(a) − wait(b) > (1 + n) · saving. On an idle cluster n = 0 and the rule
+// is the seed document's.
 type KVDir struct {
 	prof    engine.Profile
 	tol     float64
@@ -117,12 +122,24 @@ func Retain(u float64) float64 {
 // Score returns cand's cost breakdown for req.
 func (p *KVDir) Score(req Request, cand Candidate) Score {
 	var s Score
-	p.score(&s, req, &cand, p.prof.Prefill.Millis(req.PromptTokens, 0))
+	p.score(&s, req, &cand, p.prof.Prefill.Millis(req.PromptTokens, 0), p.rate(req))
 	return s
 }
 
+// queuedRequests estimates the requests waiting for their prefill on c: the
+// engine's queue plus the router's queued prefill in requests of our size.
+func queuedRequests(req Request, c *Candidate) float64 {
+	return float64(max(c.Load.Waiting, 0)) + float64(max(c.Load.QueuedPrefillTokens, 0))/float64(max(req.PromptTokens, 1))
+}
+
+// rate is the modelled prefill cost of one queued token, in milliseconds.
+func (p *KVDir) rate(req Request) float64 {
+	r := max(req.PromptTokens, p.chunk)
+	return p.prof.Prefill.Millis(r, 0) / float64(r)
+}
+
 // score fills s for c; cold is the request's prefill without cache.
-func (p *KVDir) score(s *Score, req Request, c *Candidate, cold float64) {
+func (p *KVDir) score(s *Score, req Request, c *Candidate, cold, rate float64) {
 	s.Worker, s.MatchedTokens, s.Retain = c.Worker, matchedTokens(req, c), Retain(c.Load.KVUsage)
 	cached := int(math.Round(float64(s.MatchedTokens) * s.Retain))
 	s.CachedTokens = float64(cached)
@@ -131,7 +148,7 @@ func (p *KVDir) score(s *Score, req Request, c *Candidate, cold float64) {
 	s.ColdPrefillMs = cold
 	q := max(c.Load.QueuedPrefillTokens, 0)
 	if q > 0 {
-		s.QueueMs = p.prof.Prefill.Millis(q, 0)
+		s.QueueMs = float64(q) * rate
 	}
 	if r := c.Load.Running; r > 0 {
 		steps := (q + newTok + p.chunk - 1) / p.chunk
@@ -143,9 +160,10 @@ func (p *KVDir) score(s *Score, req Request, c *Candidate, cold float64) {
 
 // addExtra charges s with the delay its extra prefill (over minPrefill)
 // imposes on the requests waiting on its worker.
-func addExtra(s *Score, c *Candidate, minPrefill float64) {
-	if w := c.Load.Waiting; w > 0 && s.PrefillMs > minPrefill {
-		s.ExtraMs = float64(w) * (s.PrefillMs - minPrefill)
+func addExtra(s *Score, req Request, c *Candidate, minPrefill, mean float64) {
+	n := max(queuedRequests(req, c), mean)
+	if n > 0 && s.PrefillMs > minPrefill {
+		s.ExtraMs = n * (s.PrefillMs - minPrefill)
 		s.TotalMs += s.ExtraMs
 	}
 }
@@ -160,15 +178,20 @@ func (p *KVDir) Pick(req Request, cands []Candidate) (Decision, error) {
 		return Decision{}, fmt.Errorf("placement: kvdir: prompt of %d tokens", req.PromptTokens)
 	}
 	scores := make([]Score, len(cands))
-	cold := p.prof.Prefill.Millis(req.PromptTokens, 0)
+	cold, rate := p.prof.Prefill.Millis(req.PromptTokens, 0), p.rate(req)
 	minPrefill := math.Inf(1)
 	for i := range cands {
-		p.score(&scores[i], req, &cands[i], cold)
+		p.score(&scores[i], req, &cands[i], cold, rate)
 		minPrefill = min(minPrefill, scores[i].PrefillMs)
 	}
+	var mean float64
+	for i := range cands {
+		mean += queuedRequests(req, &cands[i])
+	}
+	mean /= float64(len(cands))
 	best := math.Inf(1)
 	for i := range cands {
-		addExtra(&scores[i], &cands[i], minPrefill)
+		addExtra(&scores[i], req, &cands[i], minPrefill, mean)
 		best = min(best, scores[i].TotalMs)
 	}
 	limit := best * (1 + p.tol)

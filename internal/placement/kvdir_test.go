@@ -43,7 +43,7 @@ func TestKVDirScoreFormulas(t *testing.T) {
 	steps := float64((3000 + newTok + 2047) / 2048)
 	want := Score{
 		Worker: "a", MatchedTokens: 4896, Retain: s.Retain, CachedTokens: cached,
-		QueueMs:        prof.Prefill.Millis(3000, 0),
+		QueueMs:        3000 * (prof.Prefill.Millis(5100, 0) / 5100),
 		InterferenceMs: steps * prof.Decode.Extra(10, 10*4096),
 		PrefillMs:      prof.Prefill.Millis(newTok, int(cached)),
 		ColdPrefillMs:  prof.Prefill.Millis(5100, 0),
@@ -56,19 +56,26 @@ func TestKVDirScoreFormulas(t *testing.T) {
 }
 
 // The seed document's turn 2: 5,100 prompt tokens, 4,896 of them (306 blocks
-// of 16) cached on a warm worker, against a cold idle worker (~132 ms).
+// of 16) cached on a warm worker, against a cold idle worker (~132 ms). The
+// warm worker keeps the request exactly until its wait exceeds the saving
+// plus the recomputation's cost to the queue: wait > (1 + n̄)·saving, where n̄
+// is the mean queued requests (here half the warm worker's queue in requests
+// of our size).
 func TestKVDirAffinityCrossover(t *testing.T) {
 	prof := llama8b(t)
-	req := Request{SessionKey: "s", PromptTokens: 5100, BlockSize: 16}
-	warmPrefill := prof.Prefill.Millis(5100-4896, 4896)
-	cold := prof.Prefill.Millis(5100, 0)
+	const P = 5100
+	req := Request{SessionKey: "s", PromptTokens: P, BlockSize: 16}
+	warmPrefill := prof.Prefill.Millis(P-4896, 4896)
+	cold := prof.Prefill.Millis(P, 0)
 	saving := cold - warmPrefill
 	if cold < 125 || cold > 140 || saving < 110 {
 		t.Fatalf("profile: cold %.1f ms, saving %.1f ms; want ~132 and ~117", cold, saving)
 	}
+	rate := cold / P
 	// Largest queue (tokens) the warm worker may have and still win.
+	moves := func(q int) bool { return float64(q)*rate > (1+float64(q)/P/2)*saving }
 	qStar := 0
-	for prof.Prefill.Millis(qStar+1, 0) < saving {
+	for !moves(qStar + 1) {
 		qStar++
 	}
 	t.Logf("cold %.2f ms, warm prefill %.2f ms, saving %.2f ms, crossover at %d queued tokens", cold, warmPrefill, saving, qStar)
@@ -85,9 +92,8 @@ func TestKVDirAffinityCrossover(t *testing.T) {
 	}
 	for _, q := range []int{0, qStar / 2, qStar} {
 		d := mustPick(t, p, req, cands(q))
-		w := d.Scores[1]
-		if d.Worker != "warm" || !(w.WaitMs < saving) {
-			t.Fatalf("queue %d: picked %s with wait %.3f ms vs saving %.3f ms; want warm", q, d.Worker, w.WaitMs, saving)
+		if d.Worker != "warm" {
+			t.Fatalf("queue %d: picked %s (warm wait %.3f ms, saving %.3f ms, charge %.3f ms); want warm", q, d.Worker, d.Scores[1].WaitMs, saving, d.Scores[0].ExtraMs)
 		}
 		if d.PredictedCachedTokens != 4896 {
 			t.Fatalf("PredictedCachedTokens = %d, want 4896", d.PredictedCachedTokens)
@@ -95,21 +101,20 @@ func TestKVDirAffinityCrossover(t *testing.T) {
 	}
 	for _, q := range []int{qStar + 1, 2 * qStar} {
 		d := mustPick(t, p, req, cands(q))
-		w := d.Scores[1]
-		if d.Worker != "cold" || !(w.WaitMs > saving) {
-			t.Fatalf("queue %d: picked %s with wait %.3f ms vs saving %.3f ms; want cold", q, d.Worker, w.WaitMs, saving)
+		if d.Worker != "cold" {
+			t.Fatalf("queue %d: picked %s; want cold", q, d.Worker)
 		}
-		if d.PredictedCachedTokens != 0 || math.Abs(d.Scores[0].TotalMs-cold) > 1e-9 {
-			t.Fatalf("cold decision %+v", d)
+		if want := float64(q) / P / 2 * saving; d.PredictedCachedTokens != 0 || math.Abs(d.Scores[0].ExtraMs-want) > 1e-6 || math.Abs(d.Scores[0].TotalMs-cold-want) > 1e-6 {
+			t.Fatalf("cold decision %+v; want charge %.3f", d, want)
 		}
 	}
-
-	// Running decodes on the warm worker add to its wait and move the
-	// crossover down.
-	busy := cands(qStar)
-	busy[1].Load.Running = 64
-	if d := mustPick(t, p, req, busy); d.Worker != "cold" {
-		t.Fatalf("warm worker with 64 running decodes at the crossover queue: picked %s", d.Worker)
+	// On an idle cluster the rule is the seed document's: any wait on the warm
+	// worker larger than the saving moves the request. Running decodes on the
+	// warm worker add to its wait.
+	busy := cands(0)
+	busy[1].Load.Running = 256
+	if d := mustPick(t, p, req, busy); (d.Scores[1].WaitMs > saving) != (d.Worker == "cold") {
+		t.Fatalf("256 running decodes on the warm worker: wait %.1f ms, saving %.1f ms, picked %s", d.Scores[1].WaitMs, saving, d.Worker)
 	}
 	// Near-full KV cache discounts the match: at usage 1.0 only half is expected.
 	full := cands(0)
@@ -126,17 +131,18 @@ func TestKVDirAffinityCrossover(t *testing.T) {
 // crossover, and loses it past the raised one.
 func TestKVDirBusyDestination(t *testing.T) {
 	prof := llama8b(t)
-	req := Request{SessionKey: "s", PromptTokens: 5100, BlockSize: 16}
-	saving := prof.Prefill.Millis(5100, 0) - prof.Prefill.Millis(5100-4896, 4896)
+	const P = 5100
+	req := Request{SessionKey: "s", PromptTokens: P, BlockSize: 16}
+	saving := prof.Prefill.Millis(P, 0) - prof.Prefill.Millis(P-4896, 4896)
+	rate := prof.Prefill.Millis(P, 0) / P
 	p, err := NewKVDir(Options{Seed: 1, TieTolerance: 1e-12})
 	if err != nil {
 		t.Fatal(err)
 	}
 	const waiting = 3
-	// Smallest warm queue (tokens) whose wait exceeds (1+waiting)·saving, when
-	// the cold worker has an empty token queue but 3 requests waiting.
-	qStar := 0
-	for prof.Prefill.Millis(qStar+1, 0) < (1+waiting)*saving {
+	charge := func(q int) float64 { return max(waiting, (waiting+float64(q)/P)/2) * saving }
+	qStar := 0 // largest warm queue (tokens) that keeps the request
+	for float64(qStar+1)*rate <= saving+charge(qStar+1) {
 		qStar++
 	}
 	cands := func(q int) []Candidate {
@@ -145,17 +151,20 @@ func TestKVDirBusyDestination(t *testing.T) {
 			{Worker: "warm", MatchedBlocks: 306, Load: Load{QueuedPrefillTokens: q}},
 		}
 	}
+	if idle := int(saving / rate); qStar < 3*idle {
+		t.Fatalf("crossover at %d queued tokens, want well past the idle one (%d)", qStar, idle)
+	}
 	for _, q := range []int{qStar / 3, qStar} {
 		d := mustPick(t, p, req, cands(q))
 		if d.Worker != "warm" {
 			t.Fatalf("queue %d (wait %.1f ms, charge %.1f ms): picked %s, want warm", q, d.Scores[1].WaitMs, d.Scores[0].ExtraMs, d.Worker)
 		}
-		if math.Abs(d.Scores[0].ExtraMs-waiting*saving) > 1e-6 {
-			t.Fatalf("charge %.3f ms, want %d x %.3f", d.Scores[0].ExtraMs, waiting, saving)
+		if math.Abs(d.Scores[0].ExtraMs-charge(q)) > 1e-6 {
+			t.Fatalf("charge %.3f ms, want %.3f", d.Scores[0].ExtraMs, charge(q))
 		}
 	}
-	if d := mustPick(t, p, req, cands(qStar+200)); d.Worker != "cold" {
-		t.Fatalf("queue %d: picked %s, want cold", qStar+200, d.Worker)
+	if d := mustPick(t, p, req, cands(qStar+1)); d.Worker != "cold" {
+		t.Fatalf("queue %d: picked %s, want cold", qStar+1, d.Worker)
 	}
 	// The warm worker itself pays no charge: it recomputes least.
 	if d := mustPick(t, p, req, cands(0)); d.Scores[1].ExtraMs != 0 {
@@ -213,10 +222,12 @@ func TestKVDirHotPrefixSpills(t *testing.T) {
 			}
 			cands[d.Index].MatchedBlocks = 250 // the directory now sees it there
 		}
-		if spill < 0 && i > 0 {
-			prev := d.Scores[0]
-			if prev.WaitMs > prev.ColdPrefillMs {
-				t.Fatalf("request %d: stayed on the hot worker with wait %.1f ms > cold prefill", i, prev.WaitMs)
+		if spill < 0 && d.Index == 0 {
+			// Staying is right while the warm worker's wait is below the saving
+			// plus the charge a miss would pay elsewhere.
+			w, c := d.Scores[0], d.Scores[1]
+			if w.WaitMs > c.ColdPrefillMs-w.PrefillMs+c.ExtraMs+c.WaitMs+1e-9 {
+				t.Fatalf("request %d: stayed on the hot worker with wait %.1f ms > saving + charge", i, w.WaitMs)
 			}
 		}
 		cands[d.Index].Load.QueuedPrefillTokens += req.PromptTokens - d.PredictedCachedTokens
