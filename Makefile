@@ -43,6 +43,22 @@ test-deps: ## Install what the tests need beyond Go (Debian: python3-zmq, python
 	  else echo "run as root, or: sudo apt-get install python3-zmq python3-msgpack" >&2; exit 1; fi; \
 	fi
 
+.PHONY: demo
+demo: ## The main job: directory, 4 enginesims+agents (70B, time-compressed), routers; a bundled agent trace under round-robin, session-hash, kvdir -> bench/results/demo.*
+	$(GO) run ./bench/cmd/kvbench demo
+
+# The public Mooncake trace (../shared/traces/README.md); any file of its format works.
+TRACE ?= ../shared/traces/mooncake_synthetic_trace.jsonl
+
+.PHONY: bench-sim
+bench-sim: ## kvbench sim: every policy on TRACE, 8 x llama3-70b, KV 2x and 0.7x the working set, and at half rate -> bench/results/sim-mooncake-70b-*
+	$(GO) run ./bench/cmd/kvbench sim --trace $(TRACE) --replicas 8 --profile llama3-70b --kv-blocks 101200 --policies all --parallel 2 --out bench/results/sim-mooncake-70b-kv2x.json
+	$(GO) run ./bench/cmd/kvbench sim --trace $(TRACE) --replicas 8 --profile llama3-70b --kv-blocks 35400 --policies all --parallel 2 --out bench/results/sim-mooncake-70b-kv0.7x.json
+	$(GO) run ./bench/cmd/kvbench sim --trace $(TRACE) --replicas 8 --profile llama3-70b --kv-blocks 101200 --time-scale 2 --policies all --parallel 2 --out bench/results/sim-mooncake-70b-kv2x-halfrate.json
+
+.PHONY: bench
+bench: bench-index bench-directory bench-agent bench-router bench-sim demo ## Every benchmark; refreshes bench/results/
+
 .PHONY: bench-index
 bench-index: ## Index and hashing figures at full scale -> bench/results/index.json
 	@mkdir -p $(dir $(BENCH_OUT))
