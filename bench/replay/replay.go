@@ -70,6 +70,9 @@ type Result struct {
 	Errors    int                 // requests that failed at the transport or with an unexpected status
 	FirstErr  string
 	WallSec   float64
+	// SendLagMax is the latest a request left after its scheduled time (wall
+	// clock); it counts in that request's latencies.
+	SendLagMax time.Duration
 	// Fallbacks counts the routers' requests placed without the directory,
 	// by reason (kvdir_router_fallbacks_total; nil for HAProxy).
 	Fallbacks map[string]int
@@ -109,6 +112,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	start := time.Now()
 	for i := range cfg.Records {
 		rec := &cfg.Records[i]
+		// Build the body before the request is due, so that its cost does
+		// not count as latency.
+		body, err := requestBody(cfg, rec)
+		if err != nil {
+			wg.Wait()
+			stopQueue()
+			<-queueDone
+			return nil, err
+		}
 		at := start.Add(time.Duration(rec.Timestamp * cfg.TimeScale * float64(time.Millisecond)))
 		if d := time.Until(at); d > 0 {
 			select {
@@ -132,10 +144,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			s, err := send(ctx, cfg, rec, cfg.URLs[i%len(cfg.URLs)], start, replica)
+			lag := time.Since(at)
+			s, err := send(ctx, cfg, rec, body, cfg.URLs[i%len(cfg.URLs)], start, replica)
 			s.IdealCached = ideal[i]
 			s.Arrival = time.Duration(rec.Timestamp * float64(time.Millisecond))
 			res.Samples[i] = s
+			mu.Lock()
+			res.SendLagMax = max(res.SendLagMax, lag)
+			mu.Unlock()
 			if err != nil {
 				mu.Lock()
 				res.Errors++
@@ -171,16 +187,21 @@ type completion struct {
 	} `json:"stream_options"`
 }
 
-// send runs one request and observes it. Times in the sample are on the
-// trace clock relative to the request's scheduled arrival.
-func send(ctx context.Context, cfg Config, rec *workload.Record, url string, start time.Time, replica map[string]int) (report.Sample, error) {
-	s := report.Sample{Replica: -1, PromptTokens: rec.InputLength, OutputTokens: rec.OutputLength, Rejected: true}
+// requestBody is rec's completion request.
+func requestBody(cfg Config, rec *workload.Record) ([]byte, error) {
 	body := completion{Model: cfg.Model, Prompt: workload.Prompt(nil, rec, cfg.TraceBlockSize), MaxTokens: max(rec.OutputLength, 1), Stream: true}
 	body.StreamOptions.IncludeUsage = true
 	b, err := json.Marshal(body)
 	if err != nil {
-		return s, err
+		return nil, fmt.Errorf("replay: encode the request at %.0f ms: %w", rec.Timestamp, err)
 	}
+	return b, nil
+}
+
+// send runs one request and observes it. Times in the sample are on the
+// trace clock relative to the request's scheduled arrival.
+func send(ctx context.Context, cfg Config, rec *workload.Record, b []byte, url string, start time.Time, replica map[string]int) (report.Sample, error) {
+	s := report.Sample{Replica: -1, PromptTokens: rec.InputLength, OutputTokens: rec.OutputLength, Rejected: true}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(b))
 	if err != nil {
 		return s, err
