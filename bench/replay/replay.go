@@ -50,7 +50,7 @@ type Config struct {
 	// TimeScale multiplies trace time into wall time (0.1: ten times faster).
 	TimeScale float64
 	Engines   []Engine
-	// SessionHeader carries the record's session id, or "prefix-<first hash
+	// SessionHeader carries the record's session id, or "h<first hash
 	// id>" for records without one (default X-Session-Id).
 	SessionHeader string
 	// MaxInFlight bounds concurrent requests (default 4096); a request that
@@ -209,7 +209,7 @@ func send(ctx context.Context, cfg Config, rec *workload.Record, b []byte, url s
 	req.Header.Set("Content-Type", "application/json")
 	sess := rec.SessionID
 	if sess == "" && len(rec.HashIDs) > 0 {
-		sess = "prefix-" + strconv.FormatInt(rec.HashIDs[0], 10)
+		sess = "h" + strconv.FormatInt(rec.HashIDs[0], 10)
 	}
 	req.Header.Set(cfg.SessionHeader, sess)
 	arrival := start.Add(time.Duration(rec.Timestamp * cfg.TimeScale * float64(time.Millisecond)))

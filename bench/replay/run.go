@@ -57,7 +57,7 @@ func RunComparison(ctx context.Context, o Options) (*report.Report, error) {
 	rep := report.ForTrace("replay", o.Trace, o.Records, ideal, o.TraceBlockSize, 16, o.Replicas, o.Profile, o.KVBlocks, 1)
 	rep.Command = o.Command
 	rep.Settings = map[string]any{"wall_time_scale": o.TimeScale, "routers_per_policy": max(o.Routers, 1), "directory_nodes": 3, "model": o.Model,
-		"engine": "cmd/enginesim", "session_key": "session_id, else \"prefix-\" + first hash id", "trace_block_size": o.TraceBlockSize}
+		"engine": "cmd/enginesim", "session_key": "session_id, else \"h\" + first hash id", "trace_block_size": o.TraceBlockSize}
 	fallbacks := map[string]map[string]int{}
 	rep.Settings["router_args"] = strings.Join(o.RouterArgs, " ")
 	rep.Settings["router_fallbacks"] = fallbacks
