@@ -36,11 +36,14 @@ test: test-deps vet fmt-check ## Vet, format check and all tests with the race d
 	$(GO) test -race -count=1 ./...
 
 .PHONY: test-deps
-test-deps: ## Install what the tests need beyond Go (Debian: python3-zmq, python3-msgpack for the libzmq interop test)
-	@if ! /usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null; then \
-	  echo "installing python3-zmq and python3-msgpack (the libzmq interop test needs them)"; \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-zmq python3-msgpack; \
-	  else echo "run as root, or: sudo apt-get install python3-zmq python3-msgpack" >&2; exit 1; fi; \
+test-deps: ## Install what the tests need beyond Go (Debian: python3-zmq, python3-msgpack for the libzmq interop test; haproxy for the replay baseline)
+	@missing=""; \
+	/usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null || missing="$$missing python3-zmq python3-msgpack"; \
+	command -v haproxy >/dev/null 2>&1 || missing="$$missing haproxy"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing (Debian) for the tests"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  else echo "run as root, or: sudo apt-get install$$missing" >&2; exit 1; fi; \
 	fi
 
 .PHONY: demo

@@ -34,12 +34,10 @@ func TestCompareLive(t *testing.T) {
 	}
 	c := &Compare{Fleet: f, Routers: 2, Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Base: Config{Records: recs, TraceBlockSize: workload.DefaultBlockSize, EngineBlockSize: 16, Model: "llama3-8b", TimeScale: 0.02}}
-	policies := []string{"round-robin", "kvdir"}
-	if _, err := exec.LookPath("haproxy"); err == nil {
-		policies = append(policies, HAProxy)
-	} else {
-		t.Log("haproxy not installed: the HAProxy baseline is not replayed (make test-deps installs it)")
+	if _, err := exec.LookPath("haproxy"); err != nil {
+		t.Fatal("haproxy is not installed; the HAProxy baseline needs it (make test-deps installs Debian's package)")
 	}
+	policies := []string{"round-robin", "kvdir", HAProxy}
 	hit := map[string]float64{}
 	for _, p := range policies {
 		pol, res, err := c.Run(ctx, p)
