@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -57,7 +59,7 @@ func (c *Compare) Run(ctx context.Context, policy string) (report.Policy, *Resul
 	c.Log.Info("replaying", "policy", policy, "requests", len(cfg.Records), "front_ends", len(urls))
 	res, err := Run(ctx, cfg)
 	if err == nil && policy != HAProxy {
-		res.Fallbacks = routerFallbacks(urls)
+		res.Fallbacks, res.LookupP50Ms, res.LookupP99Ms = routerStats(urls)
 	}
 	stop()
 	if err != nil {
@@ -234,9 +236,13 @@ backend be
 %s`, port, servers)
 }
 
-// routerFallbacks sums kvdir_router_fallbacks_total over the routers.
-func routerFallbacks(urls []string) map[string]int {
-	out := map[string]int{}
+// routerStats reads the routers' metrics: requests placed without the
+// directory, by reason (kvdir_router_fallbacks_total), and the directory
+// look-up latency's p50 and p99 from the summed histogram buckets (the
+// upper bound of the bucket the quantile falls in).
+func routerStats(urls []string) (fallbacks map[string]int, p50, p99 float64) {
+	fallbacks = map[string]int{}
+	buckets := map[float64]float64{}
 	for _, u := range urls {
 		resp, err := http.Get(u + "/metrics")
 		if err != nil {
@@ -245,22 +251,52 @@ func routerFallbacks(urls []string) map[string]int {
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		for _, line := range strings.Split(string(body), "\n") {
-			if !strings.HasPrefix(line, "kvdir_router_fallbacks_total{") {
+			j := strings.LastIndexByte(line, ' ')
+			if j < 0 {
 				continue
 			}
-			i, j := strings.Index(line, `reason="`), strings.LastIndexByte(line, ' ')
-			if i < 0 || j < 0 {
-				continue
-			}
-			reason := line[i+len(`reason="`):]
-			reason = reason[:strings.IndexByte(reason, '"')]
 			v, err := strconv.ParseFloat(line[j+1:], 64)
-			if err == nil {
-				out[reason] += int(v)
+			if err != nil {
+				continue
+			}
+			switch {
+			case strings.HasPrefix(line, "kvdir_router_fallbacks_total{"):
+				fallbacks[labelOf(line, "reason")] += int(v)
+			case strings.HasPrefix(line, "kvdir_router_directory_lookup_seconds_bucket{"):
+				if le, err := strconv.ParseFloat(labelOf(line, "le"), 64); err == nil {
+					buckets[le] += v
+				}
 			}
 		}
 	}
-	return out
+	les := make([]float64, 0, len(buckets))
+	for le := range buckets {
+		les = append(les, le)
+	}
+	slices.Sort(les)
+	if len(les) == 0 || buckets[les[len(les)-1]] == 0 {
+		return fallbacks, 0, 0
+	}
+	total := buckets[les[len(les)-1]]
+	q := func(f float64) float64 {
+		for _, le := range les {
+			if buckets[le] >= f*total {
+				return le * 1000
+			}
+		}
+		return math.Inf(1)
+	}
+	return fallbacks, q(0.5), q(0.99)
+}
+
+// labelOf returns a label's value in a Prometheus text line.
+func labelOf(line, name string) string {
+	i := strings.Index(line, name+`="`)
+	if i < 0 {
+		return ""
+	}
+	v := line[i+len(name)+2:]
+	return v[:max(strings.IndexByte(v, '"'), 0)]
 }
 
 // waitReady waits until url answers /v1/models with model.

@@ -76,6 +76,9 @@ type Result struct {
 	// Fallbacks counts the routers' requests placed without the directory,
 	// by reason (kvdir_router_fallbacks_total; nil for HAProxy).
 	Fallbacks map[string]int
+	// LookupP50Ms and LookupP99Ms bound the routers' directory look-up
+	// latency (histogram bucket upper bounds; 0 for HAProxy).
+	LookupP50Ms, LookupP99Ms float64
 }
 
 var client = &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 1024, DisableCompression: true}}

@@ -62,6 +62,8 @@ func RunComparison(ctx context.Context, o Options) (*report.Report, error) {
 	rep.Settings["router_args"] = strings.Join(o.RouterArgs, " ")
 	rep.Settings["router_fallbacks"] = fallbacks
 	sendLag := map[string]int64{}
+	lookups := map[string]map[string]float64{}
+	rep.Settings["directory_lookup"] = lookups
 	rep.Settings["client_send_lag_max_wall_ms"] = sendLag
 	c := &Compare{Fleet: f, Routers: o.Routers, RouterArgs: o.RouterArgs, Log: o.Log,
 		Base: Config{Records: o.Records, TraceBlockSize: o.TraceBlockSize, EngineBlockSize: 16, Model: o.Model, TimeScale: o.TimeScale}}
@@ -85,7 +87,10 @@ func RunComparison(ctx context.Context, o Options) (*report.Report, error) {
 			fallbacks[p] = res.Fallbacks
 		}
 		sendLag[p] = res.SendLagMax.Milliseconds()
-		o.Log.Info("policy done", "policy", p, "fallbacks", fmt.Sprint(res.Fallbacks), "hit_rate", fmt.Sprintf("%.3f", pol.HitRate), "reuse_captured", fmt.Sprintf("%.3f", pol.ReuseCaptured),
+		if p != HAProxy {
+			lookups[p] = map[string]float64{"p50_ms_at_most": res.LookupP50Ms, "p99_ms_at_most": res.LookupP99Ms}
+		}
+		o.Log.Info("policy done", "policy", p, "fallbacks", fmt.Sprint(res.Fallbacks), "lookup_p99_ms_at_most", res.LookupP99Ms, "hit_rate", fmt.Sprintf("%.3f", pol.HitRate), "reuse_captured", fmt.Sprintf("%.3f", pol.ReuseCaptured),
 			"ttft_p90_ms", fmt.Sprintf("%.0f", pol.TTFTP90Ms), "wall_s", fmt.Sprintf("%.1f", pol.WallSec))
 		rep.Policies = append(rep.Policies, pol)
 	}

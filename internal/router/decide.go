@@ -23,8 +23,10 @@ const (
 )
 
 // Directory circuit breaker: after breakerFailures consecutive failed
-// look-ups the router stops asking for breakerPause, so that an outage
-// costs requests no deadline wait; then one request tries again.
+// look-ups (errors such as refused connections or no leader; timeouts do not
+// count, as a slow directory still answers most requests) the router stops
+// asking for breakerPause, so that an outage costs requests nothing; then
+// one request tries again.
 const (
 	breakerFailures = 3
 	breakerPause    = time.Second
@@ -228,9 +230,12 @@ func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(
 		return FallbackDown // another request is the one trying again
 	}
 	reason := s.lookup(ctx, d, chainFor)
-	if reason == "" {
+	switch {
+	case reason == "":
 		s.dirFailures.Store(0)
-	} else if s.dirFailures.Add(1) >= breakerFailures {
+	case reason == FallbackTimeout:
+		// Slow, not down: a busy machine must not switch the directory off.
+	case s.dirFailures.Add(1) >= breakerFailures:
 		s.dirFailures.Store(0)
 		s.dirPausedUntil.Store(time.Now().Add(s.breakerPause).UnixNano())
 		s.log.Warn("router: directory look-ups failing; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause)
