@@ -14,51 +14,19 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvdir/kvdir/internal/clitable"
+	"github.com/kvdir/kvdir/internal/router"
 )
 
 // explainPath is the router's endpoint that scores a request without
 // placing it.
-const explainPath = "/v1/kvdir/explain"
+const explainPath = router.PathExplain
 
 // maxExplainBody bounds the router's answer.
 const maxExplainBody = 8 << 20
 
-// explanation is the router's answer (the fields kvdirctl shows; -o json
-// passes the whole answer through).
-type explanation struct {
-	Model                 string        `json:"model"`
-	SessionID             string        `json:"session_id"`
-	Policy                string        `json:"policy"`
-	PromptTokens          int           `json:"prompt_tokens"`
-	BlockSize             int           `json:"block_size"`
-	ChainBlocks           int           `json:"chain_blocks"`
-	Fallback              string        `json:"fallback"`
-	Pick                  string        `json:"pick"`
-	PredictedCachedTokens int           `json:"predicted_cached_tokens"`
-	DecisionMicros        *float64      `json:"decision_us"`
-	Workers               []workerScore `json:"workers"`
-}
-
-// workerScore is one candidate in an explanation.
-type workerScore struct {
-	Worker              string  `json:"worker"`
-	Address             string  `json:"address"`
-	MatchedBlocks       int     `json:"matched_blocks"`
-	MatchedTokens       int     `json:"matched_tokens"`
-	Running             int     `json:"running"`
-	Waiting             int     `json:"waiting"`
-	KVUsage             float64 `json:"kv_usage"`
-	InFlight            int     `json:"in_flight"`
-	QueuedPrefillTokens int     `json:"queued_prefill_tokens"`
-	Retain              float64 `json:"retain"`
-	CachedTokens        float64 `json:"cached_tokens"`
-	QueueMs             float64 `json:"queue_ms"`
-	InterferenceMs      float64 `json:"interference_ms"`
-	WaitMs              float64 `json:"wait_ms"`
-	PrefillMs           float64 `json:"prefill_ms"`
-	ColdPrefillMs       float64 `json:"cold_prefill_ms"`
-	TotalMs             float64 `json:"total_ms"`
-}
+// explanation is the router's answer (router.Explanation, the type the
+// router encodes; -o json passes the router's bytes through unchanged).
+type explanation = router.Explanation
 
 // routerError is a failed explain call, with what to try.
 type routerError struct{ msg string }
@@ -217,8 +185,8 @@ func writeExplanation(w io.Writer, e *explanation) error {
 		return err
 	}
 	fmt.Fprintf(w, "\npick: %s, predicted cached tokens %d", e.Pick, e.PredictedCachedTokens)
-	if e.DecisionMicros != nil {
-		fmt.Fprintf(w, " (decided in %.0f µs)", *e.DecisionMicros)
+	if e.DecisionMicros > 0 {
+		fmt.Fprintf(w, " (decided in %.0f µs)", e.DecisionMicros)
 	}
 	fmt.Fprintln(w)
 	return nil

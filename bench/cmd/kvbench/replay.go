@@ -14,7 +14,6 @@ import (
 	"github.com/kvdir/kvdir/bench/sim"
 	"github.com/kvdir/kvdir/bench/workload"
 	"github.com/kvdir/kvdir/internal/engine"
-	"github.com/kvdir/kvdir/internal/placement"
 )
 
 type replayFlags struct {
@@ -82,29 +81,8 @@ func addReplayFlags(fl interface {
 	fl.BoolVar(&f.noCharts, "no-charts", false, "do not write PNG charts")
 }
 
-func parseReplayPolicies(s string) ([]string, error) {
-	if strings.TrimSpace(s) == "all" {
-		return append(placement.Names(), replay.HAProxy), nil
-	}
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		p = strings.TrimSpace(p)
-		if p == "" {
-			continue
-		}
-		if p != replay.HAProxy && !contains(placement.Names(), p) {
-			return nil, fmt.Errorf("unknown policy %q (known: %s, %s, or all)", p, strings.Join(placement.Names(), ", "), replay.HAProxy)
-		}
-		out = append(out, p)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("--policies is empty")
-	}
-	return out, nil
-}
-
 func runReplay(cmd *cobra.Command, f *replayFlags, log *slog.Logger) error {
-	pols, err := parseReplayPolicies(f.policies)
+	pols, err := parsePolicies(f.policies, replay.HAProxy)
 	if err != nil {
 		return err
 	}

@@ -87,11 +87,13 @@ func kvLine(profile string) string {
 	return fmt.Sprintf("%s: %d blocks of %d tokens (%d tokens)", profile, a.Blocks, a.BlockSize, a.Tokens)
 }
 
-func parsePolicies(s string) ([]string, error) {
+// parsePolicies parses --policies: router policy names, or all; extra are
+// further names accepted (and included in all), such as replay's haproxy.
+func parsePolicies(s string, extra ...string) ([]string, error) {
+	known := append(placement.Names(), extra...)
 	if strings.TrimSpace(s) == "all" {
-		return placement.Names(), nil
+		return known, nil
 	}
-	known := placement.Names()
 	var out []string
 	seen := make(map[string]bool)
 	for _, p := range strings.Split(s, ",") {

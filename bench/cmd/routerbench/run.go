@@ -22,6 +22,7 @@ import (
 	"github.com/kvdir/kvdir/bench/benchjson"
 	"github.com/kvdir/kvdir/bench/dircluster"
 	"github.com/kvdir/kvdir/bench/fleet"
+	"github.com/kvdir/kvdir/bench/replay"
 	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/router"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
@@ -423,22 +424,7 @@ func startHAProxy(c config, f *fleet.Fleet, port int, ups []string) (*fleet.Proc
 	for i, u := range ups {
 		fmt.Fprintf(&servers, "  server s%d %s\n", i, strings.TrimPrefix(u, "http://"))
 	}
-	cfg := fmt.Sprintf(`global
-  maxconn 4096
-defaults
-  mode http
-  timeout connect 2s
-  timeout client 60s
-  timeout server 60s
-  option http-keep-alive
-frontend fe
-  bind 127.0.0.1:%d
-  default_backend be
-backend be
-  balance hdr(X-Session-Id)
-  hash-type consistent
-  hash-balance-factor 150
-%s`, port, servers.String())
+	cfg := replay.HAProxyConfig(port, servers.String())
 	path := filepath.Join(c.dir, "haproxy.cfg")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		return nil, "", err
