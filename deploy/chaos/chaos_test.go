@@ -1,0 +1,481 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvdir/kvdir/bench/benchjson"
+)
+
+// Results is bench/results/chaos.json.
+type Results struct {
+	Machine benchjson.Machine `json:"machine"`
+	Command string            `json:"command"`
+	Faults  []FaultResult     `json:"faults"`
+	Notes   []string          `json:"notes"`
+}
+
+// fault is one fault of issue 8: inject breaks something and repairs it;
+// it returns when the repair action completed and records what it did.
+type fault struct {
+	name   string
+	inject func(h *harness, r *FaultResult) (repaired time.Time, err error)
+}
+
+var faults = []fault{
+	{"kill-leader", killNode(true)},
+	{"kill-follower", killNode(false)},
+	{"partition-follower", partition(false)},
+	{"partition-leader", partition(true)},
+	{"rolling-restart", rollingRestart},
+	{"restart-engine", restartEngine},
+	{"restart-agent", restartAgent},
+	{"restart-router", restartRouter},
+}
+
+// TestChaos brings up the compose cluster, puts steady load on both routers,
+// injects the faults of issue 8 one after another and checks the invariants
+// after each; it writes bench/results/chaos.json (or $KVDIR_CHAOS_OUT).
+func TestChaos(t *testing.T) {
+	if os.Getenv("KVDIR_CHAOS") != "1" {
+		t.Skip("chaos tests need Docker; run them with `make test-chaos` (KVDIR_CHAOS=1)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 11*time.Minute)
+	defer cancel()
+	start := time.Now()
+	h := newHarness(t, ctx)
+	t.Logf("cluster up in %.1f s", time.Since(start).Seconds())
+
+	res := Results{
+		Machine: benchjson.ThisMachine(),
+		Command: "make test-chaos",
+		Notes: []string{
+			"Each fault runs under steady load (bench/replay chat sessions, open loop, through both routers) and ends with the checks described in deploy/README.md (Chaos tests).",
+			"leader_recovery_seconds: from the fault to a leader all reachable directory nodes agree on (for rolling-restart, the longest of the three restarts).",
+			"view_converged_seconds: from the repair (container started, network reconnected) until the directory's view of every probe prompt on every worker equals what the engine holds.",
+		},
+	}
+	only := os.Getenv("KVDIR_CHAOS_ONLY") // comma-separated fault names, for debugging
+	for _, f := range faults {
+		if only != "" && !strings.Contains(","+only+",", ","+f.name+",") {
+			continue
+		}
+		r := h.run(f)
+		res.Faults = append(res.Faults, r)
+		t.Logf("%s: ok=%v failed=%d lost=%d leader=%.2fs view=%.2fs requests=%d (%.0f s) %v",
+			r.Name, r.OK, r.FailedRequests, r.LostAcknowledgedBatches, r.LeaderRecoverySeconds,
+			r.ViewConvergedSeconds, r.Requests, r.DurationSeconds, r.Problems)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	out := env("KVDIR_CHAOS_OUT", filepath.Join(h.root, "bench/results/chaos.json"))
+	if err := benchjson.Write(out, res); err != nil {
+		t.Errorf("write %s: %v", out, err)
+	}
+	for _, r := range res.Faults {
+		if !r.OK {
+			t.Errorf("%s failed: %s", r.Name, strings.Join(r.Problems, "; "))
+		}
+	}
+	if len(res.Faults) < len(faults) && only == "" {
+		t.Errorf("only %d of %d faults ran", len(res.Faults), len(faults))
+	}
+	t.Logf("chaos run took %.0f s", time.Since(start).Seconds())
+}
+
+// run runs one fault under load and checks the invariants.
+func (h *harness) run(f fault) (r FaultResult) {
+	r.Name = f.name
+	begin := time.Now()
+	defer func() {
+		r.DurationSeconds = time.Since(begin).Seconds()
+		r.OK = len(r.Problems) == 0
+	}()
+	if lv := h.dir.Leader(h.ctx); lv.Leader != "" {
+		r.LeaderBefore = lv.Leader
+	}
+	load := StartLoad(h.ctx, h.loadConfig())
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		st, err := load.Stop()
+		if err != nil {
+			r.problem("load: %v", err)
+		}
+		r.Requests = st.Requests
+		r.FailedRequests = st.Errors
+		if st.Errors > 0 {
+			h.t.Logf("%s: first client error: %s", f.name, st.FirstErr)
+		}
+	}
+	defer stop()
+	if err := h.waitRequests(begin, warmRequests, 60*time.Second); err != nil {
+		r.problem("load before the fault: %v", err)
+		return r
+	}
+
+	// The fault and its repair, under load. From the repair on, the
+	// directory must come to reflect everything the engines stored up to
+	// it, and nothing they do not hold, while the load goes on: that is
+	// checked alongside the fault's own recovery (rejoin, readiness).
+	type viewResult struct {
+		sec    float64
+		probes int
+		err    error
+	}
+	views := make(chan viewResult, 1)
+	started := false
+	h.onRepair = func(t time.Time) {
+		if started {
+			return
+		}
+		started = true
+		go func() {
+			sec, n, err := h.waitView(begin, t, t, viewBound)
+			views <- viewResult{sec, n, err}
+		}()
+	}
+	repaired, err := f.inject(h, &r)
+	if err != nil {
+		r.problem("%v", err)
+	}
+	if !repaired.IsZero() {
+		h.onRepair(repaired)
+	}
+	h.onRepair = nil
+	if !started {
+		return r
+	}
+	v := <-views
+	r.ViewConvergedSeconds, r.ViewProbes = v.sec, v.probes
+	if v.err != nil {
+		r.problem("view under load: %v", v.err)
+	}
+	if err := h.waitRequests(time.Now(), afterRequests, 60*time.Second); err != nil {
+		r.problem("load after the repair: %v", err)
+	}
+	stop()
+
+	// Quiescent checks.
+	if lv := h.dir.Leader(h.ctx); lv.Leader != "" {
+		r.LeaderAfter = lv.Leader
+	}
+	idx, err := h.digestsAgree()
+	r.DigestsAgreeAt = idx
+	if err != nil {
+		r.problem("digests: %v", err)
+	}
+	if _, _, err := h.waitView(begin, time.Now(), time.Now(), viewBound); err != nil {
+		r.problem("view after the load: %v", err)
+	}
+	ws, err := h.workers()
+	if err != nil {
+		r.problem("workers: %v", err)
+	}
+	for _, e := range engineNames {
+		if w := ws[e]; w == nil || w.State.String() != "WORKER_STATE_ACTIVE" {
+			r.problem("worker %s is not ACTIVE: %v", e, w.GetState())
+		}
+	}
+	lost, why := h.seqs.Lost(h.ctx, 10*time.Second)
+	for _, w := range why {
+		r.problem("acknowledged batches: %s", w)
+	}
+	for _, a := range agentNames {
+		logs, err := h.d.Logs(h.ctx, a, begin)
+		if err != nil {
+			r.problem("%v", err)
+			continue
+		}
+		n, l := GapRefusals(logs)
+		r.GapRefusals += n
+		lost += l
+		if n > 0 {
+			r.problem("%s: %d GAP refusals (%d acknowledged batches lost)", a, n, l)
+		}
+	}
+	r.LostAcknowledgedBatches = lost
+	h.classify(&r, begin)
+	asked, bad := h.crossCheck(begin, 6)
+	r.EngineProbes = asked
+	for _, b := range bad {
+		r.problem("engine cross-check: %s", b)
+	}
+	for _, u := range h.routerURLs {
+		n, err := metric(h.ctx, h.hc, u+"/metrics", "kvdir_router_fallbacks_total")
+		if err == nil {
+			r.FallbackRequests += int(n)
+		}
+	}
+	return r
+}
+
+// killedRouter is set by restart-router: which router was killed and when.
+type killedRouter struct {
+	index    int
+	at, done time.Time // docker kill was sent at, and returned at done
+}
+
+// classify checks every failed request: only those in flight at a killed
+// router are allowed, and the balancer may re-route only then.
+func (h *harness) classify(r *FaultResult, since time.Time) {
+	recs := h.lb.Records(since)
+	failed := 0
+	for _, rec := range recs {
+		if rec.Rerouted {
+			r.ReroutedBeforeFirstByte++
+		}
+		if !rec.Failed() && !rec.End.IsZero() {
+			continue
+		}
+		if rec.End.IsZero() {
+			r.problem("request at %s never ended", rec.Start.Format(time.TimeOnly))
+			continue
+		}
+		failed++
+		k := h.routerKill
+		if k != nil && rec.Router == k.index && rec.Start.Before(k.done) && rec.End.After(k.at) {
+			r.FailedInFlightAtKilled++
+			continue
+		}
+		r.problem("request at %s via router %d failed: %s", rec.Start.Format(time.TimeOnly), rec.Router+1, rec.Err)
+	}
+	if failed != r.FailedRequests {
+		r.problem("the balancer saw %d failed requests, the client %d", failed, r.FailedRequests)
+	}
+	if r.ReroutedBeforeFirstByte > 0 && h.routerKill == nil {
+		r.problem("%d requests re-routed although no router was killed", r.ReroutedBeforeFirstByte)
+	}
+	h.routerKill = nil
+}
+
+// killNode kills the leader or a follower with SIGKILL, measures the time
+// to an agreed leader, and starts the node again.
+func killNode(leader bool) func(h *harness, r *FaultResult) (time.Time, error) {
+	return func(h *harness, r *FaultResult) (time.Time, error) {
+		target, lv, err := h.pick(leader)
+		if err != nil {
+			return time.Time{}, err
+		}
+		r.Target = target
+		at := time.Now()
+		if _, err := h.d.Run(h.ctx, "kill", target); err != nil {
+			return time.Time{}, err
+		}
+		not := ""
+		if leader {
+			not = lv.Leader
+		}
+		if _, err := h.dir.WaitLeader(h.ctx, leaderBound, 2, not); err != nil {
+			return time.Time{}, fmt.Errorf("leader after killing %s: %w", target, err)
+		}
+		r.LeaderRecoverySeconds = time.Since(at).Seconds()
+		if _, err := h.d.Run(h.ctx, "start", target); err != nil {
+			return time.Time{}, err
+		}
+		repaired := time.Now()
+		h.onRepair(repaired)
+		return repaired, h.rejoin(target)
+	}
+}
+
+// pick returns the leader's container, or a follower's.
+func (h *harness) pick(leader bool) (string, LeaderView, error) {
+	lv, err := h.dir.WaitLeader(h.ctx, leaderBound, 3, "")
+	if err != nil {
+		return "", lv, err
+	}
+	if leader {
+		return lv.Container, lv, nil
+	}
+	for _, n := range dirNames {
+		if n != lv.Container {
+			return n, lv, nil
+		}
+	}
+	return "", lv, fmt.Errorf("no follower")
+}
+
+// partition disconnects the leader or a follower from the network for
+// partitionHold, then reconnects it.
+func partition(leader bool) func(h *harness, r *FaultResult) (time.Time, error) {
+	return func(h *harness, r *FaultResult) (time.Time, error) {
+		target, lv, err := h.pick(leader)
+		if err != nil {
+			return time.Time{}, err
+		}
+		r.Target = target
+		at := time.Now()
+		if _, err := h.d.Run(h.ctx, "network", "disconnect", Network, target); err != nil {
+			return time.Time{}, err
+		}
+		not := ""
+		if leader {
+			not = lv.Leader
+		}
+		_, lerr := h.dir.WaitLeader(h.ctx, leaderBound, 2, not)
+		r.LeaderRecoverySeconds = time.Since(at).Seconds()
+		if lerr == nil {
+			// Keep the partition for its full length, with the load on.
+			select {
+			case <-h.ctx.Done():
+			case <-time.After(time.Until(at.Add(partitionHold))):
+			}
+		}
+		if _, err := h.d.Run(h.ctx, "network", "connect", Network, target); err != nil {
+			return time.Time{}, err
+		}
+		repaired := time.Now()
+		h.onRepair(repaired)
+		if lerr != nil {
+			return repaired, fmt.Errorf("leader while %s was cut off: %w", target, lerr)
+		}
+		return repaired, h.rejoin(target)
+	}
+}
+
+// rollingRestart restarts every directory node in turn (SIGTERM: a leader
+// hands leadership over), waiting for each to rejoin before the next.
+func rollingRestart(h *harness, r *FaultResult) (time.Time, error) {
+	r.Target = strings.Join(dirNames, ",")
+	var repaired time.Time
+	for i, n := range dirNames {
+		at := time.Now()
+		if _, err := h.d.Run(h.ctx, "restart", "-t", "35", n); err != nil {
+			return time.Time{}, err
+		}
+		if i == len(dirNames)-1 {
+			h.onRepair(time.Now())
+		}
+		if _, err := h.dir.WaitLeader(h.ctx, leaderBound, 2, ""); err != nil {
+			return time.Time{}, fmt.Errorf("leader after restarting %s: %w", n, err)
+		}
+		r.LeaderRecoverySeconds = max(r.LeaderRecoverySeconds, time.Since(at).Seconds())
+		if i == len(dirNames)-1 {
+			repaired = time.Now()
+		}
+		if err := h.rejoin(n); err != nil {
+			return time.Time{}, fmt.Errorf("%s after its restart: %w", n, err)
+		}
+	}
+	return repaired, nil
+}
+
+// restartEngine drains an engine's worker (routers stop placing requests
+// on it), waits until the engine is idle, restarts it (empty cache, event
+// sequence from 0) and sends it one request straight away, as a readiness
+// probe would, so that its agent sees the restart and registers again.
+func restartEngine(h *harness, r *FaultResult) (time.Time, error) {
+	e := engineNames[1]
+	r.Target = e
+	before, err := h.workers()
+	if err != nil {
+		return time.Time{}, err
+	}
+	if out, err := h.kvdirctlRun("drain", e); err != nil {
+		return time.Time{}, fmt.Errorf("kvdirctl drain: %w: %s", err, out)
+	}
+	u, err := h.engine(e, false)
+	if err != nil {
+		return time.Time{}, err
+	}
+	err = waitFor(h.ctx, drainBound, 100*time.Millisecond, func() (bool, string) {
+		busy := 0.0
+		for _, m := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting"} {
+			v, err := metric(h.ctx, h.hc, u+"/metrics", m)
+			if err != nil {
+				return false, err.Error()
+			}
+			busy += v
+		}
+		for _, ru := range h.routerURLs {
+			v, err := metric(h.ctx, h.hc, ru+"/metrics", "kvdir_router_inflight", `worker="`+e+`"`)
+			if err != nil {
+				return false, err.Error()
+			}
+			busy += v
+		}
+		return busy == 0, fmt.Sprintf("%s still has %v requests", e, busy)
+	})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("draining %s: %w", e, err)
+	}
+	h.model.Restarted(e, time.Now())
+	at := time.Now()
+	if _, err := h.d.Run(h.ctx, "restart", "-t", "10", e); err != nil {
+		return time.Time{}, err
+	}
+	if _, err := h.dir.WaitLeader(h.ctx, leaderBound, 3, ""); err != nil {
+		return time.Time{}, err
+	}
+	r.LeaderRecoverySeconds = time.Since(at).Seconds()
+	if err := h.engineUp(e); err != nil {
+		return time.Time{}, err
+	}
+	repaired := time.Now()
+	n, err := h.warmUntil(e, func() (bool, string) { return h.registered(e, before[e].GetEpoch(), 0) })
+	r.EngineWarmups = n
+	h.onRepair(repaired)
+	if err != nil {
+		return repaired, fmt.Errorf("registration after the engine's restart: %w", err)
+	}
+	return repaired, nil
+}
+
+// restartAgent restarts an agent (SIGTERM: it flushes and deregisters; the
+// new one registers and rebuilds the worker from the engine's replay).
+func restartAgent(h *harness, r *FaultResult) (time.Time, error) {
+	a, w := agentNames[2], engineNames[2]
+	r.Target = a
+	before, err := h.workers()
+	if err != nil {
+		return time.Time{}, err
+	}
+	at := time.Now()
+	if _, err := h.d.Run(h.ctx, "restart", "-t", "10", a); err != nil {
+		return time.Time{}, err
+	}
+	repaired := time.Now()
+	h.onRepair(repaired)
+	if _, err := h.dir.WaitLeader(h.ctx, leaderBound, 3, ""); err != nil {
+		return repaired, err
+	}
+	r.LeaderRecoverySeconds = time.Since(at).Seconds()
+	n, err := h.warmUntil(w, func() (bool, string) { return h.registered(w, before[w].GetEpoch(), before[w].GetBlocks()) })
+	r.EngineWarmups = n
+	if err != nil {
+		return repaired, fmt.Errorf("%s rebuilt after its agent's restart: %w", w, err)
+	}
+	return repaired, nil
+}
+
+// restartRouter kills a router (SIGKILL: requests in flight there fail)
+// and starts it again.
+func restartRouter(h *harness, r *FaultResult) (time.Time, error) {
+	i := 0
+	r.Target = routerNames[i]
+	at := time.Now()
+	if _, err := h.d.Run(h.ctx, "kill", routerNames[i]); err != nil {
+		return time.Time{}, err
+	}
+	h.routerKill = &killedRouter{index: i, at: at, done: time.Now()}
+	if _, err := h.dir.WaitLeader(h.ctx, leaderBound, 3, ""); err != nil {
+		return time.Time{}, err
+	}
+	r.LeaderRecoverySeconds = time.Since(at).Seconds()
+	if _, err := h.d.Run(h.ctx, "start", routerNames[i]); err != nil {
+		return time.Time{}, err
+	}
+	repaired := time.Now()
+	h.onRepair(repaired)
+	return repaired, h.lb.waitRouters(h.ctx, rejoinBound)
+}
