@@ -100,6 +100,7 @@ func (h *harness) run(f fault) (r FaultResult) {
 	if lv := h.dir.Leader(h.ctx); lv.Leader != "" {
 		r.LeaderBefore = lv.Leader
 	}
+	fallbacks := h.fallbacks()
 	load := StartLoad(h.ctx, h.loadConfig())
 	stopped := false
 	stop := func() {
@@ -210,13 +211,30 @@ func (h *harness) run(f fault) (r FaultResult) {
 	for _, b := range bad {
 		r.problem("engine cross-check: %s", b)
 	}
-	for _, u := range h.routerURLs {
-		n, err := metric(h.ctx, h.hc, u+"/metrics", "kvdir_router_fallbacks_total")
-		if err == nil {
-			r.FallbackRequests += int(n)
+	for i, n := range h.fallbacks() {
+		if n < 0 {
+			continue
 		}
+		if n >= fallbacks[i] {
+			n -= fallbacks[i] // else the router restarted and counts from 0
+		}
+		r.FallbackRequests += int(n)
 	}
 	return r
+}
+
+// fallbacks returns each router's kvdir_router_fallbacks_total (requests
+// placed without the directory), -1 when unreadable.
+func (h *harness) fallbacks() []float64 {
+	out := make([]float64, len(h.routerURLs))
+	for i, u := range h.routerURLs {
+		n, err := metric(h.ctx, h.hc, u+"/metrics", "kvdir_router_fallbacks_total")
+		if err != nil {
+			n = -1
+		}
+		out[i] = n
+	}
+	return out
 }
 
 // killedRouter is set by restart-router: which router was killed and when.
