@@ -371,12 +371,15 @@ type rpcFunc[T any] func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.
 
 // retryable reports whether a failed attempt is worth making on another
 // node: the node is unreachable or has no leader (Unavailable), or the
-// attempt's own time ran out while the call's has not.
+// attempt's own time ran out, or it was cancelled, while the call itself
+// goes on. (gRPC reports a connection that was torn down while the attempt
+// waited for it, as when a node restarts, as Canceled; a chaos run saw a
+// publisher give up on it, re-register, and wipe its worker's blocks.)
 func retryable(callCtx context.Context, err error) bool {
 	switch status.Code(err) {
 	case codes.Unavailable:
 		return true
-	case codes.DeadlineExceeded:
+	case codes.DeadlineExceeded, codes.Canceled:
 		return callCtx.Err() == nil
 	}
 	return false

@@ -337,8 +337,12 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	var err error
 	n.closeOnce.Do(func() {
 		if n.IsLeader() && len(n.raft.GetConfiguration().Configuration().Servers) > 1 {
-			if e := n.raft.LeadershipTransfer().Error(); e != nil {
-				n.log.Warn("leadership transfer on shutdown failed", "err", e)
+			// Bounded: a transfer waits for the target to catch up and can
+			// take far longer than the caller's shutdown budget (a chaos run
+			// saw 35 s); past half of the budget the node stops anyway and the
+			// others elect a leader as after a crash.
+			if e := waitFuture(ctx, n.raft.LeadershipTransfer(), shutdownTransferMax); e != nil {
+				n.log.Warn("leadership transfer on shutdown failed; stopping anyway", "err", e)
 			} else {
 				n.log.Info("handed over leadership")
 			}
@@ -407,4 +411,29 @@ func (w slogWriter) Write(p []byte) (int, error) {
 	}
 	w.log.Log(context.Background(), level, line, "component", "raft")
 	return len(p), nil
+}
+
+// shutdownTransferMax bounds the leadership hand-over on shutdown when the
+// caller's context has no earlier deadline.
+const shutdownTransferMax = 10 * time.Second
+
+// waitFuture waits for fut until it completes, half of ctx's remaining time
+// passes, or maxWait passes, whichever comes first.
+func waitFuture(ctx context.Context, fut raft.Future, maxWait time.Duration) error {
+	limit := maxWait
+	if dl, ok := ctx.Deadline(); ok {
+		limit = min(limit, time.Until(dl)/2)
+	}
+	done := make(chan error, 1)
+	go func() { done <- fut.Error() }()
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("not done after %v", limit)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
