@@ -114,6 +114,16 @@ type Agent struct {
 	healthy    atomic.Bool
 	reregister chan uint64 // epochs a heartbeat found unknown
 
+	// Engine restarts seen by the heartbeat: its prefix-cache counters went
+	// down. The main loop acts on one only if no restart was handled since
+	// the sample before the drop (restartGen then still equals the value
+	// sent), so a restart already seen in the event sequence is not
+	// handled twice.
+	counterReset chan uint64
+	restartGen   atomic.Uint64
+	lastQueries  float64 // heartbeat goroutine only
+	lastGen      uint64  // heartbeat goroutine only
+
 	// Main-loop state.
 	pub           *dirclient.Publisher
 	pending       []*kvdirv1.Event
@@ -136,9 +146,11 @@ func New(cfg Config, dir *dirclient.Client) (*Agent, error) {
 	}
 	a := &Agent{
 		cfg: cfg, dir: dir, log: cfg.Logger,
-		hc:         &http.Client{Timeout: 2 * time.Second},
-		tr:         NewTranslator(cfg.Model, cfg.MapCapacity, cfg.Logger),
-		reregister: make(chan uint64, 1),
+		hc:           &http.Client{Timeout: 2 * time.Second},
+		tr:           NewTranslator(cfg.Model, cfg.MapCapacity, cfg.Logger),
+		reregister:   make(chan uint64, 1),
+		counterReset: make(chan uint64, 1),
+		lastQueries:  -1,
 	}
 	a.m = newMetrics(a)
 	return a, nil
@@ -206,6 +218,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.heartbeatLoop(ctx)
 	}()
 	a.register(ctx)
+	a.startupReplay(ctx)
 	tick := time.NewTicker(a.cfg.BatchInterval)
 	defer tick.Stop()
 loop:
@@ -234,6 +247,12 @@ loop:
 			}
 		case <-pubDone:
 			a.publisherStopped(ctx)
+		case gen := <-a.counterReset:
+			if gen == a.restartGen.Load() {
+				a.m.restarts.Inc()
+				a.log.Warn("agent: the engine's prefix-cache counters went back; engine restarted")
+				a.engineRestarted(ctx)
+			}
 		}
 	}
 	a.shutdown()
@@ -345,12 +364,44 @@ func (a *Agent) handle(ctx context.Context, m kvevents.Msg) {
 // engineRestarted starts over: a new registration (which clears the worker
 // in the directory), an empty map.
 func (a *Agent) engineRestarted(ctx context.Context) {
+	a.restartGen.Add(1)
 	a.trMu.Lock()
 	a.tr.Reset()
 	a.trMu.Unlock()
 	a.pending, a.pendingBlocks = nil, 0
 	a.haveLive, a.last = false, 0
 	a.register(ctx)
+}
+
+// startupReplay rebuilds, before any live event, what the engine's replay
+// buffer still holds: without it, a restarted agent would leave the
+// directory's view of a busy engine empty until the engine's next event.
+// Blocks stored before the buffer's oldest batch cannot be recovered.
+func (a *Agent) startupReplay(ctx context.Context) {
+	if a.cfg.ReplayEndpoint == "" {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, a.cfg.ReplayTimeout)
+	msgs, err := kvevents.Replay(rctx, a.cfg.ReplayEndpoint, 0)
+	cancel()
+	if err != nil || len(msgs) == 0 {
+		if err != nil {
+			a.log.Info("agent: no replay at start-up", "err", err)
+		}
+		return
+	}
+	first := msgs[0].Seq
+	next := first
+	for _, m := range msgs {
+		if m.Seq != next {
+			break
+		}
+		a.process(ctx, m)
+		next++
+	}
+	a.haveLive, a.lastLive, a.last = true, next-1, next-1
+	a.m.replays.WithLabelValues("startup").Inc()
+	a.log.Info("agent: rebuilt from the engine's replay buffer at start-up", "from", first, "to", next-1)
 }
 
 // catchUp replays [from, m.Seq) from the engine, then m; if that is
@@ -495,6 +546,19 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 	}
 }
 
+// watchCounters notices an engine restart that published nothing yet: its
+// cumulative prefix-cache query counter went down.
+func (a *Agent) watchCounters(queries float64) {
+	gen := a.restartGen.Load()
+	if a.lastQueries >= 0 && queries < a.lastQueries {
+		select {
+		case a.counterReset <- a.lastGen:
+		default:
+		}
+	}
+	a.lastQueries, a.lastGen = queries, gen
+}
+
 // heartbeat sends one heartbeat and returns the lease the directory
 // reported (0 if unknown).
 func (a *Agent) heartbeat(ctx context.Context, ep uint64) time.Duration {
@@ -507,6 +571,7 @@ func (a *Agent) heartbeat(ctx context.Context, ep uint64) time.Duration {
 			a.log.Debug("agent: scrape engine metrics", "err", err)
 		} else {
 			load = l
+			a.watchCounters(float64(l.GetPrefixQueries()))
 		}
 	}
 	resp, err := a.dir.Heartbeat(ctx, a.cfg.WorkerID, ep, load)
