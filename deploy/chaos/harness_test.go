@@ -534,22 +534,21 @@ func (h *harness) warmUp(engine string) error {
 	return err
 }
 
-// warmUntil sends warm-up requests straight to the engine, one every
-// 300 ms, until cond holds (as a readiness probe that runs a tiny prompt
-// would): an agent only notices an engine restart, and only rebuilds a
-// worker after its own restart, when the engine publishes an event, and a
-// drained or seemingly empty worker may get no traffic that would make it
-// publish one. It returns how many it sent. KVDIR_CHAOS_NO_WARMUP=1 sends
-// none (to see the agents' behaviour without them).
+// warmUntil waits until cond holds. With KVDIR_CHAOS_WARMUP=1 it also sends
+// warm-up requests straight to the engine, one every 300 ms, as a readiness
+// probe that runs a tiny prompt would: before the agent rebuilt from the
+// engine's replay buffer at start-up and watched the engine's counters, it
+// noticed an engine restart, and rebuilt a worker after its own restart,
+// only when the engine published an event. It returns how many it sent.
 func (h *harness) warmUntil(engine string, cond func() (bool, string)) (int, error) {
 	n := 0
-	noWarm := os.Getenv("KVDIR_CHAOS_NO_WARMUP") == "1"
+	noWarm := os.Getenv("KVDIR_CHAOS_WARMUP") != "1"
 	err := waitFor(h.ctx, viewBound, 300*time.Millisecond, func() (bool, string) {
 		if ok, why := cond(); ok {
 			return true, why
 		}
 		if noWarm {
-			return false, "no warm-up requests (KVDIR_CHAOS_NO_WARMUP=1)"
+			return false, "no warm-up requests (set KVDIR_CHAOS_WARMUP=1 to send them)"
 		}
 		n++
 		if err := h.warmUp(engine); err != nil {
