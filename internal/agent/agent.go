@@ -400,6 +400,15 @@ func (a *Agent) startupReplay(ctx context.Context) {
 		next++
 	}
 	a.haveLive, a.lastLive, a.last = true, next-1, next-1
+	if first > 0 {
+		// The buffer no longer holds the engine's first batches: what they
+		// stored and nothing later removed is missing from the view.
+		a.m.replays.WithLabelValues("incomplete").Inc()
+		a.m.resyncs.WithLabelValues("startup_replay_incomplete").Inc()
+		a.log.Warn("agent: the engine's replay buffer starts after its first batch; blocks stored before it are not in the directory",
+			"from", first, "to", next-1)
+		return
+	}
 	a.m.replays.WithLabelValues("startup").Inc()
 	a.log.Info("agent: rebuilt from the engine's replay buffer at start-up", "from", first, "to", next-1)
 }
