@@ -9,50 +9,72 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 )
 
 // Load is what one scrape of an engine's /metrics gives.
 type Load struct {
 	Running, Waiting int     // requests running and waiting, summed over the engine's series
-	KVUsage          float64 // KV-cache usage 0..1, the mean over its series
-	Model            string  // the model_name label, if any
+	KVUsage          float64 // KV-cache usage 0..1, the largest over its series
+	// PrefixQueries and PrefixHits are the cumulative prefix-cache counters
+	// in tokens, summed over series (0 if the engine exports none).
+	PrefixQueries, PrefixHits float64
+	Model                     string // the model_name label, if any
 }
 
-// Metric names of vLLM (and of the engine simulator) the router reads.
+// Metric names of vLLM (and of the engine simulator) read here; the "old"
+// ones are the names vLLM used before v0.10, read when the new ones are
+// absent.
 const (
 	metricRunning    = "vllm:num_requests_running"
 	metricWaiting    = "vllm:num_requests_waiting"
 	metricKVUsage    = "vllm:kv_cache_usage_perc"
-	metricKVUsageOld = "vllm:gpu_cache_usage_perc" // vLLM before v0.10
+	metricKVUsageOld = "vllm:gpu_cache_usage_perc"
 )
 
-// Parse reads the load gauges from a Prometheus
-// text exposition. Running and waiting requests are summed over series
-// (one per data-parallel engine); KV usage is their mean.
+// Parse reads an engine's load from a Prometheus text exposition. Running
+// and waiting requests and the prefix-cache counters are summed over series
+// (one per data-parallel engine); KV usage is the largest, clamped to
+// [0, 1]. Unknown lines and malformed or non-finite values are ignored. It
+// fails when the exposition has none of the load gauges.
 func Parse(r io.Reader) (Load, error) {
 	var out Load
-	var kvSum float64
-	var kvN, seen int
+	var usage, oldUsage, oldQ, oldH float64
+	var haveUsage, haveQ bool
+	seen := 0
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		line := sc.Bytes()
-		if len(line) == 0 || line[0] == '#' || line[0] != 'v' {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 || line[0] != 'v' {
 			continue
 		}
 		name, labels, value, ok := splitSample(line)
-		if !ok {
+		if !ok || math.IsNaN(value) || math.IsInf(value, 0) {
 			continue
 		}
 		switch string(name) {
 		case metricRunning:
-			out.Running += int(value)
+			out.Running += int(max(value, 0))
 		case metricWaiting:
-			out.Waiting += int(value)
-		case metricKVUsage, metricKVUsageOld:
-			kvSum += value
-			kvN++
+			out.Waiting += int(max(value, 0))
+		case metricKVUsage:
+			usage, haveUsage = max(usage, value), true
+		case metricKVUsageOld:
+			oldUsage = max(oldUsage, value)
+		case "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries":
+			out.PrefixQueries, haveQ = out.PrefixQueries+value, true
+			continue
+		case "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits":
+			out.PrefixHits += value
+			continue
+		case "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries":
+			oldQ += value
+			continue
+		case "vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits":
+			oldH += value
+			continue
 		default:
 			continue
 		}
@@ -64,11 +86,15 @@ func Parse(r io.Reader) (Load, error) {
 	if err := sc.Err(); err != nil {
 		return Load{}, fmt.Errorf("read metrics: %w", err)
 	}
-	if seen == 0 {
-		return Load{}, fmt.Errorf("no %s, %s or %s series in the metrics", metricRunning, metricWaiting, metricKVUsage)
+	if !haveUsage {
+		usage = oldUsage
 	}
-	if kvN > 0 {
-		out.KVUsage = kvSum / float64(kvN)
+	out.KVUsage = min(max(usage, 0), 1)
+	if !haveQ {
+		out.PrefixQueries, out.PrefixHits = oldQ, oldH
+	}
+	if seen == 0 {
+		return out, fmt.Errorf("no %s, %s or %s series in the metrics", metricRunning, metricWaiting, metricKVUsage)
 	}
 	return out, nil
 }

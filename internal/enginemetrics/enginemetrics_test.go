@@ -16,12 +16,16 @@ vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct
 vllm:kv_cache_usage_perc{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.25
 vllm:num_requests_running_total 99
 vllm:prefix_cache_hits_total{model_name="x"} 12
+vllm:prefix_cache_queries_total{engine="0",model_name="x"} 40
+vllm:prefix_cache_queries_total{engine="1",model_name="x"} 60
+vllm:gpu_prefix_cache_queries_total{model_name="x"} 999
+vllm:num_requests_waiting{engine="2"} NaN
 `
 	l, err := Parse(strings.NewReader(text))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Load{Running: 5, Waiting: 4, KVUsage: 0.375, Model: "meta-llama/Llama-3.1-8B-Instruct"}
+	want := Load{Running: 5, Waiting: 4, KVUsage: 0.5, PrefixQueries: 100, PrefixHits: 12, Model: "meta-llama/Llama-3.1-8B-Instruct"}
 	if l != want {
 		t.Fatalf("got %+v, want %+v", l, want)
 	}
