@@ -349,13 +349,28 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		}
 		close(n.stop)
 		n.watch.close()
+		// Unary calls finish in milliseconds and the node ends its own
+		// streams, but a stream the node does not end (a client's, held
+		// open) would keep GracefulStop waiting for the whole budget, with
+		// Raft and the stores still to close (a chaos run's rolling restart
+		// hit the process's hard limit that way); so it gets a third of the
+		// budget, at most 5 s, before the remaining calls are cut.
 		done := make(chan struct{})
 		go func() { n.grpc.GracefulStop(); close(done) }()
+		grace := 5 * time.Second
+		if dl, ok := ctx.Deadline(); ok {
+			grace = min(grace, time.Until(dl)/3)
+		}
+		t := time.NewTimer(grace)
 		select {
 		case <-done:
+		case <-t.C:
+			n.log.Warn("gRPC calls still open after the grace period; cutting them", "grace", grace)
+			n.grpc.Stop()
 		case <-ctx.Done():
 			n.grpc.Stop()
 		}
+		t.Stop()
 		if n.http != nil {
 			n.http.Shutdown(ctx)
 		}
