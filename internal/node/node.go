@@ -349,12 +349,17 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		}
 		close(n.stop)
 		n.watch.close()
-		// Unary calls finish in milliseconds and the node ends its own
-		// streams, but a stream the node does not end (a client's, held
-		// open) would keep GracefulStop waiting for the whole budget, with
-		// Raft and the stores still to close (a chaos run's rolling restart
-		// hit the process's hard limit that way); so it gets a third of the
-		// budget, at most 5 s, before the remaining calls are cut.
+		// Every phase is bounded and a slow one is logged: a chaos run's
+		// rolling restart once saw a follower's shutdown pass the process's
+		// hard limit without saying where it was. Unary calls finish in
+		// milliseconds and the node ends its own streams, so GracefulStop
+		// gets a third of the budget (at most 5 s) before open calls are cut.
+		slow := func(phase string, start time.Time) {
+			if d := time.Since(start); d > time.Second {
+				n.log.Warn("shutdown phase was slow", "phase", phase, "took", d.Round(time.Millisecond))
+			}
+		}
+		start := time.Now()
 		done := make(chan struct{})
 		go func() { n.grpc.GracefulStop(); close(done) }()
 		grace := 5 * time.Second
@@ -371,14 +376,23 @@ func (n *Node) Shutdown(ctx context.Context) error {
 			n.grpc.Stop()
 		}
 		t.Stop()
+		slow("grpc", start)
 		if n.http != nil {
-			n.http.Shutdown(ctx)
+			start = time.Now()
+			hctx, cancel := context.WithTimeout(ctx, grace)
+			n.http.Shutdown(hctx)
+			cancel()
+			slow("http", start)
 		}
 		n.fwd.close()
-		if e := n.raft.Shutdown().Error(); e != nil {
+		start = time.Now()
+		if e := waitFuture(ctx, n.raft.Shutdown(), time.Minute); e != nil {
 			err = fmt.Errorf("raft shutdown: %w", e)
 		}
+		slow("raft", start)
+		start = time.Now()
 		n.wg.Wait()
+		slow("node loops", start)
 		n.closeStores()
 		n.log.Info("directory node stopped")
 	})
