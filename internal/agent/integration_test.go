@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -263,6 +265,11 @@ type rig struct {
 	agent  *Agent
 	cancel context.CancelFunc
 	done   chan error
+
+	// The engine's /metrics, as the agent's heartbeats read it: the prefix
+	// query counter, which starts again from zero when the engine restarts.
+	queries atomic.Int64
+	metrics *httptest.Server
 }
 
 func newRig(t *testing.T) *rig {
@@ -287,6 +294,10 @@ func newRig(t *testing.T) *rig {
 	r.pub = pub
 	r.ep = fmt.Sprintf("tcp://127.0.0.1:%d", pub.Addr().(*net.TCPAddr).Port)
 	r.replay = fmt.Sprintf("tcp://127.0.0.1:%d", pub.ReplayAddr().(*net.TCPAddr).Port)
+	r.metrics = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "vllm:num_requests_running 0\nvllm:prefix_cache_queries_total %d\n", r.queries.Load())
+	}))
+	t.Cleanup(r.metrics.Close)
 	r.newEngine()
 	r.system = tokens(100, 1)
 	return r
@@ -308,6 +319,7 @@ func (r *rig) newEngine() {
 		r.t.Fatal(err)
 	}
 	r.eng, r.now, r.hist = e, 0, make([][]uint32, 6)
+	r.queries.Store(0)
 }
 
 func (r *rig) startAgent() {
@@ -316,6 +328,7 @@ func (r *rig) startAgent() {
 		WorkerID: itWorker, WorkerAddress: "http://127.0.0.1:1", Model: itModel, BlockSize: itBS,
 		Endpoint: r.ep, ReplayEndpoint: r.replay, BatchInterval: 5 * time.Millisecond,
 		MapCapacity: 100000, Logger: quietLog(), HeartbeatInterval: 200 * time.Millisecond,
+		MetricsURL: r.metrics.URL + "/metrics",
 	}, r.dir)
 	if err != nil {
 		r.t.Fatal(err)
@@ -363,6 +376,7 @@ func (r *rig) traffic(waves int) {
 			}
 		}
 	}
+	r.queries.Store(r.eng.Stats().PrefixQueries)
 }
 
 func (r *rig) waitConsistent(what string, subset bool) {
