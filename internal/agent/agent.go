@@ -121,8 +121,9 @@ type Agent struct {
 	// handled twice.
 	counterReset chan uint64
 	restartGen   atomic.Uint64
-	lastQueries  float64 // heartbeat goroutine only
-	lastGen      uint64  // heartbeat goroutine only
+	lastQueries  float64   // heartbeat goroutine only
+	lastGen      uint64    // heartbeat goroutine only
+	lastEventAt  time.Time // main loop only: when the last live event arrived
 
 	// Main-loop state.
 	pub           *dirclient.Publisher
@@ -248,7 +249,12 @@ loop:
 		case <-pubDone:
 			a.publisherStopped(ctx)
 		case gen := <-a.counterReset:
-			if gen == a.restartGen.Load() {
+			// Only for an engine that has gone quiet: while events flow, the
+			// sequence says when the engine restarted, and acting on the
+			// counters with the old engine's last batches still queued would
+			// interleave them with the new engine's (a stress run counted
+			// three restarts for one).
+			if gen == a.restartGen.Load() && time.Since(a.lastEventAt) > counterRestartQuiet {
 				a.m.restarts.Inc()
 				a.log.Warn("agent: the engine's prefix-cache counters went back; engine restarted")
 				a.engineRestarted(ctx)
@@ -324,8 +330,13 @@ func (a *Agent) publisherStopped(ctx context.Context) {
 	a.register(ctx)
 }
 
+// counterRestartQuiet is how long the engine's event stream must have been
+// silent before a drop of its counters is taken as a restart.
+const counterRestartQuiet = time.Second
+
 // handle applies the sequence rules to one live message.
 func (a *Agent) handle(ctx context.Context, m kvevents.Msg) {
+	a.lastEventAt = time.Now()
 	s := m.Seq
 	if a.haveLive {
 		switch {
