@@ -29,12 +29,18 @@
 //
 // # Recovery
 //
-// Gaps and a first message with seq > 0 trigger a replay from the engine's
-// replay socket; when that is impossible or incomplete the agent publishes
-// AllCleared and rebuilds from new events (the directory then holds only
-// what the engine emits from then on). A sequence going backwards means the
-// engine restarted: the agent registers again (a new epoch, which clears the
-// worker in the directory) and starts over. A refused batch (GAP,
+// At start-up the agent replays the engine's replay buffer from the first
+// batch, so a restarted agent rebuilds the worker without waiting for new
+// events (only what the buffer still holds). Gaps and a first live message
+// with seq > 0 trigger a replay from the engine's replay socket; when that is
+// impossible or incomplete the agent publishes AllCleared and rebuilds from
+// new events (the directory then holds only what the engine emits from then
+// on). A sequence going backwards means the engine restarted: the agent
+// registers again (a new epoch, which clears the worker in the directory)
+// and starts over. So does a drop of the engine's cumulative prefix-cache
+// query counter, read with every heartbeat, once the event stream has been
+// quiet for a second: a restarted engine that serves nothing publishes no
+// event that would tell. A refused batch (GAP,
 // STALE_EPOCH, UNKNOWN_WORKER) or a heartbeat answered known=false also leads
 // to a new registration followed by AllCleared; batches lost that way are not
 // re-sent, so the directory may miss blocks the engine still holds (never the
