@@ -495,7 +495,7 @@ func (s *state) flush(now time.Duration) error {
 // apply translates one engine batch the agent's way and applies it to the
 // index the directory's way.
 func (s *state) apply(r *replica, b engine.EventBatch) error {
-	r.evs, _ = r.tr.Translate(r.evs[:0], kvevents.Batch{TS: b.Time.Seconds(), Events: wireEvents(b.Events)})
+	r.evs, _ = r.tr.Translate(r.evs[:0], kvevents.Batch{TS: b.Time.Seconds(), Events: engine.WireEvents(b.Events)})
 	for _, ev := range r.evs {
 		switch k := ev.Kind.(type) {
 		case *kvdirv1.Event_Stored:
@@ -512,39 +512,6 @@ func (s *state) apply(r *replica, b engine.EventBatch) error {
 	}
 	clear(r.evs)
 	return nil
-}
-
-// wireEvents converts engine events to their wire form, as the engine
-// simulator publishes them.
-func wireEvents(evs []engine.Event) []kvevents.Event {
-	out := make([]kvevents.Event, 0, len(evs))
-	for _, ev := range evs {
-		switch e := ev.(type) {
-		case *engine.BlockStored:
-			ws := &kvevents.BlockStored{
-				BlockHashes: wireHashes(e.BlockHashes), TokenIDs: e.TokenIDs,
-				BlockSize: e.BlockSize, Medium: e.Medium, LoRAName: e.LoRAName,
-			}
-			if e.HasParent {
-				h := kvevents.HashFromUint64(uint64(e.ParentBlockHash))
-				ws.Parent = &h
-			}
-			out = append(out, ws)
-		case *engine.BlockRemoved:
-			out = append(out, &kvevents.BlockRemoved{BlockHashes: wireHashes(e.BlockHashes), Medium: e.Medium})
-		case *engine.AllBlocksCleared:
-			out = append(out, &kvevents.AllBlocksCleared{})
-		}
-	}
-	return out
-}
-
-func wireHashes(hs []engine.BlockHash) []kvevents.Hash {
-	out := make([]kvevents.Hash, len(hs))
-	for i, h := range hs {
-		out[i] = kvevents.HashFromUint64(uint64(h))
-	}
-	return out
 }
 
 // result summarises the run.

@@ -238,46 +238,11 @@ func (s *server) publishBatch(b engine.EventBatch) {
 	}
 	out := kvevents.Batch{
 		TS:     float64(time.Now().UnixNano()) / 1e9,
-		Events: convertEvents(b.Events),
+		Events: engine.WireEvents(b.Events),
 	}
 	if _, err := s.pub.Publish(out); err != nil && !errors.Is(err, kvevents.ErrClosed) {
 		s.log.Warn("publish kv events", "err", err)
 	}
-}
-
-// convertEvents maps engine events to their wire form.
-func convertEvents(evs []engine.Event) []kvevents.Event {
-	out := make([]kvevents.Event, 0, len(evs))
-	for _, ev := range evs {
-		switch e := ev.(type) {
-		case *engine.BlockStored:
-			ws := &kvevents.BlockStored{
-				BlockHashes: toHashes(e.BlockHashes),
-				TokenIDs:    e.TokenIDs,
-				BlockSize:   e.BlockSize,
-				Medium:      e.Medium,
-				LoRAName:    e.LoRAName,
-			}
-			if e.HasParent {
-				h := kvevents.HashFromUint64(uint64(e.ParentBlockHash))
-				ws.Parent = &h
-			}
-			out = append(out, ws)
-		case *engine.BlockRemoved:
-			out = append(out, &kvevents.BlockRemoved{BlockHashes: toHashes(e.BlockHashes), Medium: e.Medium})
-		case *engine.AllBlocksCleared:
-			out = append(out, &kvevents.AllBlocksCleared{})
-		}
-	}
-	return out
-}
-
-func toHashes(hs []engine.BlockHash) []kvevents.Hash {
-	out := make([]kvevents.Hash, len(hs))
-	for i, h := range hs {
-		out[i] = kvevents.HashFromUint64(uint64(h))
-	}
-	return out
 }
 
 // Addr returns the HTTP listener's address.

@@ -220,30 +220,7 @@ func (o *oracle) compare(fsm *raftfsm.FSM, want map[uint64]bool, subset bool) (b
 }
 
 func toWire(b engine.EventBatch) kvevents.Batch {
-	out := kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9}
-	for _, ev := range b.Events {
-		switch e := ev.(type) {
-		case *engine.BlockStored:
-			s := &kvevents.BlockStored{TokenIDs: e.TokenIDs, BlockSize: e.BlockSize, Medium: e.Medium, LoRAName: e.LoRAName}
-			for _, h := range e.BlockHashes {
-				s.BlockHashes = append(s.BlockHashes, kvevents.HashFromUint64(uint64(h)))
-			}
-			if e.HasParent {
-				p := kvevents.HashFromUint64(uint64(e.ParentBlockHash))
-				s.Parent = &p
-			}
-			out.Events = append(out.Events, s)
-		case *engine.BlockRemoved:
-			r := &kvevents.BlockRemoved{Medium: e.Medium}
-			for _, h := range e.BlockHashes {
-				r.BlockHashes = append(r.BlockHashes, kvevents.HashFromUint64(uint64(h)))
-			}
-			out.Events = append(out.Events, r)
-		case *engine.AllBlocksCleared:
-			out.Events = append(out.Events, &kvevents.AllBlocksCleared{})
-		}
-	}
-	return out
+	return kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: engine.WireEvents(b.Events)}
 }
 
 // rig is an engine publishing over ZMQ, an agent and a directory.
