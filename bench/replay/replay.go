@@ -110,6 +110,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	sem := make(chan struct{}, cfg.MaxInFlight)
 	var wg sync.WaitGroup
+	// stop waits for the requests sent and ends the queue sampling.
+	stop := func() {
+		wg.Wait()
+		stopQueue()
+		<-queueDone
+	}
 	var done atomic.Int64
 	var mu sync.Mutex
 	start := time.Now()
@@ -119,18 +125,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		// not count as latency.
 		body, err := requestBody(cfg, rec)
 		if err != nil {
-			wg.Wait()
-			stopQueue()
-			<-queueDone
+			stop()
 			return nil, err
 		}
 		at := start.Add(time.Duration(rec.Timestamp * cfg.TimeScale * float64(time.Millisecond)))
 		if d := time.Until(at); d > 0 {
 			select {
 			case <-ctx.Done():
-				wg.Wait()
-				stopQueue()
-				<-queueDone
+				stop()
 				return nil, ctx.Err()
 			case <-time.After(d):
 			}
@@ -138,9 +140,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
-			wg.Wait()
-			stopQueue()
-			<-queueDone
+			stop()
 			return nil, ctx.Err()
 		}
 		wg.Add(1)
@@ -171,8 +171,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	wg.Wait()
 	res.WallSec = time.Since(start).Seconds()
-	stopQueue()
-	<-queueDone
+	stop()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

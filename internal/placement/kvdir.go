@@ -53,10 +53,12 @@ import (
 // cluster's mean stands in for it on a worker that is idle only for the
 // moment. Without extra, a busy cluster's transient queue differences, which
 // later placements even out anyway, outweigh the saving; the policy drifts
-// to least-load and recomputes prefixes until the cluster drowns (kvbench sim,
-// Mooncake trace, 8 x llama3-70b: 14 % hit rate without extra, 53.6 % with
-// it; at half the trace's rate, reuse captured 0.82 with n(w) alone and 0.91
-// with the cluster's mean). With it, moving a request away from its prefix
+// to least-load and recomputes prefixes until the cluster drowns. (kvbench
+// sim, Mooncake trace, 8 x llama3-70b, KV 2x the working set: 14 % hit rate
+// before this term, the linear queue price and the router's speculative
+// entries held until the first token; 33 % with the term alone; 53.6 % with
+// all three. At half the trace's rate, reuse captured 0.82 with n(w) alone
+// and 0.91 with the cluster's mean.) With it, moving a request away from its prefix
 // must save more than the recomputation costs the requests behind it:
 // wait(a) − wait(b) > (1 + n) · saving. On an idle cluster n = 0 and the rule
 // is the seed document's.

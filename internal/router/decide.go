@@ -147,10 +147,7 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	t1 := time.Now()
 	d.renderDur = t1.Sub(t0)
 
-	d.blockSize = int(ws[0].blockSize.Load())
-	if d.blockSize <= 0 {
-		d.blockSize = s.cfg.BlockSize
-	}
+	d.blockSize = s.blockSizeOf(ws[0])
 	chains := map[int][]uint64{}
 	chainFor := func(bs int) ([]uint64, error) {
 		if c, ok := chains[bs]; ok {
@@ -180,10 +177,7 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	if needsDirectory(d.policy) {
 		d.fallback = s.matchDirectory(ctx, d, chainFor)
 		for i, w := range ws {
-			bs := int(w.blockSize.Load())
-			if bs <= 0 {
-				bs = s.cfg.BlockSize
-			}
+			bs := s.blockSizeOf(w)
 			chain, err := chainFor(bs)
 			if err != nil {
 				continue
@@ -248,11 +242,7 @@ func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(
 func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(int) ([]uint64, error)) string {
 	sizes := map[int]bool{}
 	for _, w := range d.workers {
-		bs := int(w.blockSize.Load())
-		if bs <= 0 {
-			bs = s.cfg.BlockSize
-		}
-		sizes[bs] = true
+		sizes[s.blockSizeOf(w)] = true
 	}
 	mctx, cancel := context.WithTimeout(ctx, s.cfg.MatchTimeout)
 	defer cancel()
@@ -276,16 +266,21 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(int) ([]
 			byID[m.GetWorkerId()] = int(m.GetBlocks())
 		}
 		for i, w := range d.workers {
-			wbs := int(w.blockSize.Load())
-			if wbs <= 0 {
-				wbs = s.cfg.BlockSize
-			}
-			if wbs == bs {
+			if s.blockSizeOf(w) == bs {
 				d.dir[i] = byID[w.id]
 			}
 		}
 	}
 	return ""
+}
+
+// blockSizeOf returns w's KV block size, or the configured default when
+// the worker did not state one.
+func (s *Server) blockSizeOf(w *worker) int {
+	if bs := int(w.blockSize.Load()); bs > 0 {
+		return bs
+	}
+	return s.cfg.BlockSize
 }
 
 // String summarises d for logs.

@@ -11,9 +11,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/kvdir/kvdir/internal/placement"
-	"github.com/kvdir/kvdir/internal/tokenize"
 )
 
 // upstream is an engine stand-in for unit tests: a real HTTP server that
@@ -59,19 +56,7 @@ func okJSON(cached int) http.HandlerFunc {
 // testRouter starts a router over static workers and returns its URL.
 func testRouter(t testing.TB, policy string, workers []StaticWorker, tweak func(*Config)) (*Server, string) {
 	t.Helper()
-	tmpl, err := tokenize.ChatMLCL100K()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rend, err := NewLocalRenderer(tmpl, 100, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pol, err := placement.New(policy, placement.Options{Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config{Policy: pol, Renderer: rend, Static: workers, ScrapeInterval: 20 * time.Millisecond, DownFor: time.Minute}
+	cfg := Config{Policy: mustPolicy(t, policy), Renderer: mustRenderer(t), Static: workers, ScrapeInterval: 20 * time.Millisecond, DownFor: time.Minute}
 	if tweak != nil {
 		tweak(&cfg)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,48 +101,43 @@ func validateAddress(addr string) (string, error) {
 	return s, nil
 }
 
-// pool is the set of known workers. Reads (every request) take a snapshot
-// without locking; updates (discovery) copy on write.
+// workerSet is one immutable version of the pool: the workers by id, and
+// the same workers ordered by id (the order candidates are offered in).
+type workerSet struct {
+	byID   map[string]*worker
+	sorted []*worker
+}
+
+// pool is the set of known workers. Reads (every request) load the current
+// set without locking; updates (discovery) build a new one.
 type pool struct {
 	mu      sync.Mutex // serialises updates
-	workers atomic.Pointer[map[string]*worker]
+	set     atomic.Pointer[workerSet]
 	onAdd   func(*worker) // starts a new worker's scraper
 	specTTL time.Duration
 }
 
 func newPool(specTTL time.Duration, onAdd func(*worker)) *pool {
 	p := &pool{onAdd: onAdd, specTTL: specTTL}
-	empty := map[string]*worker{}
-	p.workers.Store(&empty)
+	p.set.Store(&workerSet{byID: map[string]*worker{}})
 	return p
 }
 
 // snapshot returns the current workers by id; the map must not be modified.
-func (p *pool) snapshot() map[string]*worker { return *p.workers.Load() }
+func (p *pool) snapshot() map[string]*worker { return p.set.Load().byID }
 
-// get returns the worker with id, if known.
-func (p *pool) get(id string) (*worker, bool) {
-	w, ok := p.snapshot()[id]
-	return w, ok
-}
+// sorted returns the current workers ordered by id; the slice must not be
+// modified.
+func (p *pool) sorted() []*worker { return p.set.Load().sorted }
 
-// sorted returns the workers ordered by id.
-func (p *pool) sorted() []*worker {
-	m := p.snapshot()
-	out := make([]*worker, 0, len(m))
-	for _, w := range m {
-		out = append(out, w)
+// store makes byID the current set.
+func (p *pool) store(byID map[string]*worker) {
+	sorted := make([]*worker, 0, len(byID))
+	for _, w := range byID {
+		sorted = append(sorted, w)
 	}
-	slices.SortFunc(out, func(a, b *worker) int {
-		switch {
-		case a.id < b.id:
-			return -1
-		case a.id > b.id:
-			return 1
-		}
-		return 0
-	})
-	return out
+	slices.SortFunc(sorted, func(a, b *worker) int { return strings.Compare(a.id, b.id) })
+	p.set.Store(&workerSet{byID: byID, sorted: sorted})
 }
 
 // replace makes specs the complete worker set (a discovery snapshot).
@@ -193,7 +189,7 @@ func (p *pool) update(specs []workerSpec, full bool, gone []string) (errs []erro
 		w.draining.Store(s.Draining)
 		next[s.ID] = w
 	}
-	p.workers.Store(&next)
+	p.store(next)
 	for id, w := range old {
 		if nw, ok := next[id]; !ok || nw != w {
 			close(w.stop)
@@ -214,6 +210,5 @@ func (p *pool) close() {
 	for _, w := range p.snapshot() {
 		close(w.stop)
 	}
-	empty := map[string]*worker{}
-	p.workers.Store(&empty)
+	p.store(map[string]*worker{})
 }

@@ -37,9 +37,10 @@ type request struct {
 
 // readBody reads at most limit bytes of r's body.
 func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
+	tooLarge := &apiError{status: http.StatusRequestEntityTooLarge, kind: "BadRequestError",
+		msg: "request body is larger than the router's limit of " + strconv.FormatInt(limit, 10) + " bytes"}
 	if r.ContentLength > limit {
-		return nil, &apiError{status: http.StatusRequestEntityTooLarge, kind: "BadRequestError",
-			msg: "request body is larger than the router's limit of " + strconv.FormatInt(limit, 10) + " bytes"}
+		return nil, tooLarge
 	}
 	buf := bytes.NewBuffer(make([]byte, 0, max(min(r.ContentLength, limit), 512)+1))
 	n, err := io.Copy(buf, io.LimitReader(r.Body, limit+1))
@@ -47,8 +48,7 @@ func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
 		return nil, badRequest("reading the request body: %v", err)
 	}
 	if n > limit {
-		return nil, &apiError{status: http.StatusRequestEntityTooLarge, kind: "BadRequestError",
-			msg: "request body is larger than the router's limit of " + strconv.FormatInt(limit, 10) + " bytes"}
+		return nil, tooLarge
 	}
 	return buf.Bytes(), nil
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/kvdir/kvdir/internal/tokenize"
 )
 
-func mustPolicy(t *testing.T, name string) placement.Policy {
+func mustPolicy(t testing.TB, name string) placement.Policy {
 	t.Helper()
 	p, err := placement.New(name, placement.Options{Seed: 1})
 	if err != nil {
@@ -21,7 +21,7 @@ func mustPolicy(t *testing.T, name string) placement.Policy {
 	return p
 }
 
-func mustRenderer(t *testing.T) *LocalRenderer {
+func mustRenderer(t testing.TB) *LocalRenderer {
 	t.Helper()
 	tmpl, err := tokenize.ChatMLCL100K()
 	if err != nil {
