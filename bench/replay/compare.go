@@ -65,15 +65,29 @@ func (c *Compare) Run(ctx context.Context, policy string) (report.Policy, *Resul
 	if err != nil {
 		return report.Policy{}, nil, err
 	}
+	p, err := summarize(policy, ids, res)
+	if err != nil {
+		return report.Policy{}, nil, err
+	}
+	if res.Errors > 0 {
+		c.Log.Warn("requests failed", "policy", policy, "errors", res.Errors, "first", res.FirstErr)
+	}
+	return p, res, nil
+}
+
+// summarize turns a run's samples into the policy's report entry: the
+// requests some replica served or refused, the prefill they computed, the
+// engines' queues, the wall time.
+func summarize(name string, ids []string, res *Result) (report.Policy, error) {
 	var ok []report.Sample
 	for _, s := range res.Samples {
 		if s.Replica >= 0 || s.Rejected {
 			ok = append(ok, s)
 		}
 	}
-	p, err := report.Summarize(policy, ids, ok)
+	p, err := report.Summarize(name, ids, ok)
 	if err != nil {
-		return report.Policy{}, nil, fmt.Errorf("summarise %s: %w", policy, err)
+		return report.Policy{}, fmt.Errorf("summarise %s: %w", name, err)
 	}
 	for _, s := range ok {
 		if !s.Rejected {
@@ -88,10 +102,7 @@ func (c *Compare) Run(ctx context.Context, policy string) (report.Policy, *Resul
 	}
 	p.WallSec = res.WallSec
 	p.Finish()
-	if res.Errors > 0 {
-		c.Log.Warn("requests failed", "policy", policy, "errors", res.Errors, "first", res.FirstErr)
-	}
-	return p, res, nil
+	return p, nil
 }
 
 // reset clears every engine's prefix cache and waits until the directory

@@ -60,6 +60,10 @@ type Config struct {
 	QueueEvery time.Duration
 	// Progress, if set, is called after each request with done and total.
 	Progress func(done, total int)
+	// Unattributed, for an endpoint that does not name the worker that
+	// served a request (any OpenAI server): every response counts for
+	// Engines[0].
+	Unattributed bool
 }
 
 // Result is what a run observed.
@@ -225,6 +229,8 @@ func send(ctx context.Context, cfg Config, rec *workload.Record, b []byte, url s
 	defer resp.Body.Close()
 	if r, ok := replica[resp.Header.Get("X-Kvdir-Worker")]; ok {
 		s.Replica = r
+	} else if cfg.Unattributed {
+		s.Replica = 0
 	}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
@@ -301,6 +307,9 @@ func sampleQueues(ctx context.Context, cfg Config, res *Result) {
 	for {
 		for i, e := range cfg.Engines {
 			w := 0
+			if e.URL == "" {
+				continue // nothing to read (an endpoint given by URL)
+			}
 			if resp, err := hc.Get(e.URL + "/metrics"); err == nil {
 				if l, err := enginemetrics.Parse(resp.Body); err == nil {
 					w = l.Waiting

@@ -57,3 +57,39 @@ func TestCompareLive(t *testing.T) {
 		t.Fatalf("kvdir hit rate %.3f is not above round-robin's %.3f", hit["kvdir"], hit["round-robin"])
 	}
 }
+
+// TestRunEndpoint replays a trace against an endpoint kvbench did not start
+// (here one engine simulator, which names no worker): every request is
+// served and counted for the one "endpoint" replica, with the engine's own
+// cache hits.
+func TestRunEndpoint(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	ctx := context.Background()
+	f, err := fleet.Start(ctx, fleet.Config{Dir: t.TempDir(), NoDirectory: true, Engines: 1,
+		EngineArgs: []string{"--time-scale", "0.02"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Stop)
+	cfg := workload.SessionPresets["chat"]
+	cfg.Sessions, cfg.SessionRate, cfg.ThinkTimeSec, cfg.MaxTurns, cfg.OutputTokens = 8, 4, 2, 3, 10
+	recs, err := workload.GenerateSessions(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := RunEndpoint(ctx, Options{Trace: "gen", Records: recs, TraceBlockSize: workload.DefaultBlockSize,
+		TimeScale: 0.02, Model: "llama3-8b", Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))},
+		f.Engines[0].URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Policies) != 1 {
+		t.Fatalf("%d policies, want 1", len(rep.Policies))
+	}
+	p := rep.Policies[0]
+	if p.Requests != len(recs) || len(p.Replicas) != 1 || p.Replicas[0].ID != "endpoint" || p.HitRate <= 0 {
+		t.Fatalf("summary: %d of %d requests, replicas %+v, hit rate %.3f", p.Requests, len(recs), p.Replicas, p.HitRate)
+	}
+}

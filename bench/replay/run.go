@@ -36,6 +36,54 @@ type Options struct {
 	Progress io.Writer
 }
 
+// RunEndpoint replays o's trace once against an OpenAI endpoint that kvbench
+// did not start (o.Policies, Replicas, Profile and KVBlocks are not used; the
+// endpoint's caches are not reset). Requests are attributed to the worker an
+// X-Kvdir-Worker response header names, when it names one of workers, and
+// otherwise to one replica named "endpoint".
+func RunEndpoint(ctx context.Context, o Options, url string, workers []string) (*report.Report, error) {
+	engines := []Engine{{ID: "endpoint"}}
+	unattributed := len(workers) == 0
+	if !unattributed {
+		engines = nil
+		for _, w := range workers {
+			engines = append(engines, Engine{ID: w})
+		}
+	}
+	ideal := workload.IdealHits(o.Records, o.TraceBlockSize, 16)
+	rep := report.ForTrace("replay", o.Trace, o.Records, ideal, o.TraceBlockSize, 16, len(engines), o.Profile, o.KVBlocks, 1)
+	rep.Command = o.Command
+	rep.Settings = map[string]any{"endpoint": url, "wall_time_scale": o.TimeScale, "model": o.Model,
+		"session_key": "session_id, else \"h\" + first hash id", "trace_block_size": o.TraceBlockSize}
+	cfg := Config{Records: o.Records, TraceBlockSize: o.TraceBlockSize, EngineBlockSize: 16, Model: o.Model,
+		URLs: []string{url}, TimeScale: o.TimeScale, Engines: engines, Unattributed: unattributed}
+	var bar *progressBar
+	if o.Progress != nil {
+		bar = newProgressBar(o.Progress, "endpoint", len(o.Records))
+		cfg.Progress = bar.set
+	}
+	res, err := Run(ctx, cfg)
+	if bar != nil {
+		bar.finish()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if res.Errors > 0 {
+		o.Log.Warn("requests failed", "errors", res.Errors, "first", res.FirstErr)
+	}
+	var ids []string
+	for _, e := range engines {
+		ids = append(ids, e.ID)
+	}
+	p, err := summarize("endpoint", ids, res)
+	if err != nil {
+		return nil, err
+	}
+	rep.Policies = []report.Policy{p}
+	return rep, nil
+}
+
 // RunComparison starts the fleet, replays the trace under every policy and
 // returns the report. Every process it started is stopped before it
 // returns, also when ctx is cancelled.

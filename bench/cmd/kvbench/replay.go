@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ import (
 
 type replayFlags struct {
 	trace, profile, policies, out, dir, model string
+	url, urlWorkers                           string
 	replicas, kvBlocks, routers, limit        int
 	traceBlockSize                            int
 	timeScale                                 float64
@@ -60,6 +62,8 @@ Writes the same schema as kvbench sim: --out (JSON), .md next to it, and the cha
 	fl.IntVar(&f.replicas, "replicas", 4, "engine simulators (each with its agent)")
 	fl.IntVar(&f.routers, "routers", 1, "routers per policy, sharing the directory (requests alternate between them)")
 	fl.StringVarP(&f.out, "out", "o", "", "result JSON file (.md and charts next to it); empty: print the table only")
+	fl.StringVar(&f.url, "url", "", "replay once against this OpenAI endpoint instead of starting processes (its caches are not reset; --time-scale defaults to 1)")
+	fl.StringVar(&f.urlWorkers, "url-workers", "", "with --url: comma-separated worker ids the endpoint names in X-Kvdir-Worker (a kvdir router); otherwise one replica, \"endpoint\"")
 	return cmd
 }
 
@@ -97,7 +101,39 @@ func runReplay(cmd *cobra.Command, f *replayFlags, log *slog.Logger) error {
 	if len(recs) == 0 {
 		return fmt.Errorf("%s: no records", f.trace)
 	}
+	if f.url != "" {
+		return replayEndpoint(cmd, f, recs, log)
+	}
 	return replayAndReport(cmd, f, pols, recs, f.trace, f.out, log)
+}
+
+// replayEndpoint replays recs once against --url.
+func replayEndpoint(cmd *cobra.Command, f *replayFlags, recs []workload.Record, log *slog.Logger) error {
+	if !cmd.Flags().Changed("time-scale") {
+		f.timeScale = 1
+	}
+	if f.timeScale <= 0 || f.timeScale > 10 {
+		return fmt.Errorf("--time-scale %v: want a value in (0, 10]", f.timeScale)
+	}
+	if f.model == "" {
+		return errors.New("--url needs --model, the model name the endpoint serves")
+	}
+	if u, err := url.Parse(f.url); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("--url %q: want http(s)://host:port", f.url)
+	}
+	var workers []string
+	for _, w := range strings.Split(f.urlWorkers, ",") {
+		if w = strings.TrimSpace(w); w != "" {
+			workers = append(workers, w)
+		}
+	}
+	rep, err := replay.RunEndpoint(cmd.Context(), replay.Options{Trace: f.trace, Records: recs, TraceBlockSize: f.traceBlockSize,
+		TimeScale: f.timeScale, Model: f.model, Command: commandLine(), Log: log, Progress: os.Stderr},
+		strings.TrimRight(f.url, "/"), workers)
+	if err != nil {
+		return err
+	}
+	return writeReport(rep, f.out, !f.noCharts, log)
 }
 
 // replayAndReport runs the comparison and writes the report.
