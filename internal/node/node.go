@@ -274,6 +274,9 @@ func (n *Node) startRaft() error {
 	if err != nil {
 		return fmt.Errorf("node: read raft state: %w", err)
 	}
+	// A failing log store is recorded where it fails: the leader steps down
+	// on it, so the proposal that meets it may see only "leadership lost".
+	logs = &recordingLogStore{LogStore: logs, failed: &n.writeErr}
 	r, err := raft.NewRaft(rc, n.fsm, logs, stable, snaps, trans)
 	if err != nil {
 		return fmt.Errorf("node: start raft: %w", err)
@@ -396,6 +399,33 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		n.closeStores()
 		n.log.Info("directory node stopped")
 	})
+	return err
+}
+
+// recordingLogStore records every failure to append to the Raft log.
+type recordingLogStore struct {
+	raft.LogStore
+	failed *errorBox
+}
+
+func (s *recordingLogStore) StoreLog(l *raft.Log) error {
+	return s.record(s.LogStore.StoreLog(l))
+}
+
+func (s *recordingLogStore) StoreLogs(ls []*raft.Log) error {
+	return s.record(s.LogStore.StoreLogs(ls))
+}
+
+// IsMonotonic passes on the wrapped store's raft.MonotonicLogStore answer.
+func (s *recordingLogStore) IsMonotonic() bool {
+	m, ok := s.LogStore.(raft.MonotonicLogStore)
+	return ok && m.IsMonotonic()
+}
+
+func (s *recordingLogStore) record(err error) error {
+	if err != nil {
+		s.failed.set(fmt.Errorf("raft log store: %w", err))
+	}
 	return err
 }
 
