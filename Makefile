@@ -8,6 +8,8 @@ BENCH_OUT ?= bench/results/index.json
 BUF_VERSION                ?= v1.75.0
 PROTOC_GEN_GO_VERSION      ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
+# The linter, pinned (v0.8.2 is staticcheck 2026.2.2); `make verify` installs it into ./bin.
+STATICCHECK_VERSION        ?= v0.8.2
 BIN := $(CURDIR)/bin
 
 include deploy/Makefile.inc
@@ -30,6 +32,29 @@ vet: ## go vet
 fmt-check: ## Fail if any Go file is not gofmt'd
 	@out=$$(gofmt -l .); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+.PHONY: verify
+verify: tidy-check fmt-check vet staticcheck proto-check ## Static checks CI runs: go.mod tidy, gofmt, vet, staticcheck, generated protobuf current
+
+.PHONY: tidy-check
+tidy-check: ## Fail if go.mod or go.sum is not tidy (go mod tidy -diff prints the fix)
+	$(GO) mod tidy -diff
+
+.PHONY: staticcheck
+staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION) ## staticcheck (pinned) on every package
+	$(BIN)/staticcheck ./...
+
+.PHONY: proto-check
+proto-check: tools ## Fail if the generated code in proto/ is not what buf generate writes from the .proto files (run `make proto`)
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	PATH="$(BIN):$$PATH" buf lint || exit 1; \
+	PATH="$(BIN):$$PATH" buf generate -o "$$tmp" || exit 1; \
+	stale=0; \
+	for f in $$( { (cd proto && find . -name '*.pb.go'); (cd "$$tmp/proto" && find . -name '*.pb.go'); } | sort -u); do \
+	  if ! cmp -s "proto/$$f" "$$tmp/proto/$$f"; then echo "stale or missing: proto/$${f#./}" >&2; stale=1; fi; \
+	done; \
+	if [ $$stale = 1 ]; then echo "proto/: generated code is not current; run make proto and commit it" >&2; exit 1; fi; \
+	echo "proto/: generated code is current"
 
 .PHONY: test
 test: test-deps vet fmt-check ## Vet, format check and all tests with the race detector
@@ -116,6 +141,9 @@ $(BIN)/buf-$(BUF_VERSION):
 	@touch $@
 $(BIN)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION):
 	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	@touch $@
+$(BIN)/staticcheck-$(STATICCHECK_VERSION):
+	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	@touch $@
 $(BIN)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION):
 	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
