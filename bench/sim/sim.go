@@ -47,6 +47,7 @@ import (
 	"github.com/kvdir/kvdir/bench/workload"
 	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/placement"
@@ -76,9 +77,9 @@ type Config struct {
 	// Impl, if set, is used instead of placement.New(Policy, ...) (for
 	// experiments with policy variants); Policy still names it in results.
 	Impl     placement.Policy
-	Profile  engine.Profile // engine timing model, also given to the policy
-	Replicas int            // engines
-	KVBlocks int            // KV-cache blocks per engine
+	Profile  costmodel.Profile // engine timing model, also given to the policy
+	Replicas int               // engines
+	KVBlocks int               // KV-cache blocks per engine
 	// BlockSize, MaxBatchedTokens and MaxRunning configure every engine
 	// (zero: the engine's defaults, 16, 8192, 256).
 	BlockSize        int

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/placement"
 )
@@ -26,7 +27,7 @@ func smallTrace(t *testing.T) ([]workload.Record, []int) {
 
 func config(t *testing.T, policy string, kvBlocks int) Config {
 	t.Helper()
-	prof, err := engine.ProfileByName("llama3-8b")
+	prof, err := costmodel.ProfileByName("llama3-8b")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/envflag"
 )
@@ -87,7 +88,7 @@ func newFlagSet(cfg *config, out io.Writer) *flag.FlagSet {
 	}
 	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:8000", "HTTP listen `address` (port 0 picks a free port)")
 	fs.StringVar(&cfg.model, "model", "llama3-8b", "model `name` served; requests naming another model get 404")
-	fs.StringVar(&cfg.profile, "profile", "llama3-8b", "timing profile: a built-in `name` ("+strings.Join(engine.ProfileNames(), ", ")+") or a JSON profile file path")
+	fs.StringVar(&cfg.profile, "profile", costmodel.DefaultProfileName, "timing profile: a built-in `name` ("+strings.Join(costmodel.ProfileNames(), ", ")+") or a JSON profile file path")
 	fs.IntVar(&cfg.blockSize, "block-size", engine.DefaultBlockSize, "tokens per KV block")
 	fs.IntVar(&cfg.kvBlocks, "kv-blocks", 32768, "KV-cache capacity in `blocks`")
 	fs.IntVar(&cfg.maxBatchedTokens, "max-batched-tokens", engine.DefaultMaxBatchedTokens, "token budget per engine step (vLLM max_num_batched_tokens)")

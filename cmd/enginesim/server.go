@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/tokenize"
@@ -130,10 +131,10 @@ func newServer(ctx context.Context, cfg config, logger *slog.Logger) (*server, e
 	return s, nil
 }
 
-func loadProfile(spec string) (engine.Profile, error) {
-	p, err := engine.ResolveProfile(spec)
+func loadProfile(spec string) (costmodel.Profile, error) {
+	p, err := costmodel.ResolveProfile(spec)
 	if err != nil {
-		return engine.Profile{}, fmt.Errorf("--profile: %w", err)
+		return costmodel.Profile{}, fmt.Errorf("--profile: %w", err)
 	}
 	return p, nil
 }

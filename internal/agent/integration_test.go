@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/kvevents"
@@ -281,7 +282,7 @@ func newRig(t *testing.T) *rig {
 }
 
 func (r *rig) newEngine() {
-	prof, err := engine.ProfileByName("llama3-8b")
+	prof, err := costmodel.ProfileByName("llama3-8b")
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -1,7 +1,8 @@
 // Package engine models an LLM inference engine that behaves like vLLM V1
 // without a GPU: a paged KV cache with prefix caching and LRU eviction, a
 // continuous-batching scheduler with chunked prefill and recompute
-// preemption, and step durations from a calibrated timing [Profile].
+// preemption, and step durations from a calibrated timing profile
+// ([costmodel.Profile]).
 //
 // The [Engine] runs on a caller-supplied clock: [Engine.Submit] and
 // [Engine.Step] take the current time as a [time.Duration] since an arbitrary

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/costmodel"
 )
 
 // The seed document's two-turn conversation: turn 1 is 4,200 system + 700
@@ -94,14 +96,15 @@ func TestHeadlineTiming(t *testing.T) {
 			mustSubmit(t, warm, now, Request{ID: "t2", Tokens: turn2, MaxTokens: 1})
 			r := drain(t, warm, now)["t2"]
 			within(t, "warm TTFT", r.TTFT(), tc.warm, tc.warmTol)
-			if want := millisToDuration(cfg.Profile.Prefill.Millis(5100-4896, 4896)); r.TTFT() != want {
+			if want := costmodel.MillisToDuration(cfg.Profile.Prefill.Millis(5100-4896, 4896)); r.TTFT() != want {
 				t.Errorf("warm TTFT %v, want exactly prefill(204, 4896) = %v", r.TTFT(), want)
 			}
 		})
 	}
 }
 
-// TestStepTiming checks chunked prefill, decode and mixed step durations.
+// TestStepTiming checks chunked prefill and decode step durations (the
+// pricing of mixed steps is package costmodel's TestStepMillis).
 func TestStepTiming(t *testing.T) {
 	p := mustProfile(t, "llama3-8b")
 	e := mustEngine(t, Config{Profile: p, CapacityBlocks: 4096, MaxBatchedTokens: 2048}, nil)
@@ -118,28 +121,16 @@ func TestStepTiming(t *testing.T) {
 		now = res.End
 	}
 	want := []time.Duration{
-		millisToDuration(p.Prefill.Millis(2048, 0)),
-		millisToDuration(p.Prefill.Millis(2048, 2048)),
-		millisToDuration(p.Prefill.Millis(904, 4096)),
-		millisToDuration(p.Decode.Millis(1, 5001)),
-		millisToDuration(p.Decode.Millis(1, 5002)),
+		costmodel.MillisToDuration(p.Prefill.Millis(2048, 0)),
+		costmodel.MillisToDuration(p.Prefill.Millis(2048, 2048)),
+		costmodel.MillisToDuration(p.Prefill.Millis(904, 4096)),
+		costmodel.MillisToDuration(p.Decode.Millis(1, 5001)),
+		costmodel.MillisToDuration(p.Decode.Millis(1, 5002)),
 	}
 	if !slices.Equal(durs, want) {
 		t.Fatalf("step durations %v, want %v", durs, want)
 	}
 
-	// A mixed step: 2,048-token chunk plus 32 decodes at 4k context. The
-	// calibration measured 62.2 ms (eager) and 56.4 ms for the chunk alone.
-	mixed := p.StepMillis([]Chunk{{New: 2048}}, 32, 32*4096)
-	if math.Abs(mixed-62.17)/62.17 > 0.10 {
-		t.Errorf("mixed step %.1f ms, want 62.2 ± 10%%", mixed)
-	}
-	if got := p.StepMillis(nil, 0, 0); got != 0 {
-		t.Errorf("empty step %v", got)
-	}
-	if got := p.StepMillis([]Chunk{{New: 1}}, 10, 1000); got < p.Decode.Millis(10, 1000) {
-		t.Errorf("mixed step with a tiny chunk %.2f ms is cheaper than the decode step", got)
-	}
 }
 
 // TestLRUEvictionEvents checks the eviction order and the exact events.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/engine"
 )
 
@@ -11,7 +12,7 @@ import (
 // the engine steps from one step end to the next and jumps to the next
 // arrival when idle.
 func Example() {
-	profile, err := engine.ProfileByName("llama3-8b")
+	profile, err := costmodel.ProfileByName("llama3-8b")
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/costmodel"
 )
 
 // recorder is an EventSink that keeps every batch.
@@ -26,9 +28,9 @@ func (r *recorder) take() []Event {
 	return ev
 }
 
-func mustProfile(t testing.TB, name string) Profile {
+func mustProfile(t testing.TB, name string) costmodel.Profile {
 	t.Helper()
-	p, err := ProfileByName(name)
+	p, err := costmodel.ProfileByName(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +40,7 @@ func mustProfile(t testing.TB, name string) Profile {
 func mustEngine(t testing.TB, cfg Config, sink EventSink) *Engine {
 	t.Helper()
 	if cfg.Profile.Name == "" {
-		cfg.Profile = mustProfile(t, "llama3-8b")
+		cfg.Profile = mustProfile(t, costmodel.DefaultProfileName)
 	}
 	e, err := New(cfg, sink)
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/costmodel"
 )
 
 // syncSink is a goroutine-safe EventSink.
@@ -165,7 +167,7 @@ func TestRunnerRealtime(t *testing.T) {
 	toks, res := mustCollect(t, s)
 	wall := time.Since(start)
 	p := r.Profile()
-	prefill := millisToDuration(p.Prefill.Millis(5100, 0))
+	prefill := costmodel.MillisToDuration(p.Prefill.Millis(5100, 0))
 	if len(toks) != 3 || res.TTFT() < prefill || res.TTFT() > prefill+25*time.Millisecond {
 		t.Fatalf("tokens %d, TTFT %v, want about %v", len(toks), res.TTFT(), prefill)
 	}

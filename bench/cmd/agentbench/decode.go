@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/agent"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
@@ -50,7 +51,7 @@ func (p *prompter) prompt(i int) []uint32 {
 }
 
 func newEngine(sink engine.EventSink) (*engine.Engine, error) {
-	prof, err := engine.ProfileByName(benchModel)
+	prof, err := costmodel.ProfileByName(benchModel)
 	if err != nil {
 		return nil, fmt.Errorf("profile: %w", err)
 	}

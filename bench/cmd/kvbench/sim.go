@@ -15,6 +15,7 @@ import (
 	"github.com/kvdir/kvdir/bench/report"
 	"github.com/kvdir/kvdir/bench/sim"
 	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/placement"
 )
@@ -61,7 +62,7 @@ H200 (see docs/benchmarks.md):
 	fl := cmd.Flags()
 	fl.StringVar(&f.trace, "trace", "", "trace file, Mooncake format (JSON Lines); required")
 	fl.IntVar(&f.replicas, "replicas", 8, "engine replicas")
-	fl.StringVar(&f.profile, "profile", "llama3-70b", "engine timing profile: a built-in name ("+strings.Join(engine.ProfileNames(), ", ")+") or a JSON file")
+	fl.StringVar(&f.profile, "profile", "llama3-70b", "engine timing profile: a built-in name ("+strings.Join(costmodel.ProfileNames(), ", ")+") or a JSON file")
 	fl.IntVar(&f.kvBlocks, "kv-blocks", 0, "KV-cache blocks per replica (0: what the profile's model leaves on one H200)")
 	fl.StringVar(&f.policies, "policies", "round-robin,session-hash,kvdir", "comma-separated policies, or all ("+strings.Join(placement.Names(), ", ")+")")
 	fl.Float64Var(&f.timeScale, "time-scale", 1, "multiply the trace's timestamps by this (0.5: twice the request rate)")
@@ -129,7 +130,7 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	if f.parallel < 1 {
 		return fmt.Errorf("--parallel %d, want >= 1", f.parallel)
 	}
-	prof, err := engine.ResolveProfile(f.profile)
+	prof, err := costmodel.ResolveProfile(f.profile)
 	if err != nil {
 		return err
 	}
