@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/costmodel"
-	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/kvevents"
+	"github.com/kvdir/kvdir/internal/simengine"
 	"github.com/kvdir/kvdir/internal/tokenize"
 )
 
@@ -29,7 +29,7 @@ type faults struct {
 
 // instance is one engine "process": a runner and its driving goroutine.
 type instance struct {
-	runner *engine.RealtimeRunner
+	runner *simengine.RealtimeRunner
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -38,7 +38,7 @@ type instance struct {
 // and the metrics.
 type server struct {
 	cfg      config
-	engCfg   engine.Config
+	engCfg   simengine.Config
 	log      *slog.Logger
 	tmpl     *tokenize.ChatML
 	tok      tokenize.Tokenizer
@@ -95,7 +95,7 @@ func newServer(ctx context.Context, cfg config, logger *slog.Logger) (*server, e
 		log:  logger,
 		tmpl: tmpl,
 		tok:  tmpl.Tokenizer(),
-		engCfg: engine.Config{
+		engCfg: simengine.Config{
 			Profile:          prof,
 			BlockSize:        cfg.blockSize,
 			CapacityBlocks:   cfg.kvBlocks,
@@ -180,7 +180,7 @@ func newPublisher(ctx context.Context, cfg config) (*kvevents.Publisher, error) 
 
 // newInstance starts a fresh engine.
 func (s *server) newInstance() (*instance, error) {
-	r, err := engine.NewRealtimeRunner(s.engCfg, engine.SinkFunc(s.publishBatch), s.cfg.timeScale)
+	r, err := simengine.NewRealtimeRunner(s.engCfg, simengine.SinkFunc(s.publishBatch), s.cfg.timeScale)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -233,13 +233,13 @@ func (s *server) restart() error {
 
 // publishBatch converts an engine batch to a vLLM KVEventBatch and publishes
 // it. It runs on the runner's goroutine.
-func (s *server) publishBatch(b engine.EventBatch) {
+func (s *server) publishBatch(b simengine.EventBatch) {
 	if s.pub == nil {
 		return
 	}
 	out := kvevents.Batch{
 		TS:     float64(time.Now().UnixNano()) / 1e9,
-		Events: engine.WireEvents(b.Events),
+		Events: simengine.WireEvents(b.Events),
 	}
 	if _, err := s.pub.Publish(out); err != nil && !errors.Is(err, kvevents.ErrClosed) {
 		s.log.Warn("publish kv events", "err", err)

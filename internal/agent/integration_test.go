@@ -18,10 +18,10 @@ import (
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/dirclient"
-	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/node"
 	"github.com/kvdir/kvdir/internal/raftfsm"
+	"github.com/kvdir/kvdir/internal/simengine"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -102,8 +102,8 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool
 // content hash directly from its prefix tokens.
 type oracle struct {
 	mu      sync.Mutex
-	blocks  map[engine.BlockHash]engine.BlockStored // engine hash -> (one-block) store
-	content map[engine.BlockHash]uint64
+	blocks  map[simengine.BlockHash]simengine.BlockStored // engine hash -> (one-block) store
+	content map[simengine.BlockHash]uint64
 	parent  map[uint64]uint64 // content hash -> parent content hash
 	root    uint64
 }
@@ -113,21 +113,21 @@ func newOracle(t *testing.T) *oracle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &oracle{blocks: map[engine.BlockHash]engine.BlockStored{}, content: map[engine.BlockHash]uint64{},
+	return &oracle{blocks: map[simengine.BlockHash]simengine.BlockStored{}, content: map[simengine.BlockHash]uint64{},
 		parent: map[uint64]uint64{}, root: root}
 }
 
-func (o *oracle) record(b engine.EventBatch) {
+func (o *oracle) record(b simengine.EventBatch) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, ev := range b.Events {
-		s, ok := ev.(*engine.BlockStored)
+		s, ok := ev.(*simengine.BlockStored)
 		if !ok {
 			continue
 		}
 		parent, has := s.ParentBlockHash, s.HasParent
 		for i, h := range s.BlockHashes {
-			o.blocks[h] = engine.BlockStored{ParentBlockHash: parent, HasParent: has,
+			o.blocks[h] = simengine.BlockStored{ParentBlockHash: parent, HasParent: has,
 				TokenIDs: s.TokenIDs[i*s.BlockSize : (i+1)*s.BlockSize]}
 			parent, has = h, true
 		}
@@ -135,11 +135,11 @@ func (o *oracle) record(b engine.EventBatch) {
 }
 
 // contentOf hashes the block's whole prefix, from the namespace root.
-func (o *oracle) contentOf(h engine.BlockHash) uint64 {
+func (o *oracle) contentOf(h simengine.BlockHash) uint64 {
 	if c, ok := o.content[h]; ok {
 		return c
 	}
-	var path []engine.BlockHash
+	var path []simengine.BlockHash
 	for cur := h; ; {
 		path = append(path, cur)
 		b := o.blocks[cur]
@@ -163,7 +163,7 @@ func (o *oracle) contentOf(h engine.BlockHash) uint64 {
 }
 
 // expected returns the content hashes of every block in the cache.
-func (o *oracle) expected(e *engine.Engine) map[uint64]bool {
+func (o *oracle) expected(e *simengine.Engine) map[uint64]bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	out := map[uint64]bool{}
@@ -220,8 +220,8 @@ func (o *oracle) compare(fsm *raftfsm.FSM, want map[uint64]bool, subset bool) (b
 	return true, ""
 }
 
-func toWire(b engine.EventBatch) kvevents.Batch {
-	return kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: engine.WireEvents(b.Events)}
+func toWire(b simengine.EventBatch) kvevents.Batch {
+	return kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: simengine.WireEvents(b.Events)}
 }
 
 // rig is an engine publishing over ZMQ, an agent and a directory.
@@ -233,7 +233,7 @@ type rig struct {
 	ep     string
 	replay string
 	or     *oracle
-	eng    *engine.Engine
+	eng    *simengine.Engine
 	now    time.Duration
 	rng    *rand.Rand
 	hist   [][]uint32
@@ -286,13 +286,13 @@ func (r *rig) newEngine() {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	sink := engine.SinkFunc(func(b engine.EventBatch) {
+	sink := simengine.SinkFunc(func(b simengine.EventBatch) {
 		r.or.record(b)
 		if _, err := r.pub.Publish(toWire(b)); err != nil {
 			r.t.Errorf("publish: %v", err)
 		}
 	})
-	e, err := engine.New(engine.Config{Profile: prof, BlockSize: itBS, CapacityBlocks: 300}, sink)
+	e, err := simengine.New(simengine.Config{Profile: prof, BlockSize: itBS, CapacityBlocks: 300}, sink)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -342,7 +342,7 @@ func (r *rig) traffic(waves int) {
 			}
 			r.hist[s] = h
 			r.seq++
-			if err := r.eng.Submit(r.now, engine.Request{ID: fmt.Sprint(r.seq), Tokens: h, MaxTokens: 8 + r.rng.IntN(16)}); err != nil {
+			if err := r.eng.Submit(r.now, simengine.Request{ID: fmt.Sprint(r.seq), Tokens: h, MaxTokens: 8 + r.rng.IntN(16)}); err != nil {
 				r.t.Fatalf("submit: %v", err)
 			}
 		}

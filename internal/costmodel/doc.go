@@ -10,7 +10,7 @@
 //
 // Production and simulation share it: the kvdir placement policy (package
 // placement, used by the router and kvdirctl) predicts time to first token
-// with it, and the engine simulator (package engine) and the benchmark
+// with it, and the engine simulator (package simengine) and the benchmark
 // simulator time their steps with it. It depends on nothing else in kvdir,
 // so a production binary that links it links no simulator.
 package costmodel

@@ -10,8 +10,8 @@ import (
 
 	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/costmodel"
-	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/kvevents"
+	"github.com/kvdir/kvdir/internal/simengine"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -50,12 +50,12 @@ func (p *prompter) prompt(i int) []uint32 {
 	return p.buf
 }
 
-func newEngine(sink engine.EventSink) (*engine.Engine, error) {
+func newEngine(sink simengine.EventSink) (*simengine.Engine, error) {
 	prof, err := costmodel.ProfileByName(benchModel)
 	if err != nil {
 		return nil, fmt.Errorf("profile: %w", err)
 	}
-	e, err := engine.New(engine.Config{Profile: prof, CapacityBlocks: 32768}, sink)
+	e, err := simengine.New(simengine.Config{Profile: prof, CapacityBlocks: 32768}, sink)
 	if err != nil {
 		return nil, fmt.Errorf("new engine: %w", err)
 	}
@@ -63,11 +63,11 @@ func newEngine(sink engine.EventSink) (*engine.Engine, error) {
 }
 
 // convert maps an engine batch to its wire form, as cmd/enginesim does.
-func convert(b engine.EventBatch) kvevents.Batch {
+func convert(b simengine.EventBatch) kvevents.Batch {
 	out := kvevents.Batch{TS: b.Time.Seconds()}
 	for _, ev := range b.Events {
 		switch e := ev.(type) {
-		case *engine.BlockStored:
+		case *simengine.BlockStored:
 			ws := &kvevents.BlockStored{BlockHashes: hashes(e.BlockHashes), TokenIDs: e.TokenIDs,
 				BlockSize: e.BlockSize, Medium: e.Medium, LoRAName: e.LoRAName}
 			if e.HasParent {
@@ -75,16 +75,16 @@ func convert(b engine.EventBatch) kvevents.Batch {
 				ws.Parent = &h
 			}
 			out.Events = append(out.Events, ws)
-		case *engine.BlockRemoved:
+		case *simengine.BlockRemoved:
 			out.Events = append(out.Events, &kvevents.BlockRemoved{BlockHashes: hashes(e.BlockHashes), Medium: e.Medium})
-		case *engine.AllBlocksCleared:
+		case *simengine.AllBlocksCleared:
 			out.Events = append(out.Events, &kvevents.AllBlocksCleared{})
 		}
 	}
 	return out
 }
 
-func hashes(hs []engine.BlockHash) []kvevents.Hash {
+func hashes(hs []simengine.BlockHash) []kvevents.Hash {
 	out := make([]kvevents.Hash, len(hs))
 	for i, h := range hs {
 		out[i] = kvevents.HashFromUint64(uint64(h))
@@ -97,7 +97,7 @@ func hashes(hs []engine.BlockHash) []kvevents.Hash {
 func corpus(n int) ([][]byte, int, error) {
 	var payloads [][]byte
 	blocks := 0
-	sink := engine.SinkFunc(func(b engine.EventBatch) {
+	sink := simengine.SinkFunc(func(b simengine.EventBatch) {
 		wb := convert(b)
 		for _, ev := range wb.Events {
 			if s, ok := ev.(*kvevents.BlockStored); ok {
@@ -114,7 +114,7 @@ func corpus(n int) ([][]byte, int, error) {
 	now, submitted, finished := time.Duration(0), 0, 0
 	for finished < n {
 		for submitted < n && submitted-finished < 256 {
-			if err := e.Submit(now, engine.Request{ID: strconv.Itoa(submitted), Tokens: p.prompt(submitted),
+			if err := e.Submit(now, simengine.Request{ID: strconv.Itoa(submitted), Tokens: p.prompt(submitted),
 				MaxTokens: 32, Namespace: benchModel}); err != nil {
 				return nil, 0, fmt.Errorf("submit: %w", err)
 			}
@@ -139,7 +139,7 @@ func benchDecode(log *slog.Logger, d time.Duration, res *Results) error {
 		size += len(p)
 	}
 	res.DecodeBatches, res.DecodeBlocks, res.DecodeCorpusBytes = len(payloads), blocks, size
-	res.DecodeMethod = "internal/engine run (4,000 requests: 1,024-token shared system prompt, 256 tokens per 8-request conversation, 64 unique, 32 generated; block size 16) " +
+	res.DecodeMethod = "internal/simengine run (4,000 requests: 1,024-token shared system prompt, 256 tokens per 8-request conversation, 64 unique, 32 generated; block size 16) " +
 		"encoded with kvevents.EncodeBatch (array form); timed: kvevents.DecodeBatch + agent.Translator.Translate (xxh3 content hash, engine-hash LRU map), one goroutine, whole corpus repeated"
 	tr := agent.NewTranslator(benchModel, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	var dst []*kvdirv1.Event
@@ -200,7 +200,7 @@ func benchEngine(log *slog.Logger, n int, res *Results) error {
 	now, submitted, finished := time.Duration(0), 0, 0
 	for finished < n {
 		for submitted < n && submitted-finished < 512 {
-			if err := e.Submit(now, engine.Request{ID: strconv.Itoa(submitted), Tokens: prompts[submitted],
+			if err := e.Submit(now, simengine.Request{ID: strconv.Itoa(submitted), Tokens: prompts[submitted],
 				MaxTokens: 32, Namespace: benchModel}); err != nil {
 				return fmt.Errorf("submit: %w", err)
 			}
@@ -214,7 +214,7 @@ func benchEngine(log *slog.Logger, n int, res *Results) error {
 	res.EngineRequests = n
 	res.EngineRequestsPerSec = float64(n) / el.Seconds()
 	res.EngineModelledRPS = float64(n) / now.Seconds()
-	res.EngineMethod = "internal/engine (llama3-8b profile, 32,768 blocks) driven directly on a virtual clock (time scale 0, no HTTP, no events sink), " +
+	res.EngineMethod = "internal/simengine (llama3-8b profile, 32,768 blocks) driven directly on a virtual clock (time scale 0, no HTTP, no events sink), " +
 		"up to 512 requests in flight, 1,344-token prompts (1,280 shareable) and 32 generated tokens; prompts built before timing; wall-clock requests per second"
 	log.Info("engine model at time scale 0", "requests", n, "req_per_sec", int64(res.EngineRequestsPerSec),
 		"modelled_req_per_sec", int64(res.EngineModelledRPS))

@@ -15,7 +15,7 @@ import (
 	"github.com/kvdir/kvdir/bench/sim"
 	"github.com/kvdir/kvdir/bench/workload"
 	"github.com/kvdir/kvdir/internal/costmodel"
-	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/simengine"
 )
 
 type replayFlags struct {
@@ -144,7 +144,7 @@ func replayAndReport(cmd *cobra.Command, f *replayFlags, pols []string, recs []w
 		return fmt.Errorf("--profile: %w", err)
 	}
 	if f.kvBlocks == 0 {
-		a, ok := sim.DefaultKVBlocks(prof.Name, engine.DefaultBlockSize)
+		a, ok := sim.DefaultKVBlocks(prof.Name, simengine.DefaultBlockSize)
 		if !ok {
 			return fmt.Errorf("profile %q has no default KV size; set --kv-blocks", prof.Name)
 		}

@@ -16,8 +16,8 @@ import (
 	"github.com/kvdir/kvdir/bench/sim"
 	"github.com/kvdir/kvdir/bench/workload"
 	"github.com/kvdir/kvdir/internal/costmodel"
-	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/placement"
+	"github.com/kvdir/kvdir/internal/simengine"
 )
 
 type simFlags struct {
@@ -39,7 +39,7 @@ func newSim(log *slog.Logger) *cobra.Command {
 		Use:   "sim",
 		Short: "Simulate a trace under each placement policy in virtual time",
 		Long: `Runs the trace through each placement policy (the router's internal/placement code)
-in front of --replicas copies of the engine model (internal/engine: paged prefix cache,
+in front of --replicas copies of the engine model (internal/simengine: paged prefix cache,
 continuous batching, calibrated H200 timing), in virtual time. The directory's view is
 built from the engines' own KV events, through the agent's translator into the
 directory's radix index; the router's load view is the engines' gauges plus its own
@@ -69,9 +69,9 @@ H200 (see docs/benchmarks.md):
 	fl.Int64Var(&f.seed, "seed", 1, "seed of the policies' random choices and the engines")
 	fl.StringVarP(&f.out, "out", "o", "", "result JSON file (.md and charts are written next to it); empty: print the table only")
 	fl.IntVar(&f.traceBlockSize, "trace-block-size", workload.DefaultBlockSize, "tokens per hash id in the trace")
-	fl.IntVar(&f.blockSize, "block-size", engine.DefaultBlockSize, "engine KV block size in tokens")
-	fl.IntVar(&f.maxBatched, "max-batched-tokens", engine.DefaultMaxBatchedTokens, "engine token budget per step (chunked prefill)")
-	fl.IntVar(&f.maxRunning, "max-running", engine.DefaultMaxRunning, "engine's most running requests")
+	fl.IntVar(&f.blockSize, "block-size", simengine.DefaultBlockSize, "engine KV block size in tokens")
+	fl.IntVar(&f.maxBatched, "max-batched-tokens", simengine.DefaultMaxBatchedTokens, "engine token budget per step (chunked prefill)")
+	fl.IntVar(&f.maxRunning, "max-running", simengine.DefaultMaxRunning, "engine's most running requests")
 	fl.DurationVar(&f.eventLag, "event-lag", 0, "delay before a step's KV events reach the directory view (0: visible right after the step)")
 	fl.DurationVar(&f.specTTL, "speculative-ttl", sim.DefaultSpeculativeTTL, "how long a placement counts as holding its prefix (negative: off)")
 	fl.BoolVar(&f.specFixed, "speculative-fixed-ttl", false, "what-if: end a speculative entry the TTL after the placement (default, as the router: hold it until the request's first token, then for the TTL)")
@@ -81,7 +81,7 @@ H200 (see docs/benchmarks.md):
 }
 
 func kvLine(profile string) string {
-	a, ok := sim.DefaultKVBlocks(profile, engine.DefaultBlockSize)
+	a, ok := sim.DefaultKVBlocks(profile, simengine.DefaultBlockSize)
 	if !ok {
 		return profile + ": unknown"
 	}

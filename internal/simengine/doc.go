@@ -1,4 +1,4 @@
-// Package engine models an LLM inference engine that behaves like vLLM V1
+// Package simengine models an LLM inference engine that behaves like vLLM V1
 // without a GPU: a paged KV cache with prefix caching and LRU eviction, a
 // continuous-batching scheduler with chunked prefill and recompute
 // preemption, and step durations from a calibrated timing profile
@@ -21,4 +21,4 @@
 // as it would with a real engine.
 //
 // An Engine is not safe for concurrent use; RealtimeRunner is.
-package engine
+package simengine
