@@ -496,7 +496,7 @@ func (s *state) flush(now time.Duration) error {
 // apply translates one engine batch the agent's way and applies it to the
 // index the directory's way.
 func (s *state) apply(r *replica, b simengine.EventBatch) error {
-	r.evs, _ = r.tr.Translate(r.evs[:0], kvevents.Batch{TS: b.Time.Seconds(), Events: simengine.WireEvents(b.Events)})
+	r.evs, _ = r.tr.Translate(r.evs[:0], kvevents.Batch{TS: b.Time.Seconds(), Events: b.Events})
 	for _, ev := range r.evs {
 		switch k := ev.Kind.(type) {
 		case *kvdirv1.Event_Stored:

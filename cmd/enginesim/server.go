@@ -231,15 +231,15 @@ func (s *server) restart() error {
 	return nil
 }
 
-// publishBatch converts an engine batch to a vLLM KVEventBatch and publishes
-// it. It runs on the runner's goroutine.
+// publishBatch publishes an engine batch as a vLLM KVEventBatch stamped with
+// the wall clock. It runs on the runner's goroutine.
 func (s *server) publishBatch(b simengine.EventBatch) {
 	if s.pub == nil {
 		return
 	}
 	out := kvevents.Batch{
 		TS:     float64(time.Now().UnixNano()) / 1e9,
-		Events: simengine.WireEvents(b.Events),
+		Events: b.Events,
 	}
 	if _, err := s.pub.Publish(out); err != nil && !errors.Is(err, kvevents.ErrClosed) {
 		s.log.Warn("publish kv events", "err", err)

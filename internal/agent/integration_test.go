@@ -102,8 +102,8 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool
 // content hash directly from its prefix tokens.
 type oracle struct {
 	mu      sync.Mutex
-	blocks  map[simengine.BlockHash]simengine.BlockStored // engine hash -> (one-block) store
-	content map[simengine.BlockHash]uint64
+	blocks  map[kvevents.Hash]oracleBlock // engine hash -> its one-block store
+	content map[kvevents.Hash]uint64
 	parent  map[uint64]uint64 // content hash -> parent content hash
 	root    uint64
 }
@@ -113,44 +113,55 @@ func newOracle(t *testing.T) *oracle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &oracle{blocks: map[simengine.BlockHash]simengine.BlockStored{}, content: map[simengine.BlockHash]uint64{},
+	return &oracle{blocks: map[kvevents.Hash]oracleBlock{}, content: map[kvevents.Hash]uint64{},
 		parent: map[uint64]uint64{}, root: root}
+}
+
+// oracleBlock is one block of a BlockStored event.
+type oracleBlock struct {
+	parent    kvevents.Hash // valid if hasParent
+	hasParent bool
+	tokens    []uint32
 }
 
 func (o *oracle) record(b simengine.EventBatch) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, ev := range b.Events {
-		s, ok := ev.(*simengine.BlockStored)
+		s, ok := ev.(*kvevents.BlockStored)
 		if !ok {
 			continue
 		}
-		parent, has := s.ParentBlockHash, s.HasParent
+		var parent kvevents.Hash
+		has := s.Parent != nil
+		if has {
+			parent = *s.Parent
+		}
 		for i, h := range s.BlockHashes {
-			o.blocks[h] = simengine.BlockStored{ParentBlockHash: parent, HasParent: has,
-				TokenIDs: s.TokenIDs[i*s.BlockSize : (i+1)*s.BlockSize]}
+			o.blocks[h] = oracleBlock{parent: parent, hasParent: has,
+				tokens: s.TokenIDs[i*s.BlockSize : (i+1)*s.BlockSize]}
 			parent, has = h, true
 		}
 	}
 }
 
 // contentOf hashes the block's whole prefix, from the namespace root.
-func (o *oracle) contentOf(h simengine.BlockHash) uint64 {
+func (o *oracle) contentOf(h kvevents.Hash) uint64 {
 	if c, ok := o.content[h]; ok {
 		return c
 	}
-	var path []simengine.BlockHash
+	var path []kvevents.Hash
 	for cur := h; ; {
 		path = append(path, cur)
 		b := o.blocks[cur]
-		if !b.HasParent {
+		if !b.hasParent {
 			break
 		}
-		cur = b.ParentBlockHash
+		cur = b.parent
 	}
 	p := o.root
 	for i := len(path) - 1; i >= 0; i-- {
-		c := blockhash.Block(p, o.blocks[path[i]].TokenIDs, nil)
+		c := blockhash.Block(p, o.blocks[path[i]].tokens, nil)
 		o.content[path[i]] = c
 		if i == len(path)-1 {
 			o.parent[c] = 0
@@ -168,7 +179,7 @@ func (o *oracle) expected(e *simengine.Engine) map[uint64]bool {
 	defer o.mu.Unlock()
 	out := map[uint64]bool{}
 	for _, cb := range e.Cache().Contents() {
-		out[o.contentOf(cb.Hash)] = true
+		out[o.contentOf(cb.Hash.Wire())] = true
 	}
 	return out
 }
@@ -221,7 +232,7 @@ func (o *oracle) compare(fsm *raftfsm.FSM, want map[uint64]bool, subset bool) (b
 }
 
 func toWire(b simengine.EventBatch) kvevents.Batch {
-	return kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: simengine.WireEvents(b.Events)}
+	return kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: b.Events}
 }
 
 // rig is an engine publishing over ZMQ, an agent and a directory.

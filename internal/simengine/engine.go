@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/kvevents"
 )
 
 // Scheduler defaults (vLLM V1's).
@@ -407,15 +408,16 @@ func (e *Engine) schedule(s *seq, n int, cost *costmodel.StepCost, res *StepResu
 	}
 	e.ensureHashes(s, full)
 	first := s.numStored
-	ev := &BlockStored{
-		BlockHashes: slices.Clone(s.hashes[first:full]),
+	ev := &kvevents.BlockStored{
+		BlockHashes: wireHashes(s.hashes[first:full]),
 		TokenIDs:    slices.Clone(s.tokens[first*bs : full*bs]),
 		BlockSize:   bs,
 		LoRAName:    s.lora,
 		Medium:      MediumGPU,
 	}
 	if first > 0 {
-		ev.ParentBlockHash, ev.HasParent = s.hashes[first-1], true
+		parent := s.hashes[first-1].Wire()
+		ev.Parent = &parent
 	}
 	for i := first; i < full; i++ {
 		var parent BlockHash

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/kvevents"
 )
 
 // The seed document's two-turn conversation: turn 1 is 4,200 system + 700
@@ -156,22 +157,23 @@ func TestLRUEvictionEvents(t *testing.T) {
 		return out
 	}
 	ha, hb, hc := h(a), h(b), h(c)
-	stored := func(hashes []BlockHash, parent *BlockHash, toks []uint32) *BlockStored {
-		ev := &BlockStored{BlockHashes: hashes, TokenIDs: toks, BlockSize: 4, Medium: MediumGPU}
+	stored := func(hashes []BlockHash, parent *BlockHash, toks []uint32) *kvevents.BlockStored {
+		ev := &kvevents.BlockStored{BlockHashes: wire(hashes...), TokenIDs: toks, BlockSize: 4, Medium: MediumGPU}
 		if parent != nil {
-			ev.ParentBlockHash, ev.HasParent = *parent, true
+			p := parent.Wire()
+			ev.Parent = &p
 		}
 		return ev
 	}
-	removed := func(h BlockHash) *BlockRemoved {
-		return &BlockRemoved{BlockHashes: []BlockHash{h}, Medium: MediumGPU}
+	removed := func(h BlockHash) *kvevents.BlockRemoved {
+		return &kvevents.BlockRemoved{BlockHashes: wire(h), Medium: MediumGPU}
 	}
 	run := func(id string, toks []uint32) Result {
 		t.Helper()
 		mustSubmit(t, e, e.Now(), Request{ID: id, Tokens: toks, MaxTokens: 1})
 		return drain(t, e, e.Now())[id]
 	}
-	expect := func(what string, want ...Event) {
+	expect := func(what string, want ...kvevents.Event) {
 		t.Helper()
 		if got := rec.take(); !reflect.DeepEqual(got, want) {
 			t.Fatalf("%s: events\n%s\nwant\n%s", what, dumpEvents(got), dumpEvents(want))
@@ -200,7 +202,7 @@ func TestLRUEvictionEvents(t *testing.T) {
 	if err := e.Reset(e.Now()); err != nil {
 		t.Fatal(err)
 	}
-	expect("reset", &AllBlocksCleared{})
+	expect("reset", &kvevents.AllBlocksCleared{})
 	if n := len(e.Cache().Contents()); n != 0 {
 		t.Fatalf("%d blocks cached after reset", n)
 	}
@@ -224,18 +226,18 @@ func TestNoEvictionOfReferencedBlocks(t *testing.T) {
 	if err := model.apply(first[0]); err != nil {
 		t.Fatal(err)
 	}
-	oldHashes := first[0].(*BlockStored).BlockHashes // blocks 0, 1; free 2 3 4 5 1 0
+	oldHashes := first[0].(*kvevents.BlockStored).BlockHashes // blocks 0, 1; free 2 3 4 5 1 0
 	// long: 8 prompt + 7 fed-back tokens = 4 blocks; after its prefill (2, 3)
 	// the free queue is 4 5 1 0.
 	mustSubmit(t, e, old.Finish, Request{ID: "long", Tokens: fill(8, 2), MaxTokens: 8})
 	res := e.Step(old.Finish)
 	// next needs 3 blocks; long's first decode takes block 4 first.
 	mustSubmit(t, e, res.End, Request{ID: "next", Tokens: fill(9, 3), MaxTokens: 1})
-	var removed []BlockHash
+	var removed []kvevents.Hash
 	for e.Busy() {
 		res = e.Step(res.End)
 		for _, ev := range rec.take() {
-			if rm, ok := ev.(*BlockRemoved); ok {
+			if rm, ok := ev.(*kvevents.BlockRemoved); ok {
 				removed = append(removed, rm.BlockHashes[0])
 			}
 			if err := model.apply(ev); err != nil {
@@ -246,8 +248,8 @@ func TestNoEvictionOfReferencedBlocks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if want := []BlockHash{oldHashes[1], oldHashes[0]}; !slices.Equal(removed, want) {
-		t.Fatalf("removed %x, want %x", removed, want)
+	if want := []kvevents.Hash{oldHashes[1], oldHashes[0]}; !slices.Equal(removed, want) {
+		t.Fatalf("removed %v, want %v", removed, want)
 	}
 	if e.Stats().Preemptions != 0 {
 		t.Fatalf("unexpected preemption")
@@ -265,7 +267,7 @@ func TestDuplicateBlocks(t *testing.T) {
 	mustSubmit(t, e, 0, Request{ID: "a", Tokens: prompt, MaxTokens: 9})
 	mustSubmit(t, e, 0, Request{ID: "b", Tokens: prompt, MaxTokens: 9})
 	model := newEventModel(4)
-	var all []Event
+	var all []kvevents.Event
 	var results = map[string]Result{}
 	now := time.Duration(0)
 	for e.Busy() {
@@ -293,10 +295,10 @@ func TestDuplicateBlocks(t *testing.T) {
 	if !slices.Equal(results["a"].Output, results["b"].Output) {
 		t.Fatalf("identical prompts generated different outputs")
 	}
-	first := all[0].(*BlockStored)
-	second := all[1].(*BlockStored)
+	first := all[0].(*kvevents.BlockStored)
+	second := all[1].(*kvevents.BlockStored)
 	if len(first.BlockHashes) != 8 || len(second.BlockHashes) != 1 || second.BlockHashes[0] != first.BlockHashes[7] ||
-		second.ParentBlockHash != first.BlockHashes[6] || !second.HasParent {
+		second.Parent == nil || *second.Parent != first.BlockHashes[6] {
 		t.Fatalf("unexpected first events:\n%s", dumpEvents(all[:2]))
 	}
 	// 9 outputs: 8 fed back, filling block 8 (prompt 32 + 4 outputs) and
@@ -328,8 +330,8 @@ func TestDuplicateBlocks(t *testing.T) {
 	}
 	removed := map[BlockHash]int{}
 	for _, ev := range rec.take() {
-		if rm, ok := ev.(*BlockRemoved); ok && counts[rm.BlockHashes[0]] > 0 {
-			removed[rm.BlockHashes[0]]++
+		if rm, ok := ev.(*kvevents.BlockRemoved); ok && counts[BlockHash(rm.BlockHashes[0].Key())] > 0 {
+			removed[BlockHash(rm.BlockHashes[0].Key())]++
 		}
 		if err := model.apply(ev); err != nil {
 			t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/simengine"
 )
 
@@ -20,7 +21,7 @@ func Example() {
 	stored := 0
 	sink := simengine.SinkFunc(func(b simengine.EventBatch) {
 		for _, ev := range b.Events {
-			if s, ok := ev.(*simengine.BlockStored); ok {
+			if s, ok := ev.(*kvevents.BlockStored); ok {
 				stored += len(s.BlockHashes)
 			}
 		}

@@ -62,34 +62,10 @@ func newEngine(sink simengine.EventSink) (*simengine.Engine, error) {
 	return e, nil
 }
 
-// convert maps an engine batch to its wire form, as cmd/enginesim does.
-func convert(b simengine.EventBatch) kvevents.Batch {
-	out := kvevents.Batch{TS: b.Time.Seconds()}
-	for _, ev := range b.Events {
-		switch e := ev.(type) {
-		case *simengine.BlockStored:
-			ws := &kvevents.BlockStored{BlockHashes: hashes(e.BlockHashes), TokenIDs: e.TokenIDs,
-				BlockSize: e.BlockSize, Medium: e.Medium, LoRAName: e.LoRAName}
-			if e.HasParent {
-				h := kvevents.HashFromUint64(uint64(e.ParentBlockHash))
-				ws.Parent = &h
-			}
-			out.Events = append(out.Events, ws)
-		case *simengine.BlockRemoved:
-			out.Events = append(out.Events, &kvevents.BlockRemoved{BlockHashes: hashes(e.BlockHashes), Medium: e.Medium})
-		case *simengine.AllBlocksCleared:
-			out.Events = append(out.Events, &kvevents.AllBlocksCleared{})
-		}
-	}
-	return out
-}
-
-func hashes(hs []simengine.BlockHash) []kvevents.Hash {
-	out := make([]kvevents.Hash, len(hs))
-	for i, h := range hs {
-		out[i] = kvevents.HashFromUint64(uint64(h))
-	}
-	return out
+// wireBatch is an engine batch as a vLLM KVEventBatch, stamped with its
+// engine time.
+func wireBatch(b simengine.EventBatch) kvevents.Batch {
+	return kvevents.Batch{TS: b.Time.Seconds(), Events: b.Events}
 }
 
 // corpus runs the engine model on a virtual clock over n requests and
@@ -98,7 +74,7 @@ func corpus(n int) ([][]byte, int, error) {
 	var payloads [][]byte
 	blocks := 0
 	sink := simengine.SinkFunc(func(b simengine.EventBatch) {
-		wb := convert(b)
+		wb := wireBatch(b)
 		for _, ev := range wb.Events {
 			if s, ok := ev.(*kvevents.BlockStored); ok {
 				blocks += len(s.BlockHashes)
