@@ -7,8 +7,9 @@
 // # What is real and what is modelled
 //
 //   - Engines: simengine.Engine instances (paged prefix cache with LRU eviction,
-//     continuous batching with chunked prefill and preemption, calibrated step
-//     times), each driven on the virtual clock: a step starts when the previous
+//     continuous batching with chunked prefill and preemption, step times
+//     from a calibrated costmodel.Profile, the one the policy is given),
+//     each driven on the virtual clock: a step starts when the previous
 //     one ends, or when a request arrives at an idle engine.
 //   - Directory: each engine's event batches go through the agent's real
 //     Translator (engine hashes to content hashes) into one real radix index,

@@ -9,6 +9,9 @@
 // [KVDir]), plus baselines of peers' published policies: "llm-d" and
 // "llm-d-sticky" ([LLMD]), "sglang" ([SGLang]) and "dynamo" ([Dynamo]).
 //
+// kvdir prices prefills and decode interference with an engine timing model
+// ([costmodel.Profile]); the package depends on no engine simulator.
+//
 // Every policy is safe for concurrent use and, given the same seed and the
 // same sequence of calls, makes the same decisions.
 package placement

@@ -19,7 +19,7 @@ const benchModel = "llama3-8b"
 
 // prompter builds prompts: a 1,024-token system prompt shared by all, 256
 // tokens shared by groups of 8 requests (a conversation), and 64 tokens
-// unique to the request (the shape of the engine package's benchmark).
+// unique to the request (the shape of package simengine's benchmark).
 type prompter struct {
 	rng    *rand.Rand
 	system []uint32
