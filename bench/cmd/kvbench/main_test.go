@@ -23,7 +23,7 @@ func run(t *testing.T, args ...string) error {
 }
 
 // TestGenThenSim generates a trace and simulates it under every policy,
-// checking the files the issue asks for.
+// checking the files a run must write (JSON, Markdown, charts).
 func TestGenThenSim(t *testing.T) {
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "sessions.jsonl")
