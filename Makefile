@@ -22,6 +22,15 @@ help: ## List the targets
 build: ## Compile every package and command
 	$(GO) build ./...
 
+.PHONY: bin
+bin: ## Build the binaries the docs run into ./bin: directory, agent, router, enginesim, kvdirctl, kvbench
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/directory ./cmd/agent ./cmd/router ./cmd/enginesim ./cmd/kvdirctl ./bench/cmd/kvbench
+
+.PHONY: dev
+dev: bin ## A local fleet until Ctrl-C: 3 directory nodes, 2 enginesims with agents, a router; prints their addresses
+	$(BIN)/kvbench dev $(DEV_ARGS)
+
 .PHONY: vet
 vet: ## go vet
 	$(GO) vet ./...
