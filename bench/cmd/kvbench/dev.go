@@ -82,16 +82,16 @@ func runDev(ctx context.Context, out io.Writer, f devFlags) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kvdir dev fleet is up (model %s, profile %s, time scale %s). Ctrl-C stops it.\n\n", f.model, f.profile, f.timeScale)
 	for i, r := range fl.Routers {
-		fmt.Fprintf(&b, "router %d     %s   (OpenAI API, /v1/kvdir/explain, /metrics)\n", i, r.URL)
+		fmt.Fprintf(&b, "%-13s %s   (OpenAI API, /v1/kvdir/explain, /metrics)\n", fmt.Sprintf("router %d", i), r.URL)
 	}
 	for _, n := range fl.Directory.Nodes {
-		fmt.Fprintf(&b, "directory %s  gRPC %s   http://%s/metrics\n", n.ID, n.API, n.HTTP)
+		fmt.Fprintf(&b, "%-13s gRPC %s   http://%s/metrics\n", "directory "+n.ID, n.API, n.HTTP)
 	}
 	for _, e := range fl.Engines {
-		fmt.Fprintf(&b, "engine %s    %s   (worker %s)\n", e.WorkerID, e.URL, e.WorkerID)
+		fmt.Fprintf(&b, "%-13s %s\n", "engine "+e.WorkerID, e.URL)
 	}
-	fmt.Fprintf(&b, "binaries     %s\n\n", dir)
-	fmt.Fprintf(&b, "In another shell:\n\n  export ROUTER=%s KVDIRCTL_DIRECTORY=%s KVDIRCTL_ROUTER=%s\n\n",
+	fmt.Fprintf(&b, "%-13s %s\n\n", "data", dir)
+	fmt.Fprintf(&b, "In another shell:\n\n  export ROUTER=%s KVDIRCTL_DIRECTORY=%s KVDIRCTL_ROUTER=%s\n",
 		fl.Routers[0].URL, fl.DirectoryAddrs(), fl.Routers[0].URL)
 	b.WriteString("  ./bin/kvdirctl status\n")
 	b.WriteString("  curl -s -D - $ROUTER/v1/chat/completions -H 'Content-Type: application/json' \\\n")
