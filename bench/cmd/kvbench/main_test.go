@@ -75,6 +75,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"sim", "--trace", trace, "--profile", "gpt-9"}, "neither a built-in profile"},
 		{[]string{"gen", "sessions", "--preset", "nope"}, "unknown preset"},
 		{[]string{"gen", "shared-prefix", "--rate", "0"}, "rate"},
+		{[]string{"dev", "--engines", "0"}, "at least 1"},
 	}
 	for _, c := range cases {
 		err := run(t, c.args...)
