@@ -24,6 +24,15 @@ help: ## List the targets
 build: ## Compile every package and command
 	$(GO) build ./...
 
+.PHONY: bin
+bin: ## Build the binaries the docs run into ./bin: directory, agent, router, enginesim, kvdirctl, kvbench
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/directory ./cmd/agent ./cmd/router ./cmd/enginesim ./cmd/kvdirctl ./bench/cmd/kvbench
+
+.PHONY: dev
+dev: bin ## A local fleet until Ctrl-C: 3 directory nodes, 2 enginesims with agents, a router; prints their addresses
+	$(BIN)/kvbench dev $(DEV_ARGS)
+
 .PHONY: vet
 vet: ## go vet
 	$(GO) vet ./...
@@ -75,8 +84,8 @@ test-deps: ## Install what the tests need beyond Go (Debian: python3-zmq, python
 demo: ## The main job: directory, 4 enginesims+agents (70B, time-compressed), routers; a bundled agent trace under round-robin, session-hash, kvdir -> bench/results/demo.*
 	$(GO) run ./bench/cmd/kvbench demo
 
-# The public Mooncake trace (../shared/traces/README.md); any file of its format works.
-TRACE ?= ../shared/traces/mooncake_synthetic_trace.jsonl
+# The public Mooncake trace (Apache-2.0; origin in bench/testdata/README.md); any file of its format works.
+TRACE ?= bench/testdata/mooncake_synthetic_trace.jsonl
 
 .PHONY: bench-sim
 bench-sim: ## kvbench sim: every policy on TRACE, 8 x llama3-70b, KV 2x and 0.7x the working set, and at half rate -> bench/results/sim-mooncake-70b-*

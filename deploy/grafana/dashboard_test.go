@@ -20,7 +20,7 @@ import (
 const dashboardFile = "kvdir-dashboard.json"
 
 // routerContract is the router's metric families as its contract states
-// them (issue 5; all prefixed kvdir_router_). The test checks the dashboard
+// them (cmd/router/README.md, "Metrics"; all prefixed kvdir_router_). The test checks the dashboard
 // against it, and, when cmd/router exists, checks every family the running
 // router exports against it too, so contract and router cannot drift apart
 // unnoticed. Families that only appear after a fault (a fallback, a retry)
@@ -54,7 +54,7 @@ var targetLabels = []string{"pod", "namespace", "instance", "job", "container"}
 
 // TestDashboardShape checks the dashboard's structure: it loads, every panel
 // has an id, a title and a Prometheus data source, every query has a refId,
-// and the topics issue 8 asks for have panels.
+// and the topics an operator needs have panels (listed below).
 func TestDashboardShape(t *testing.T) {
 	d, err := Load(dashboardFile)
 	if err != nil {

@@ -26,14 +26,14 @@ const DefaultProfileName = "llama3-8b"
 
 // Built-in profiles, measured on one NVIDIA H200 (bf16).
 //
-// Prefill coefficients: /work/shared/calibration/README.md, fitted to
+// Prefill coefficients: docs/reference/calibration/README.md, fitted to
 // h200_prefill.json; they reproduce every measured row within 10.3 %
 // (llama3-8b: cold 5,100 tokens 133.95 ms vs 132.0 measured, warm 200 on 4,900
 // cached 13.59 ms vs 14.68).
 //
 // Decode coefficients: our least-squares fit, minimising relative error, of
 // Floor + PerSeq·batch + PerToken·(batch·context) to the seven graph_ms decode
-// rows of /work/shared/calibration/h200_batch.json (batch 1..128, context
+// rows of docs/reference/calibration/h200_batch.json (batch 1..128, context
 // 2k..32k per sequence):
 //
 //	llama3-8b:  5.34 ms + 0.01054 ms·B + 2.960e-5 ms/token  max error 2.6 %, rms 1.6 %

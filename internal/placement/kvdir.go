@@ -10,7 +10,7 @@ import (
 )
 
 // KVDir places a request on the worker with the lowest expected time to first
-// token (DESIGN.md §5). For each candidate w, with P = PromptTokens:
+// token (docs/architecture.md, section 4). For each candidate w, with P = PromptTokens:
 //
 //	matched(w)  = min(MatchedBlocks·BlockSize, P−1)
 //	cached(w)   = round(matched(w) · Retain(KVUsage))
