@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"sync"
@@ -106,15 +107,16 @@ var exit = os.Exit
 
 // SignalContext returns a context cancelled on the first SIGINT or
 // SIGTERM the process receives. A second one, a second or more later,
-// ends the process at once with ExitInterrupted (130), after a line on
-// Stderr. Call stop when done.
-func (p *Program) SignalContext(parent context.Context) (ctx context.Context, stop func()) {
+// ends the process at once with ExitInterrupted (130), after the line
+// "<name>: second signal (...): exiting without finishing the shutdown"
+// on stderr. Call stop when done.
+func SignalContext(parent context.Context, name string, stderr io.Writer) (ctx context.Context, stop func()) {
 	sigs, unnotify := Notify()
 	s := WatchSignals(parent, sigs)
 	go func() {
 		select {
 		case <-s.Forced():
-			fmt.Fprintf(p.stderr(), "%s: second signal (%v): exiting without finishing the shutdown\n", p.Name, s.Second())
+			fmt.Fprintf(stderr, "%s: second signal (%v): exiting without finishing the shutdown\n", name, s.Second())
 			exit(ExitInterrupted)
 		case <-s.done:
 		}
