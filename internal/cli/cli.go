@@ -43,6 +43,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
 
@@ -136,6 +137,7 @@ type Program struct {
 	logFormat     formatValue
 	configPath    string
 	logger        *slog.Logger
+	cobraRoot     *cobra.Command // the tree SetupCobra set up
 }
 
 // group is a heading of --help: the flags defined from index start on.
@@ -409,7 +411,22 @@ func (p *Program) Exit(err error) int {
 }
 
 // oneLine joins the lines of a message (errors.Join separates with
-// newlines) so that a usage error stays on one line.
+// newlines, cobra's suggestions follow on indented lines) so that a usage
+// error stays on one line.
 func oneLine(s string) string {
-	return strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r == '\n' }), "; ")
+	var b strings.Builder
+	for _, line := range strings.Split(s, "\n") {
+		if line = strings.TrimSpace(line); line == "" {
+			continue
+		}
+		if b.Len() > 0 {
+			if prev := b.String(); strings.HasSuffix(prev, "?") || strings.HasSuffix(prev, ":") {
+				b.WriteByte(' ')
+			} else {
+				b.WriteString("; ")
+			}
+		}
+		b.WriteString(line)
+	}
+	return b.String()
 }

@@ -24,18 +24,20 @@ func MarkEnv(fs *pflag.FlagSet, name string) {
 	}
 }
 
-// ExecuteC runs a cobra command tree as p: it adds the common flags to
-// root (--log-level and --log-format to every command, --version to the
-// root), sets from the environment every persistent flag of root and
-// every flag marked with MarkEnv that the command line did not set, before
-// root's PersistentPreRunE, and lists the environment variables in every
-// command's help. It returns the command that ran and its error; a
-// mistake on the command line is a usage error that points to that
-// command's --help. Pass the error to Exit.
-func (p *Program) ExecuteC(ctx context.Context, root *cobra.Command, args []string) (*cobra.Command, error) {
-	p.Flags() // initialise the bookkeeping
-	pf := root.PersistentFlags()
-	p.addCommon(pf, false, false) // cobra adds --version to the root
+// SetupCobra makes a cobra command tree follow p: it adds the common
+// flags to root (--log-level and --log-format to every command, --version
+// to the root), sets from the environment every persistent flag of root
+// and every flag marked with MarkEnv that the command line did not set,
+// before root's PersistentPreRunE (set that before calling SetupCobra),
+// lists the environment variables in every command's help, and makes flag
+// errors usage errors. ExecuteC calls it if it was not called.
+func (p *Program) SetupCobra(root *cobra.Command) {
+	if p.cobraRoot == root {
+		return
+	}
+	p.cobraRoot = root
+	p.Flags()                                         // initialise the bookkeeping
+	p.addCommon(root.PersistentFlags(), false, false) // cobra adds --version to the root
 	root.Version = Version()
 	root.SetVersionTemplate(VersionLine(p.Name) + "\n")
 	root.SilenceUsage, root.SilenceErrors = true, true
@@ -56,6 +58,14 @@ func (p *Program) ExecuteC(ctx context.Context, root *cobra.Command, args []stri
 		help(cmd, args)
 		p.writeCobraEnv(cmd.OutOrStdout(), root, cmd)
 	})
+}
+
+// ExecuteC runs the cobra command tree root with args as p (see
+// SetupCobra), writing to p's Stdout and Stderr. It returns the command
+// that ran and its error; a mistake on the command line is a usage error
+// that points to that command's --help. Pass the error to Exit.
+func (p *Program) ExecuteC(ctx context.Context, root *cobra.Command, args []string) (*cobra.Command, error) {
+	p.SetupCobra(root)
 	root.SetArgs(args)
 	root.SetOut(p.stdout())
 	root.SetErr(p.stderr())
