@@ -138,6 +138,7 @@ type Program struct {
 	configPath    string
 	logger        *slog.Logger
 	cobraRoot     *cobra.Command // the tree SetupCobra set up
+	parsed        bool           // the flags and the environment are read
 }
 
 // group is a heading of --help: the flags defined from index start on.
@@ -231,6 +232,7 @@ func (p *Program) Parse(args []string) error {
 		}
 	}
 	p.checkEnviron(fs)
+	p.parsed = true
 	return nil
 }
 

@@ -24,6 +24,19 @@ func MarkEnv(fs *pflag.FlagSet, name string) {
 	}
 }
 
+// MarkEnvAll gives every local flag of cmd and of its subcommands an
+// environment variable (see MarkEnv).
+func MarkEnvAll(cmd *cobra.Command) {
+	cmd.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) {
+		if !noEnv(f.Name) {
+			MarkEnv(cmd.Flags(), f.Name)
+		}
+	})
+	for _, c := range cmd.Commands() {
+		MarkEnvAll(c)
+	}
+}
+
 // SetupCobra makes a cobra command tree follow p: it adds the common
 // flags to root (--log-level and --log-format to every command, --version
 // to the root), sets from the environment every persistent flag of root
@@ -48,6 +61,7 @@ func (p *Program) SetupCobra(root *cobra.Command) {
 		if err := p.applyEnv(cmd.Flags(), func(f *pflag.Flag) bool { return p.hasEnv(root, f) }); err != nil {
 			return err
 		}
+		p.parsed = true
 		if pre != nil {
 			return pre(cmd, args)
 		}

@@ -1,9 +1,11 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 )
 
@@ -73,4 +75,41 @@ func (p *Program) Logger() *slog.Logger {
 		p.logger = NewLogger(p.stderr(), p.logLevel.level, p.logFormat.json)
 	}
 	return p.logger
+}
+
+// DeferredLogger returns a logger that writes through Logger once Parse
+// (or a cobra tree's PersistentPreRunE) has read --log-level and
+// --log-format: for commands that hand their logger out while building
+// the flags. Records logged before that go to a text logger at info.
+func (p *Program) DeferredLogger() *slog.Logger { return slog.New(&deferredHandler{p: p}) }
+
+type deferredHandler struct {
+	p   *Program
+	ops []func(slog.Handler) slog.Handler
+}
+
+func (h *deferredHandler) handler() slog.Handler {
+	var inner slog.Handler
+	if h.p.parsed {
+		inner = h.p.Logger().Handler()
+	} else {
+		inner = slog.NewTextHandler(h.p.stderr(), nil)
+	}
+	for _, op := range h.ops {
+		inner = op(inner)
+	}
+	return inner
+}
+
+func (h *deferredHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.handler().Enabled(ctx, l)
+}
+func (h *deferredHandler) Handle(ctx context.Context, r slog.Record) error {
+	return h.handler().Handle(ctx, r)
+}
+func (h *deferredHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &deferredHandler{p: h.p, ops: append(slices.Clip(h.ops), func(x slog.Handler) slog.Handler { return x.WithAttrs(attrs) })}
+}
+func (h *deferredHandler) WithGroup(name string) slog.Handler {
+	return &deferredHandler{p: h.p, ops: append(slices.Clip(h.ops), func(x slog.Handler) slog.Handler { return x.WithGroup(name) })}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kvdir/kvdir/bench/report"
 	"github.com/kvdir/kvdir/bench/sim"
 	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/placement"
 )
@@ -102,13 +103,13 @@ func parsePolicies(s string, extra ...string) ([]string, error) {
 			continue
 		}
 		if !contains(known, p) {
-			return nil, fmt.Errorf("unknown policy %q (known: %s, or all)", p, strings.Join(known, ", "))
+			return nil, cli.Usagef("unknown policy %q (known: %s, or all)", p, strings.Join(known, ", "))
 		}
 		seen[p] = true
 		out = append(out, p)
 	}
 	if len(out) == 0 {
-		return nil, errors.New("--policies is empty")
+		return nil, cli.Usagef("--policies is empty")
 	}
 	return out, nil
 }
@@ -124,10 +125,10 @@ func contains(list []string, s string) bool {
 
 func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	if f.trace == "" {
-		return errors.New("--trace is required")
+		return cli.Usagef("--trace is required")
 	}
 	if f.parallel < 1 {
-		return fmt.Errorf("--parallel %d, want >= 1", f.parallel)
+		return cli.Usagef("--parallel %d, want >= 1", f.parallel)
 	}
 	prof, err := engine.ResolveProfile(f.profile)
 	if err != nil {
