@@ -97,9 +97,12 @@ func (a *app) rootCommand() *cobra.Command {
 		a.prog = &cli.Program{Name: "kvdirctl", Env: "CTL", Getenv: a.getenv, Stdout: a.out, Stderr: a.errOut}
 	}
 	root := &cobra.Command{
-		Use:           "kvdirctl",
-		Short:         "Operate a kvdir directory cluster and see where sessions' KV caches live",
-		Long:          rootLong,
+		Use:   "kvdirctl",
+		Short: "Operate a kvdir directory cluster and see where sessions' KV caches live",
+		Long:  rootLong,
+		Example: `  kvdirctl --directory 127.0.0.1:7001,127.0.0.1:7011,127.0.0.1:7021 status
+  KVDIR_CTL_DIRECTORY=dir-0:7001 KVDIR_CTL_TOKEN_FILE=/etc/kvdir/router kvdirctl who-holds chat-7f3a
+  kvdirctl workers -o json | jq '.workers[].id'`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
