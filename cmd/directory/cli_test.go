@@ -61,3 +61,16 @@ func TestProcessExitCodes(t *testing.T) {
 		t.Errorf("start failure: exit %d, want 1; stderr %s", r.Code, r.Stderr)
 	}
 }
+
+// A variable of the scheme before KVDIR_DIRECTORY_ is refused with its new
+// name, so that a deployment not yet updated does not run without it.
+func TestOldVariables(t *testing.T) {
+	clitest.UsageError(t, "directory", runInProcess(nil, []string{"KVDIR_NODE_ID=n1"}),
+		"environment variable KVDIR_NODE_ID is no longer read: rename it KVDIR_DIRECTORY_NODE_ID")
+	clitest.UsageError(t, "directory", runInProcess([]string{"--node-id", "n1"}, []string{"KVDIR_INITIAL_CLUSTER=n1=127.0.0.1:7000"}),
+		"rename it KVDIR_DIRECTORY_INITIAL_CLUSTER")
+	// With the new variable set too, or the flag given, the old one is ignored.
+	if _, err := loadSettings([]string{"--node-id", "n1"}, []string{"KVDIR_NODE_ID=old", "KVDIR_DIRECTORY_LEASE=1m", "KVDIR_LEASE=2m"}); err != nil {
+		t.Errorf("old variables beside the new ones: %v", err)
+	}
+}

@@ -58,6 +58,8 @@ func newSettings(env []string, stdout, stderr io.Writer) *settings {
 		Summary: helpSummary, Usage: "directory --node-id ID [flags]", Examples: helpExamples, Notes: helpNotes,
 		Getenv: func(k string) string { return lookup[k] }, Environ: func() []string { return env },
 		Stdout: stdout, Stderr: stderr,
+		// Before KVDIR_DIRECTORY_<FLAG>, the directory read KVDIR_<FLAG>.
+		OldEnv: func(flag string) string { return "KVDIR_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_")) },
 	}
 	s.prog = p
 	c := &s.cfg

@@ -56,3 +56,12 @@ func TestProcessExitCodes(t *testing.T) {
 		t.Errorf("unreachable directory: exit %d, want 1; stderr %s", r.Code, r.Stderr)
 	}
 }
+
+// A KVDIRCTL_ variable (the scheme before KVDIR_CTL_) is refused with its
+// new name.
+func TestOldVariables(t *testing.T) {
+	clitest.UsageError(t, "kvdirctl", runInProcess(t, []string{"status"}, map[string]string{"KVDIRCTL_DIRECTORY": "10.0.0.1:7001"}),
+		"environment variable KVDIRCTL_DIRECTORY is no longer read: rename it KVDIR_CTL_DIRECTORY", "kvdirctl status")
+	clitest.UsageError(t, "kvdirctl", runInProcess(t, []string{"explain", "--model", "m", "--chat", "hi"}, map[string]string{"KVDIRCTL_ROUTER": "http://r:8080"}),
+		"rename it KVDIR_CTL_ROUTER", "kvdirctl explain")
+}

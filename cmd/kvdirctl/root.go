@@ -94,7 +94,9 @@ router unreachable, a refused change), 2 on a usage error.`
 
 func (a *app) rootCommand() *cobra.Command {
 	if a.prog == nil {
-		a.prog = &cli.Program{Name: "kvdirctl", Env: "CTL", Getenv: a.getenv, Stdout: a.out, Stderr: a.errOut}
+		a.prog = &cli.Program{Name: "kvdirctl", Env: "CTL", Getenv: a.getenv, Stdout: a.out, Stderr: a.errOut,
+			// Before KVDIR_CTL_<FLAG>, kvdirctl read KVDIRCTL_<FLAG>.
+			OldEnv: func(flag string) string { return "KVDIRCTL_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_")) }}
 	}
 	root := &cobra.Command{
 		Use:   "kvdirctl",

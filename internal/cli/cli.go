@@ -125,6 +125,12 @@ type Program struct {
 	// Stdout and Stderr receive the help and version, and the errors and
 	// logs (os.Stdout and os.Stderr when nil).
 	Stdout, Stderr io.Writer
+	// OldEnv, if set, returns the variable that set flag before the
+	// KVDIR_<NAME>_<FLAG> scheme ("" if none). Such a variable, set while
+	// the flag's own is not, is a usage error that names the new one:
+	// a deployment not yet updated fails at once instead of running
+	// without its settings.
+	OldEnv func(flag string) string
 
 	fs       *pflag.FlagSet
 	groups   []group
@@ -263,6 +269,11 @@ func (p *Program) applyEnv(fs *pflag.FlagSet, want func(*pflag.Flag) bool) error
 		name := p.EnvVar(f.Name)
 		v := p.getenv(name)
 		if strings.TrimSpace(v) == "" {
+			if p.OldEnv != nil {
+				if old := p.OldEnv(f.Name); old != "" && old != name && strings.TrimSpace(p.getenv(old)) != "" {
+					errs = append(errs, fmt.Errorf("environment variable %s is no longer read: rename it %s", old, name))
+				}
+			}
 			return
 		}
 		if err := f.Value.Set(v); err != nil {

@@ -262,3 +262,53 @@ func TestCobra(t *testing.T) {
 		}
 	}
 }
+
+func TestOldEnv(t *testing.T) {
+	tp := newTest(map[string]string{"DEMO_NAME": "old", "DEMO_COUNT": "4", "KVDIR_DEMO_COUNT": "5"})
+	tp.p.OldEnv = func(flag string) string { return "DEMO_" + strings.ToUpper(flag) }
+	err := tp.p.Parse(nil)
+	if !IsUsage(err) || !strings.Contains(err.Error(), "environment variable DEMO_NAME is no longer read: rename it KVDIR_DEMO_NAME") ||
+		strings.Contains(err.Error(), "DEMO_COUNT") {
+		t.Fatalf("Parse: %v", err)
+	}
+	tp = newTest(map[string]string{"DEMO_NAME": "old"})
+	tp.p.OldEnv = func(flag string) string { return "DEMO_" + strings.ToUpper(flag) }
+	if err := tp.p.Parse([]string{"--name", "x"}); err != nil {
+		t.Errorf("old variable of a flag given on the command line: %v", err)
+	}
+}
+
+func TestPlaceholderAndDeferredLogger(t *testing.T) {
+	tp := newTest(map[string]string{"KVDIR_DEMO_LOG_LEVEL": "error"})
+	SetPlaceholder(tp.p.Flags(), "join", "HOST:PORT,...")
+	log := tp.p.DeferredLogger().With("k", "v")
+	if err := tp.p.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	log.Warn("hidden")
+	log.Error("shown")
+	if s := tp.stderr.String(); strings.Contains(s, "hidden") || !strings.Contains(s, "msg=shown k=v") {
+		t.Errorf("deferred logger wrote %q", s)
+	}
+	tp.p.WriteHelp(&tp.stdout)
+	if !strings.Contains(tp.stdout.String(), "--join HOST:PORT,...  (KVDIR_DEMO_JOIN)") {
+		t.Errorf("placeholder missing:\n%s", tp.stdout.String())
+	}
+}
+
+func TestMarkEnvAll(t *testing.T) {
+	var a, b string
+	root := &cobra.Command{Use: "tool"}
+	sub := &cobra.Command{Use: "one", RunE: func(*cobra.Command, []string) error { return nil }}
+	sub.Flags().StringVar(&a, "alpha", "", "a")
+	subsub := &cobra.Command{Use: "two", RunE: func(*cobra.Command, []string) error { return nil }}
+	subsub.Flags().StringVar(&b, "beta", "", "b")
+	sub.AddCommand(subsub)
+	root.AddCommand(sub)
+	MarkEnvAll(root)
+	env := map[string]string{"KVDIR_TOOL_ALPHA": "1", "KVDIR_TOOL_BETA": "2"}
+	p := &Program{Name: "tool", Env: "TOOL", Getenv: func(k string) string { return env[k] }, Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}
+	if _, err := p.ExecuteC(context.Background(), root, []string{"one", "two"}); err != nil || b != "2" || a != "" {
+		t.Fatalf("err %v a %q b %q", err, a, b)
+	}
+}
