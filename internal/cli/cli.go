@@ -31,7 +31,13 @@
 //
 // Binaries with subcommands (kvdirctl, kvbench) keep spf13/cobra for the
 // command tree and get the same environment scheme, common flags, help
-// sections and exit codes through Program.Execute.
+// sections and exit codes through Program.SetupCobra and Program.ExecuteC.
+//
+// Signals: SignalContext (or WatchSignals on a channel, for a command that
+// drives its own shutdown) cancels a context on the first SIGINT or
+// SIGTERM; a second one, a second or more later, exits with
+// ExitInterrupted at once. A repeat within that second (a terminal's
+// Ctrl-C reaching the whole process group twice) counts as the first.
 package cli
 
 import (
