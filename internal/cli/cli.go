@@ -218,7 +218,8 @@ func noEnv(name string) bool { return name == FlagHelp || name == FlagVersion }
 // Parse parses args, then sets from the environment and the config file
 // what the command line did not set. It returns ErrHelp or ErrVersion if
 // those were asked for, and a usage error (see IsUsage) for a bad flag,
-// variable or file.
+// variable or file. Call it once, after declaring the flags (it
+// declares the common ones).
 func (p *Program) Parse(args []string) error {
 	fs := p.Flags()
 	p.addCommon(fs, true, true)
