@@ -23,17 +23,17 @@ import (
 // cluster. The JSON field names are a fixed schema: tools that read
 // bench/results/ depend on them.
 type Report struct {
-	Tool      string            `json:"tool"`    // "kvbench"
-	Mode      string            `json:"mode"`    // "sim" or "replay"
-	Command   string            `json:"command"` // the command line that produced it
-	Machine   benchjson.Machine `json:"machine"`
-	Trace     string            `json:"trace"` // trace file
-	Replicas  int               `json:"replicas"`
-	Profile   string            `json:"profile"`   // engine timing profile
-	KVBlocks  int               `json:"kv_blocks"` // KV-cache blocks per replica
-	BlockSize int               `json:"block_size"`
-	TimeScale float64           `json:"time_scale"` // trace timestamps were multiplied by this
-	Seed      int64             `json:"seed"`
+	Tool      string  `json:"tool"`    // "kvbench"
+	Mode      string  `json:"mode"`    // "sim" or "replay"
+	Command   string  `json:"command"` // the command line that produced it
+	Machine   Machine `json:"machine"`
+	Trace     string  `json:"trace"` // trace file
+	Replicas  int     `json:"replicas"`
+	Profile   string  `json:"profile"`   // engine timing profile
+	KVBlocks  int     `json:"kv_blocks"` // KV-cache blocks per replica
+	BlockSize int     `json:"block_size"`
+	TimeScale float64 `json:"time_scale"` // trace timestamps were multiplied by this
+	Seed      int64   `json:"seed"`
 	// Settings holds mode-specific parameters (event lag, speculative TTL, ...).
 	Settings map[string]any `json:"settings,omitempty"`
 	// TraceStats describes the trace (see workload.Stats).
@@ -43,6 +43,22 @@ type Report struct {
 	// KVToWorkingSet is ClusterKVTokens / TraceStats.HotWorkingSetTokens.
 	KVToWorkingSet float64  `json:"kv_to_working_set"`
 	Policies       []Policy `json:"policies"`
+}
+
+// Machine identifies where a comparison ran.
+type Machine struct {
+	GoVersion  string `json:"go_version"`
+	CPU        string `json:"cpu"`
+	NumCPU     int    `json:"num_cpu"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	Date       string `json:"date"`
+}
+
+// ThisMachine describes the machine running the comparison, now.
+func ThisMachine() Machine {
+	m := benchjson.ThisMachine()
+	return Machine{GoVersion: m.GoVersion, CPU: m.CPUModel, NumCPU: m.CPUs, GOMAXPROCS: m.GOMAXPROCS,
+		Date: time.Now().UTC().Format(time.RFC3339)}
 }
 
 // TraceStats describes the trace a report ran.

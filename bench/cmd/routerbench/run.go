@@ -404,7 +404,7 @@ func benchOverhead(ctx context.Context, log *slog.Logger, c config, f *fleet.Fle
 		"hash-balance-factor 150); overhead = p50 through the proxy - p50 direct; overhead_ratio_vs_haproxy compares the router's session-hash "+
 		"path (the same balancing as HAProxy's), kvdir_overhead_ratio_vs_haproxy its kvdir path; requests_per_sec: %d closed-loop clients "+
 		"for %v through the kvdir router, the load generator and upstreams sharing the machine's %d cores",
-		c.latencyRequests, round, version, c.rpsClients, c.rpsDuration, res.Machine.NumCPU)
+		c.latencyRequests, round, version, c.rpsClients, c.rpsDuration, res.Machine.CPUs)
 	return nil
 }
 
