@@ -99,7 +99,7 @@ bench: bench-index bench-directory bench-agent bench-router bench-sim demo ## Ev
 .PHONY: bench-index
 bench-index: ## Index and hashing figures at full scale -> bench/results/index.json
 	@mkdir -p $(dir $(BENCH_OUT))
-	$(GO) run ./bench/cmd/indexbench -out $(BENCH_OUT)
+	$(GO) run ./bench/cmd/kvbench index --out $(BENCH_OUT)
 
 .PHONY: bench-directory
 bench-directory: ## 3 directory processes, 64 publishing workers -> bench/results/directory.json
