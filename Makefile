@@ -104,7 +104,7 @@ bench-index: ## Index and hashing figures at full scale -> bench/results/index.j
 .PHONY: bench-directory
 bench-directory: ## 3 directory processes, 64 publishing workers -> bench/results/directory.json
 	@mkdir -p bench/results
-	$(GO) run ./bench/cmd/dirbench -out bench/results/directory.json
+	$(GO) run ./bench/cmd/kvbench directory --out bench/results/directory.json
 
 .PHONY: bench-agent
 bench-agent: ## Agent decode+hash rate, end-to-end event lag (directory, enginesim, agent processes) -> bench/results/agent.json
