@@ -109,7 +109,7 @@ bench-directory: ## 3 directory processes, 64 publishing workers -> bench/result
 .PHONY: bench-agent
 bench-agent: ## Agent decode+hash rate, end-to-end event lag (directory, enginesim, agent processes) -> bench/results/agent.json
 	@mkdir -p bench/results
-	$(GO) run ./bench/cmd/agentbench -out bench/results/agent.json
+	$(GO) run ./bench/cmd/kvbench agent --out bench/results/agent.json
 
 .PHONY: bench-router
 bench-router: haproxy-dep ## Router decision time, proxy overhead vs HAProxy, throughput (real processes) -> bench/results/router.json

@@ -9,6 +9,7 @@
 //	kvbench report            re-render the Markdown table and charts of a result JSON
 //	kvbench index             the block-prefix index and content hash figures
 //	kvbench directory         a 3-process directory cluster's figures
+//	kvbench agent             the agent's event path and the engine model's figures
 //
 // sim and replay fill the same report schema (bench/report), so report and
 // the charts work on either.
@@ -72,6 +73,6 @@ Exit status: 0 on success, 1 when a run fails, 2 on a usage error.`,
 	}
 	gen.AddCommand(newGenSessions(), newGenSharedPrefix())
 	root.AddCommand(gen, newSim(log), newReplay(log), newDemo(log), newDev(), newReport())
-	root.AddCommand(newIndex(log), newDirectory(log))
+	root.AddCommand(newIndex(log), newDirectory(log), newAgent(log))
 	return root
 }
