@@ -114,7 +114,7 @@ bench-agent: ## Agent decode+hash rate, end-to-end event lag (directory, engines
 .PHONY: bench-router
 bench-router: haproxy-dep ## Router decision time, proxy overhead vs HAProxy, throughput (real processes) -> bench/results/router.json
 	@mkdir -p bench/results
-	$(GO) run ./bench/cmd/routerbench -out bench/results/router.json
+	$(GO) run ./bench/cmd/kvbench router --out bench/results/router.json
 
 .PHONY: haproxy-dep
 haproxy-dep: ## Install Debian's HAProxy if missing (the router benchmark's baseline)
