@@ -183,6 +183,7 @@ func benchOverhead(ctx context.Context, log *slog.Logger, c Options, f *fleet.Fl
 	res.SessionHashRequestsPerS = rps(shURL)
 	res.HAProxyRequestsPerSec = rps(haURL)
 	res.RequestErrors = errs.Load()
+	res.RPSClients = c.RPSClients
 	res.OverheadMethod = fmt.Sprintf("two in-process upstreams that answer a fixed chat completion at once; ~60-token chat requests (max_tokens 1) "+
 		"with an X-Session-Id among 100, sent one at a time over keep-alive connections, %d per path in interleaved rounds of %d "+
 		"(direct to one upstream; router --policy session-hash over a static list of the two; router --policy kvdir discovering them from the "+

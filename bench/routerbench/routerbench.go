@@ -105,6 +105,7 @@ type Measures struct {
 	DirectRequestsPerSec    float64 `json:"direct_requests_per_sec"`
 	RequestErrors           int64   `json:"request_errors"`
 	HAProxyVersion          string  `json:"haproxy_version"`
+	RPSClients              int     `json:"rps_clients"`
 	OverheadMethod          string  `json:"overhead_method"`
 }
 
@@ -120,7 +121,9 @@ type Details struct {
 	LatencyRequestsPerPath int    `json:"latency_requests_per_path,omitempty"`
 	RequestErrors          int64  `json:"request_errors"`
 	HAProxyVersion         string `json:"haproxy_version,omitempty"`
-	OverheadMethod         string `json:"overhead_method,omitempty"`
+	// RPSClients is the closed-loop clients of each throughput run.
+	RPSClients     int    `json:"rps_clients,omitempty"`
+	OverheadMethod string `json:"overhead_method,omitempty"`
 }
 
 // PartsPrefix starts the names of the decision's parts (render, hash,
@@ -170,7 +173,7 @@ func (m *Measures) Results(res *benchjson.Results) error {
 	return res.SetDetails(Details{DecisionSamples: m.DecisionSamples, DecisionColdSamples: m.DecisionColdSamples,
 		DecisionFallbacks: m.DecisionFallbacks, SessionPromptTokens: m.SessionPromptTokens, DecisionMethod: m.DecisionMethod,
 		LatencyRequestsPerPath: m.LatencyRequestsPerPath, RequestErrors: m.RequestErrors, HAProxyVersion: m.HAProxyVersion,
-		OverheadMethod: m.OverheadMethod})
+		RPSClients: m.RPSClients, OverheadMethod: m.OverheadMethod})
 }
 
 // Run starts the fleet, measures and returns the results (without their

@@ -35,7 +35,7 @@ func TestRunTiny(t *testing.T) {
 	if err := res.DecodeDetails(&d); err != nil {
 		t.Fatal(err)
 	}
-	if d.DecisionSamples != 2 || d.DecisionColdSamples != 2 || d.LatencyRequestsPerPath != 100 || d.HAProxyVersion == "" {
+	if d.DecisionSamples != 2 || d.DecisionColdSamples != 2 || d.LatencyRequestsPerPath != 100 || d.RPSClients != 2 || d.HAProxyVersion == "" {
 		t.Fatalf("details %+v", d)
 	}
 }
