@@ -11,6 +11,7 @@
 //	kvbench directory         a 3-process directory cluster's figures
 //	kvbench agent             the agent's event path and the engine model's figures
 //	kvbench router            the router's decision time, overhead against HAProxy, throughput
+//	kvbench docs              rewrite (or --check) the figure tables in the Markdown files from bench/results
 //
 // sim and replay fill the same report schema (bench/report), so report and
 // the charts work on either.
@@ -74,6 +75,6 @@ Exit status: 0 on success, 1 when a run fails, 2 on a usage error.`,
 	}
 	gen.AddCommand(newGenSessions(), newGenSharedPrefix())
 	root.AddCommand(gen, newSim(log), newReplay(log), newDemo(log), newDev(), newReport())
-	root.AddCommand(newIndex(log), newDirectory(log), newAgent(log), newRouter(log))
+	root.AddCommand(newIndex(log), newDirectory(log), newAgent(log), newRouter(log), newDocs(log))
 	return root
 }

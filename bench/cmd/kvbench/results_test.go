@@ -32,3 +32,11 @@ func TestIndexWritesEnvelope(t *testing.T) {
 		t.Fatal("go-radix comparison ran with --goradix-scale -1")
 	}
 }
+
+// TestDocsCheck runs kvbench docs --check on the repository: every
+// generated block matches bench/results.
+func TestDocsCheck(t *testing.T) {
+	if err := run(t, "docs", "--check", "--root", "."); err != nil {
+		t.Fatal(err)
+	}
+}
