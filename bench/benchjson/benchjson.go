@@ -126,11 +126,13 @@ func (r *Results) Figure(name string) (Figure, bool) {
 
 // SetDetails stores v as the details.
 func (r *Results) SetDetails(v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
 		return fmt.Errorf("encode %s details: %w", r.Tool, err)
 	}
-	r.Details = b
+	r.Details = bytes.TrimRight(buf.Bytes(), "\n")
 	return nil
 }
 

@@ -161,7 +161,7 @@ func (g *Generator) rewrite(file, text string) (string, []Block, error) {
 			}
 			content, err := g.Render(open.Name)
 			if err != nil {
-				return "", nil, fmt.Errorf("%s: %w", open, err)
+				return "", nil, fmt.Errorf("%s:%d: %w", file, open.Line, err)
 			}
 			if body.String() != content {
 				changed = append(changed, *open)

@@ -20,13 +20,18 @@ import (
 )
 
 // Report is one comparison: a trace run under several policies with the same
-// cluster. The JSON field names are a fixed schema: tools that read
+// cluster. On disk it is a results envelope (bench/benchjson): Tool,
+// Command, Machine and Started are the envelope's, each policy's headline
+// numbers its figures (Figures), and the rest of the report its details.
+// The details' field names are a fixed schema: tools that read
 // bench/results/ depend on them.
 type Report struct {
-	Tool      string  `json:"tool"`    // "kvbench"
-	Mode      string  `json:"mode"`    // "sim" or "replay"
-	Command   string  `json:"command"` // the command line that produced it
-	Machine   Machine `json:"machine"`
+	Tool    string            `json:"-"` // "sim" or "replay"
+	Command []string          `json:"-"` // the argv that produced it
+	Machine benchjson.Machine `json:"-"`
+	Started time.Time         `json:"-"`
+
+	Mode      string  `json:"mode"`  // "sim" or "replay"
 	Trace     string  `json:"trace"` // trace file
 	Replicas  int     `json:"replicas"`
 	Profile   string  `json:"profile"`   // engine timing profile
@@ -43,22 +48,6 @@ type Report struct {
 	// KVToWorkingSet is ClusterKVTokens / TraceStats.HotWorkingSetTokens.
 	KVToWorkingSet float64  `json:"kv_to_working_set"`
 	Policies       []Policy `json:"policies"`
-}
-
-// Machine identifies where a comparison ran.
-type Machine struct {
-	GoVersion  string `json:"go_version"`
-	CPU        string `json:"cpu"`
-	NumCPU     int    `json:"num_cpu"`
-	GOMAXPROCS int    `json:"gomaxprocs"`
-	Date       string `json:"date"`
-}
-
-// ThisMachine describes the machine running the comparison, now.
-func ThisMachine() Machine {
-	m := benchjson.ThisMachine()
-	return Machine{GoVersion: m.GoVersion, CPU: m.CPUModel, NumCPU: m.CPUs, GOMAXPROCS: m.GOMAXPROCS,
-		Date: time.Now().UTC().Format(time.RFC3339)}
 }
 
 // TraceStats describes the trace a report ran.
