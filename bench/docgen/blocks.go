@@ -27,6 +27,8 @@ import (
 //	op NAME               the target's comparison, "<=" or ">="
 //	dn KEY DIV DIGITS     a numeric detail divided by DIV
 //	ds KEY                a string detail
+//	dl KEY                a list detail, to range over (its items are maps)
+//	num V DIGITS          a number from such an item
 //	minor VERSION         "2.6" of "2.6.12-1+deb12u4 ..."
 //	cell S                S as a table cell's inside: " S ", or " " if empty
 type table struct {
@@ -67,6 +69,11 @@ var tables = map[string]table{
 | same with the kvdir policy (a directory match per request) | | {{m "kvdir_proxy_overhead_p50_us" 0}} µs = {{m "kvdir_overhead_ratio_vs_haproxy" 2}}x HAProxy |
 | requests per second through the router (kvdir; session-hash; HAProxy; direct), {{dn "rps_clients" 1 0}} clients | {{or (t "requests_per_sec" 0) "record"}} | {{m "requests_per_sec" 0}}; {{m "session_hash_requests_per_sec" 0}}; {{m "haproxy_requests_per_sec" 0}}; {{m "direct_requests_per_sec" 0}} |
 `},
+
+	"chaos": {"chaos.json", `| fault | ok | failed requests | lost ack. batches | leader recovery s | view converged s | requests | warm-ups | digests agree at |
+|---|---|---|---|---|---|---|---|---|
+{{range $f := dl "faults"}}| ` + "`{{$f.name}}`" + ` | {{$f.ok}} | {{m (print $f.name ".failed_requests") 0}} | {{m (print $f.name ".lost_acknowledged_batches") 0}} | {{m (print $f.name ".leader_recovery_seconds") 2}} | {{m (print $f.name ".view_converged_seconds") 2}} | {{num $f.requests 0}} | {{num $f.engine_warmup_requests 0}} | {{num $f.digests_agree_at_applied_index 0}} |
+{{end}}`},
 
 	// The design notes' tables, by JSON field.
 	"index-fields": {"index.json", `| figure | target | measured |
@@ -197,6 +204,24 @@ func (t table) render(dir string) (string, error) {
 				return "", fmt.Errorf("%s: detail %s is %T, not a string", t.file, key, v)
 			}
 			return s, nil
+		},
+		"dl": func(key string) ([]any, error) {
+			v, err := detail(key)
+			if err != nil {
+				return nil, err
+			}
+			l, ok := v.([]any)
+			if !ok {
+				return nil, fmt.Errorf("%s: detail %s is %T, not a list", t.file, key, v)
+			}
+			return l, nil
+		},
+		"num": func(v any, digits int) (string, error) {
+			x, ok := v.(float64)
+			if !ok {
+				return "", fmt.Errorf("%s: %v is %T, not a number", t.file, v, v)
+			}
+			return Number(x, digits), nil
 		},
 		"cell": func(s string) string {
 			if s == "" {
