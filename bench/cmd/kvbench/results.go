@@ -13,12 +13,17 @@ import (
 	"github.com/kvdir/kvdir/bench/benchjson"
 )
 
-// argvOf is the argv of cmd as it was invoked: its path and every flag
-// set on the command line, in name order.
+// argvOf is the argv that reproduces cmd's run: its path and every flag
+// set on the command line or from its environment variable, in name
+// order. (Flags set from the environment are marked Changed but are not
+// in the flag set's record of what Set was called on, so Visit would miss
+// them.)
 func argvOf(cmd *cobra.Command, args []string) []string {
 	argv := strings.Fields(cmd.CommandPath())
-	cmd.Flags().Visit(func(f *pflag.Flag) {
-		argv = append(argv, "--"+f.Name+"="+f.Value.String())
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Changed {
+			argv = append(argv, "--"+f.Name+"="+f.Value.String())
+		}
 	})
 	return append(argv, args...)
 }
