@@ -1,4 +1,4 @@
-package main
+package agentbench
 
 import (
 	"bufio"
@@ -22,9 +22,6 @@ import (
 	"github.com/kvdir/kvdir/internal/tokenize"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
-
-// buildBinary compiles ./cmd/<name> into dir, as dircluster.Build does for
-// the directory.
 
 // proc is a child process.
 type proc struct {
@@ -71,10 +68,10 @@ func tail(s string, n int) string {
 
 const workerID = "enginesim-0"
 
-func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error) {
+func benchE2E(ctx context.Context, log *slog.Logger, cfg Options, dir string, res *Measures) (err error) {
 	root, err := dircluster.ModuleRoot()
 	if err != nil {
-		return err
+		return fmt.Errorf("module root: %w", err)
 	}
 	dirBin, err := dircluster.Build(root, dir)
 	if err != nil {
@@ -116,11 +113,11 @@ func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error
 
 	ports, err := dircluster.FreePorts(4)
 	if err != nil {
-		return err
+		return fmt.Errorf("free ports: %w", err)
 	}
 	simAddr := fmt.Sprintf("127.0.0.1:%d", ports[0])
 	sim, err := startProc("enginesim", simBin, "--addr", simAddr, "--model", benchModel,
-		"--time-scale", fmt.Sprint(cfg.timeScale),
+		"--time-scale", fmt.Sprint(cfg.TimeScale),
 		"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", ports[1]),
 		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", ports[2]))
 	if err != nil {
@@ -172,7 +169,7 @@ func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error
 	)
 	next := make(chan int)
 	var wg sync.WaitGroup
-	for w := range cfg.concurrency {
+	for w := range cfg.Concurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -196,7 +193,10 @@ func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error
 			}
 		}()
 	}
-	for i := range cfg.requests {
+	for i := range cfg.Requests {
+		if ctx.Err() != nil {
+			break
+		}
 		next <- i
 	}
 	close(next)
@@ -204,11 +204,14 @@ func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error
 	if firstErr != nil {
 		return firstErr
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if len(lags) == 0 {
 		return errors.New("no request became visible")
 	}
 	slices.Sort(lags)
-	res.E2ERequests, res.E2EConcurrency, res.E2ETimeScale, res.E2ETimeouts = len(lags), cfg.concurrency, cfg.timeScale, timeouts
+	res.E2ERequests, res.E2EConcurrency, res.E2ETimeScale, res.E2ETimeouts = len(lags), cfg.Concurrency, cfg.TimeScale, timeouts
 	res.E2EPromptTokens = float64(tokens) / float64(len(lags))
 	res.E2ELagP50ms = pct(lags, 0.50)
 	res.E2ELagP99ms = pct(lags, 0.99)
@@ -217,7 +220,7 @@ func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error
 		"%d clients send streaming chat requests (shared ~200-token system prompt, unique 150-450-word user message, max_tokens 16); "+
 		"t0 = arrival of the first content chunk (the engine publishes the prefill step's events just before it delivers that token); "+
 		"then DirectoryService.Match (TokenQuery: locally rendered ChatML/cl100k prompt, namespace model=%s block_size=16) is polled on a follower every 0.5 ms "+
-		"until the worker holds every full prompt block; lag = return time of that Match - t0", cfg.timeScale, cfg.concurrency, benchModel)
+		"until the worker holds every full prompt block; lag = return time of that Match - t0", cfg.TimeScale, cfg.Concurrency, benchModel)
 	log.Info("end to end", "requests", len(lags), "p50_ms", res.E2ELagP50ms, "p99_ms", res.E2ELagP99ms, "max_ms", res.E2ELagMaxms, "timeouts", timeouts)
 	return nil
 }
