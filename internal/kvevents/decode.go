@@ -163,7 +163,10 @@ func (d *decoder) optInt(what string) (*int, error) {
 //
 // For full-attention stores (kv_cache_spec_kind unset or "full_attention")
 // len(TokenIDs) must equal len(BlockHashes)*BlockSize; sparse groups may
-// announce fewer hashes than token blocks.
+// announce fewer hashes than token blocks. token_ids may be integers,
+// integers mixed with strings (kept in StrTokens) or, from its first item
+// on, bigram pairs whose overlaps must agree (see BlockStored.Bigram); a
+// list that is none of these is a malformed event.
 //
 // Slices in the result may share backing arrays with other events of the
 // same batch (never with data).
