@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"container/list"
 	"log/slog"
 	"slices"
@@ -210,7 +211,7 @@ func (t *Translator) Layout() Layout {
 	for _, g := range t.groups {
 		l.Groups = append(l.Groups, *g)
 	}
-	slices.SortFunc(l.Groups, func(a, b GroupLayout) int { return a.Group - b.Group })
+	slices.SortFunc(l.Groups, func(a, b GroupLayout) int { return cmp.Compare(a.Group, b.Group) })
 	return l
 }
 
@@ -276,7 +277,7 @@ func (t *Translator) removable(group *int) bool {
 	if gl, ok := t.groups[idx]; ok && gl.Stores > 0 {
 		return gl.Indexed
 	}
-	return idx <= 0
+	return group == nil || *group == 0
 }
 
 // Reset forgets every mapping and reference count (engine restart).
