@@ -844,8 +844,9 @@ func init() {
 }
 
 // extraKeys decodes extra_keys: nil, or a list with one entry per block, each
-// nil or a list. A map in this position (SGLang's per-event metadata) is
-// ignored with a note rather than failing the event.
+// nil or a list. A map in this position (SGLang's per-event metadata after a
+// lora_name) gives the event its cache_salt, with a note, rather than
+// failing the event.
 func (d *decoder) extraKeys(ev *BlockStored) error {
 	r := &d.r
 	ev.ExtraKeys = nil
@@ -857,10 +858,12 @@ func (d *decoder) extraKeys(ev *BlockStored) error {
 		return err
 	}
 	if (c >= 0x80 && c <= 0x8f) || c == 0xde || c == 0xdf {
-		if err := r.skip(); err != nil {
-			return err
+		// Its cache_salt is kept: dropping it would index salted blocks
+		// in the unsalted namespace.
+		if err := d.metadata(ev); err != nil {
+			return fieldErr("extra_keys metadata", err)
 		}
-		d.stats.addProblem(Problem{Index: d.index, Type: d.tag, Err: errors.New("extra_keys is a map, ignored")})
+		d.stats.addProblem(Problem{Index: d.index, Type: d.tag, Err: errors.New("extra_keys is a map (SGLang metadata), only its cache_salt is read")})
 		return nil
 	}
 	n, err := r.arrayLen(math.MaxInt32)

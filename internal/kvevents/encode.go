@@ -43,6 +43,14 @@ func (f Form) String() string {
 // a default (lora_id, medium, lora_name, parent_block_hash) are always
 // written. Nil events are left out. ExtraKeys items of a type the decoder
 // would not produce (see BlockStored) are encoded as nil.
+//
+// The fields of other engines are written where the decoder reads them:
+// Locality after kv_cache_spec_sliding_window (TensorRT-LLM's order);
+// Bigram token_ids as pairs and StrTokens as strings in token_ids; a
+// CacheSalt as a top-level "cache_salt" key in map form and, in array form,
+// as SGLang's metadata map {"cache_salt": ...} in lora_name's position (with
+// a "lora_name" key added when the event has one too, which no engine
+// sends: it keeps every decoded event encodable).
 func EncodeBatch(b Batch, form Form) []byte {
 	return AppendBatch(nil, b, form)
 }

@@ -189,6 +189,13 @@ func TestDecodeSGLangCacheSalt(t *testing.T) {
 			t.Fatalf("map layout: %+v, stats %+v", s, st)
 		}
 	}
+	// The metadata map after a lora_name, in extra_keys' position.
+	late := cat(mArr(2), mF64(1), mArr(1), cat(mArr(9), mStr("BlockStored"), cat(mArr(1), mU(1)), mNil(), mTokens(1), mU(1),
+		mNil(), mNil(), mStr("ad"), cat(mMap(1), mStr("cache_salt"), mStr("tenant-c"))))
+	b, st = mustDecode(t, late)
+	if s := storedAt(t, b, 0); st.Malformed != 0 || s.CacheSalt != "tenant-c" || s.LoRAName != "ad" || s.ExtraKeys != nil {
+		t.Fatalf("metadata in extra_keys: %+v, stats %+v", s, st)
+	}
 	// A salt and a LoRA name in the array form survive a round trip.
 	both := Batch{TS: 1, Events: []Event{&BlockStored{BlockHashes: []Hash{HashFromUint64(1)}, TokenIDs: []uint32{1},
 		BlockSize: 1, LoRAName: "ad", CacheSalt: "s"}}}
