@@ -14,9 +14,11 @@ import (
 //     (BlockStored: block_hashes, parent_block_hash, token_ids, block_size,
 //     lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind,
 //     kv_cache_spec_sliding_window; events as maps), kinds from
-//     vllm/v1/kv_cache_interface.py (KVCacheSpecKind).
+//     vllm/v1/kv_cache_interface.py (KVCacheSpecKind, newer than the
+//     stored bc8282e6).
 //   - SGLang: sgl-project/sglang python/sglang/srt/disaggregation/kv_events.py
 //     in the revision that defines StorageMedium and BlockStoredWithMetadata
+//     (the search tool gave no commit for it; 612d5790 and 006d053f predate it)
 //     (array_like, no omit_defaults: BlockStored is block_hashes,
 //     parent_block_hash, token_ids, block_size, lora_id, medium, then the
 //     kw_only metadata {"cache_salt": ...}); bigram token_ids as built by

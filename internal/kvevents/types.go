@@ -14,7 +14,9 @@ const (
 )
 
 // KV-cache spec kinds (kv_cache_spec_kind), the values of vLLM's
-// KVCacheSpecKind enum in vllm/v1/kv_cache_interface.py.
+// KVCacheSpecKind enum in vllm/v1/kv_cache_interface.py (added after
+// bc8282e6, the revision the search tool holds; the values were read from
+// quoted copies of the enum).
 const (
 	// SpecKindFullAttention is the kind of full-attention groups, the only
 	// kind for which the decoder requires token_ids to cover every

@@ -9,11 +9,13 @@ does; the tag goes first as "type" in map-form events.
 
   vllm_*    vllm-project/vllm vllm/distributed/kv_events.py at 0181ea31
             (EventBatch and events as maps, omit_defaults); spec kinds from
-            vllm/v1/kv_cache_interface.py (KVCacheSpecKind); re-reported
+            vllm/v1/kv_cache_interface.py (KVCacheSpecKind, newer than
+            bc8282e6); re-reported
             stores as block_pool.emit_cached_block_events builds them for
             kv_cache_report_mode="full" (identical to the first store).
   sglang_*  sgl-project/sglang python/sglang/srt/disaggregation/kv_events.py,
-            the revision with StorageMedium and BlockStoredWithMetadata
+            the revision with StorageMedium and BlockStoredWithMetadata (no
+            commit known; 612d5790 and 006d053f predate it)
             (array_like, no omit_defaults; metadata is kw_only and follows
             medium); bigram pages as KVCacheEventMixin._record_store_event
             builds them under EAGLE/NEXTN/MTP; a map-form event with a
