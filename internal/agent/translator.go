@@ -246,7 +246,8 @@ func (t *Translator) noteBlockSize(bs, n int) {
 		}
 	}
 	if t.blockSize > 0 && bs != t.blockSize {
-		t.problem(ProblemBlockSizeMismatch, n, "block_size "+strconv.Itoa(bs)+" != configured "+strconv.Itoa(t.blockSize))
+		// Counted, not skipped: the warning above is the log line.
+		t.problems[ProblemBlockSizeMismatch] += uint64(n)
 	}
 }
 
