@@ -150,8 +150,17 @@ func New(cfg Config, dir *dirclient.Client) (*Agent, error) {
 		counterReset: make(chan uint64, 1),
 		lastQueries:  -1,
 	}
+	a.tr.SetBlockSize(cfg.BlockSize)
 	a.m = newMetrics(a)
 	return a, nil
+}
+
+// TranslatorLayout returns the KV-cache groups and block sizes the engine's
+// events showed so far.
+func (a *Agent) TranslatorLayout() Layout {
+	a.trMu.Lock()
+	defer a.trMu.Unlock()
+	return a.tr.Layout()
 }
 
 // TranslatorStats returns the translator's counters.

@@ -27,6 +27,50 @@
 //   - Duplicate stores are reference-counted per (engine hash, medium); a
 //     removal is published only when the count drops to zero.
 //
+// # What is indexed
+//
+// A prefix is reusable on a worker only when its full-attention KV is
+// there, so only groups of the full-attention family enter the directory:
+// kv_cache_spec_kind full_attention, mla_attention (DeepSeek and other MLA
+// models) and sink_full_attention, whatever their group_idx (vLLM numbers
+// groups in layer order, so a hybrid model's full-attention group may be
+// group 1 or later). Sliding-window (incl. sliding_window_mla), chunked
+// local, Mamba, encoder-only, cross-attention and unknown groups are not
+// indexed: they keep only the last window or a recurrent state, which does
+// not make a prefix reusable on its own (vLLM's hybrid coordinator needs
+// the full-attention hit), and their hashes equal the full-attention
+// group's, so their removals must not touch it. Their blocks are counted as
+// "non_attention_group" and per group in [Translator.Layout]. A removal
+// follows the kind its group's stores had. Without a kind (older vLLM,
+// SGLang) the behaviour is unchanged: only group 0 (or no group) is
+// indexed. Several full-attention groups share engine hashes and are
+// reference-counted together.
+//
+// Engine shapes:
+//
+//   - SGLang's BlockStoredWithMetadata cache_salt (array or map layout)
+//     enters the namespace exactly as vLLM's cache_salt does, so salted
+//     prefixes never hit across tenants; SGLang's EAGLE/NEXTN/MTP bigram
+//     token_ids are decoded back to the token sequence.
+//   - TensorRT-LLM token_ids may hold strings (multimodal placeholders):
+//     the blocks before the first such block are indexed, that block and
+//     the rest of the event cannot be hashed and are counted as
+//     "string_token"; its mm_keys are not read.
+//   - Stores or removals with locality "REMOTE" are in a pool shared with
+//     other workers, not held by this worker: counted as "remote_locality",
+//     not indexed.
+//   - Media: GPU; CPU for CPU, CPU_PINNED, CPU_TIER1; DISK for DISK,
+//     STORAGE, FS, CPU_TIER2; REMOTE for OBJ and EXTERNAL (see parseMedium).
+//   - vLLM's kv_cache_report_mode="full" re-sends stores of reused blocks
+//     in events identical to the first; upstream marks them with no field.
+//     With [ReportFull] such a store adds no reference (see [ReportMode]).
+//   - Every store's group, kind, window and block size are recorded
+//     ([Translator.Layout]); an indexed block size other than the
+//     configured --block-size is logged as a warning and counted as
+//     "block_size_mismatch" (the blocks are still indexed, under their own
+//     block size's namespace, which routers hashing with the registered
+//     size do not query).
+//
 // # Recovery
 //
 // At start-up the agent replays the engine's replay buffer from the first

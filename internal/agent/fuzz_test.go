@@ -14,6 +14,10 @@ func FuzzTranslate(f *testing.F) {
 	f.Add(kvevents.EncodeBatch(batch(stored(&p, tokens(2*testBS, 1), 2, 3),
 		&kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{p}}, &kvevents.AllBlocksCleared{}), kvevents.FormMap))
 	f.Add([]byte{0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x90, 0x00})
+	for _, b := range shapeBatches() {
+		f.Add(kvevents.EncodeBatch(b, kvevents.FormArray))
+		f.Add(kvevents.EncodeBatch(b, kvevents.FormMap))
+	}
 	tr := NewTranslator("m", 64, quietLog())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, _, err := kvevents.DecodeBatch(data)

@@ -1,8 +1,11 @@
 package agent
 
 import (
+	"cmp"
 	"container/list"
 	"log/slog"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
@@ -24,7 +27,71 @@ const (
 	ProblemMapEvicted       = "map_evicted"
 	ProblemNamespace        = "bad_namespace"
 	ProblemNilEvent         = "nil_event"
+	// ProblemRemoteLocality counts blocks of locality "REMOTE": held in a
+	// pool the worker shares with others, not by the worker itself.
+	ProblemRemoteLocality = "remote_locality"
+	// ProblemBlockSizeMismatch counts indexed blocks whose block_size
+	// differs from the configured one (see SetBlockSize); they are indexed
+	// in their own block size's namespace, which a router hashing with the
+	// configured size never computes.
+	ProblemBlockSizeMismatch = "block_size_mismatch"
+	// ProblemStringToken counts blocks with a string token id (TensorRT-LLM
+	// multimodal placeholders), whose content hash cannot be computed.
+	ProblemStringToken = "string_token"
+	// ProblemLayoutFull counts groups not recorded in the Layout because
+	// maxGroups were already recorded.
+	ProblemLayoutFull = "layout_full"
 )
+
+// ReportMode says how BlockStored events relate to what the engine holds.
+type ReportMode int
+
+const (
+	// ReportIncremental (vLLM's default kv_cache_report_mode) announces
+	// each physical copy of a block once; duplicate stores are
+	// reference-counted and need as many removals.
+	ReportIncremental ReportMode = iota
+	// ReportFull is vLLM's kv_cache_report_mode="full" (set per request):
+	// blocks reused from the prefix cache are announced again, in events
+	// identical to the first store (upstream marks them with no field),
+	// without a matching removal. A store of a block already held on its
+	// medium then does not add a reference, so the first removal drops it.
+	// Two physical copies of one block (rare) are then under-counted, and
+	// the directory may miss a block the engine still holds, never the
+	// reverse.
+	ReportFull
+)
+
+// maxGroups bounds the KV-cache groups a Layout records; maxBlockSizes the
+// distinct block sizes.
+const (
+	maxGroups     = 64
+	maxBlockSizes = 16
+)
+
+// GroupLayout is what the Translator saw of one KV-cache group.
+type GroupLayout struct {
+	// Group is group_idx; -1 for events without one.
+	Group int
+	// Kind is the last kv_cache_spec_kind seen ("" when absent).
+	Kind string
+	// BlockSize is the last block_size seen; SlidingWindow the last
+	// kv_cache_spec_sliding_window (0 for none).
+	BlockSize, SlidingWindow int
+	// Indexed says whether the group's blocks enter the directory.
+	Indexed bool
+	// Stores counts the group's BlockStored events; Skipped the blocks of
+	// the group that were not indexed because of the group's kind.
+	Stores, Skipped uint64
+}
+
+// Layout is the KV-cache layout a Translator learned from events.
+type Layout struct {
+	// BlockSizes are the distinct block sizes of indexed stores, ascending.
+	BlockSizes []int
+	// Groups are the groups seen, by group index.
+	Groups []GroupLayout
+}
 
 // numMedia covers kvdirv1.Medium values GPU..REMOTE (index = enum value).
 const numMedia = 5
@@ -48,6 +115,9 @@ type TranslatorStats struct {
 	Problems map[string]uint64
 	// MapEntries is the current size of the engine-hash map.
 	MapEntries int
+	// Rereported counts blocks stored again while held, which in
+	// ReportFull mode added no reference.
+	Rereported uint64
 }
 
 // entry is one engine block: its content hash and how many times the engine
@@ -92,6 +162,12 @@ type Translator struct {
 	stored   uint64
 	removed  uint64
 	cleared  uint64
+	rereport uint64
+
+	mode       ReportMode
+	blockSize  int // configured; 0 = not checked
+	groups     map[int]*GroupLayout
+	blockSizes []int
 
 	// scratch
 	chain []uint64
@@ -116,7 +192,93 @@ func NewTranslator(model string, capacity int, log *slog.Logger) *Translator {
 		events:   make(map[string]uint64),
 		problems: make(map[string]uint64),
 		logged:   make(map[string]bool),
+		groups:   make(map[int]*GroupLayout),
 	}
+}
+
+// SetReportMode sets how stores are counted (ReportIncremental by default).
+func (t *Translator) SetReportMode(m ReportMode) { t.mode = m }
+
+// SetBlockSize sets the block size the worker is configured with
+// (--block-size); an indexed store of another size is then logged and
+// counted as ProblemBlockSizeMismatch. 0 disables the check.
+func (t *Translator) SetBlockSize(bs int) { t.blockSize = max(bs, 0) }
+
+// Layout returns the groups and block sizes seen so far. It survives
+// AllBlocksCleared and Reset: the layout is the engine's configuration.
+func (t *Translator) Layout() Layout {
+	l := Layout{BlockSizes: slices.Clone(t.blockSizes), Groups: make([]GroupLayout, 0, len(t.groups))}
+	for _, g := range t.groups {
+		l.Groups = append(l.Groups, *g)
+	}
+	slices.SortFunc(l.Groups, func(a, b GroupLayout) int { return cmp.Compare(a.Group, b.Group) })
+	return l
+}
+
+// group returns the layout entry of group_idx g (nil: -1), creating it; nil
+// when maxGroups are recorded already.
+func (t *Translator) group(g *int) *GroupLayout {
+	idx := -1
+	if g != nil {
+		idx = *g
+	}
+	if gl, ok := t.groups[idx]; ok {
+		return gl
+	}
+	if len(t.groups) >= maxGroups {
+		t.problem(ProblemLayoutFull, 1, "more KV-cache groups than the layout records")
+		return nil
+	}
+	gl := &GroupLayout{Group: idx}
+	t.groups[idx] = gl
+	return gl
+}
+
+// noteBlockSize records the block size of an indexed store and checks it
+// against the configured one.
+func (t *Translator) noteBlockSize(bs, n int) {
+	if !slices.Contains(t.blockSizes, bs) && len(t.blockSizes) < maxBlockSizes {
+		t.blockSizes = append(t.blockSizes, bs)
+		slices.Sort(t.blockSizes)
+		if t.blockSize > 0 && bs != t.blockSize {
+			t.log.Warn("agent: engine block size differs from the configured one; its blocks are indexed under their own size",
+				"engine_block_size", bs, "configured_block_size", t.blockSize)
+		}
+	}
+	if t.blockSize > 0 && bs != t.blockSize {
+		// Counted, not skipped: the warning above is the log line.
+		t.problems[ProblemBlockSizeMismatch] += uint64(n)
+	}
+}
+
+// indexable decides whether a store's group enters the directory, and says
+// why not.
+func indexable(kind string, group *int) (bool, string) {
+	switch {
+	case kind == "":
+		// Older vLLM and SGLang name no kind: as before, only group 0.
+		if group == nil || *group == 0 {
+			return true, ""
+		}
+		return false, "group_idx " + strconv.Itoa(*group) + " without kv_cache_spec_kind: only group 0 is indexed"
+	case kvevents.IsFullAttentionKind(kind):
+		return true, ""
+	}
+	return false, "kv_cache_spec_kind " + kind + " not indexed: only full-attention groups make a prefix reusable"
+}
+
+// removable decides whether a removal's group is indexed, from the kinds the
+// group's stores had: an unknown group is indexed only if it is group 0 (or
+// none), as before.
+func (t *Translator) removable(group *int) bool {
+	idx := -1
+	if group != nil {
+		idx = *group
+	}
+	if gl, ok := t.groups[idx]; ok && gl.Stores > 0 {
+		return gl.Indexed
+	}
+	return group == nil || *group == 0
 }
 
 // Reset forgets every mapping and reference count (engine restart).
@@ -152,7 +314,7 @@ func (t *Translator) Stats() TranslatorStats {
 		Events:       make(map[string]uint64, len(t.events)),
 		Problems:     make(map[string]uint64, len(t.problems)),
 		BlocksStored: t.stored, BlocksRemoved: t.removed, Cleared: t.cleared,
-		MapEntries: len(t.m),
+		MapEntries: len(t.m), Rereported: t.rereport,
 	}
 	for k, v := range t.events {
 		s.Events[k] = v
@@ -208,19 +370,28 @@ func (t *Translator) Translate(dst []*kvdirv1.Event, b kvevents.Batch) ([]*kvdir
 }
 
 // parseMedium maps a wire medium to the directory's; ok false if unknown.
+//
+// vLLM names "GPU", "CPU" and, for its offloading connectors, "STORAGE"
+// (earlier "FS", a file system, and "OBJ", an object store); SGLang's
+// StorageMedium is "GPU", "CPU_PINNED", "DISK" and "EXTERNAL" (a shared pool
+// such as Mooncake), its HiCache tiers "CPU_TIER1" (host memory) and
+// "CPU_TIER2" (storage).
 func parseMedium(s string) (kvdirv1.Medium, bool) {
 	switch strings.ToUpper(s) {
-	case "", "GPU", "CUDA", "HBM":
+	case "", "GPU", "CUDA", "HBM", "DEVICE":
 		return kvdirv1.Medium_MEDIUM_GPU, true
-	case "CPU", "CPU_TIER", "DRAM":
+	case "CPU", "CPU_TIER", "DRAM", "CPU_PINNED", "CPU_TIER1", "HOST":
 		return kvdirv1.Medium_MEDIUM_CPU, true
-	case "DISK", "SSD", "LOCAL_DISK":
+	case "DISK", "SSD", "LOCAL_DISK", "STORAGE", "FS", "NVME", "CPU_TIER2":
 		return kvdirv1.Medium_MEDIUM_DISK, true
-	case "REMOTE", "LMCACHE", "S3":
+	case "REMOTE", "LMCACHE", "S3", "OBJ", "EXTERNAL":
 		return kvdirv1.Medium_MEDIUM_REMOTE, true
 	}
 	return 0, false
 }
+
+// isRemote reports a locality of "REMOTE".
+func isRemote(locality string) bool { return strings.EqualFold(locality, kvevents.LocalityRemote) }
 
 // rootFor returns the namespace root, caching it.
 func (t *Translator) rootFor(ns blockhash.Namespace) (uint64, bool) {
@@ -295,20 +466,30 @@ func (t *Translator) stored1(dst []*kvdirv1.Event, e *kvevents.BlockStored) ([]*
 	if n == 0 {
 		return dst, 0
 	}
-	if e.SpecKind != "" && e.SpecKind != kvevents.SpecKindFullAttention {
-		t.problem(ProblemOtherGroup, n, "kv_cache_spec_kind "+e.SpecKind)
+	ok, why := indexable(e.SpecKind, e.GroupIdx)
+	if gl := t.group(e.GroupIdx); gl != nil {
+		gl.Kind, gl.BlockSize, gl.SlidingWindow, gl.Indexed = e.SpecKind, e.BlockSize, 0, ok
+		if e.SlidingWindow != nil {
+			gl.SlidingWindow = *e.SlidingWindow
+		}
+		gl.Stores++
+		if !ok {
+			gl.Skipped += uint64(n)
+		}
+	}
+	if !ok {
+		t.problem(ProblemOtherGroup, n, why)
 		return dst, 0
 	}
-	if e.GroupIdx != nil && *e.GroupIdx != 0 {
-		// Groups with equal block sizes publish the same hashes; only the
-		// first group is indexed.
-		t.problem(ProblemOtherGroup, n, "group_idx != 0")
+	if isRemote(e.Locality) {
+		t.problem(ProblemRemoteLocality, n, "locality REMOTE: a shared pool, not the worker's own")
 		return dst, 0
 	}
 	if e.BlockSize < 1 || e.BlockSize > blockhash.MaxBlockSize {
 		t.problem(ProblemBadBlockSize, n, "block_size out of range")
 		return dst, 0
 	}
+	t.noteBlockSize(e.BlockSize, n)
 	if len(e.TokenIDs) != n*e.BlockSize {
 		t.problem(ProblemTokenMismatch, n, "len(token_ids) != len(block_hashes) * block_size")
 		return dst, 0
@@ -322,12 +503,24 @@ func (t *Translator) stored1(dst []*kvdirv1.Event, e *kvevents.BlockStored) ([]*
 		t.problem(ProblemUnsupportedExtra, n, "extra_keys length differs from block_hashes")
 		return dst, 0
 	}
+	// Blocks from the first one with a string token on cannot be hashed.
+	hashable := n
+	if len(e.StrTokens) > 0 {
+		hashable = min(n, max(e.StrTokens[0].Index, 0)/e.BlockSize)
+		t.problem(ProblemStringToken, n-hashable, "token_ids with a string (multimodal placeholder)")
+		if hashable == 0 {
+			return dst, 0
+		}
+	}
 	// parent seeds the first block's hash; chainParent is what the directory
 	// gets: 0 for a chain's first block (the namespace root is only a seed).
 	var parent, chainParent uint64
 	if e.Parent == nil {
 		ns := blockhash.Namespace{Model: t.model, LoRA: e.LoRAName, BlockSize: e.BlockSize}
-		if e.ExtraKeys != nil {
+		switch {
+		case e.CacheSalt != "":
+			ns.CacheSalt = e.CacheSalt // SGLang
+		case e.ExtraKeys != nil:
 			ns.CacheSalt = saltOf(e.ExtraKeys[0], e.LoRAName)
 		}
 		if parent, ok = t.rootFor(ns); !ok {
@@ -344,7 +537,7 @@ func (t *Translator) stored1(dst []*kvdirv1.Event, e *kvevents.BlockStored) ([]*
 		chainParent = parent
 	}
 	t.chain = t.chain[:0]
-	for i := range n {
+	for i := range hashable {
 		t.extra = t.extra[:0]
 		if e.ExtraKeys != nil {
 			if t.extra, ok = blockExtra(t.extra, e.ExtraKeys[i]); !ok {
@@ -368,7 +561,11 @@ func (t *Translator) stored1(dst []*kvdirv1.Event, e *kvevents.BlockStored) ([]*
 			ent.elem = t.lru.PushFront(ent)
 			t.m[eh] = ent
 		}
-		ent.refs[med]++
+		if t.mode == ReportFull && ent.refs[med] > 0 {
+			t.rereport++
+		} else {
+			ent.refs[med]++
+		}
 		t.chain = append(t.chain, h)
 		parent = h
 	}
@@ -415,8 +612,12 @@ func (t *Translator) removed1(dst []*kvdirv1.Event, e *kvevents.BlockRemoved) ([
 		t.problem(ProblemUnknownMedium, len(e.BlockHashes), "medium "+e.Medium)
 		return dst, 0
 	}
-	if e.GroupIdx != nil && *e.GroupIdx != 0 {
-		t.problem(ProblemOtherGroup, len(e.BlockHashes), "group_idx != 0")
+	if !t.removable(e.GroupIdx) {
+		t.problem(ProblemOtherGroup, len(e.BlockHashes), "removal from a group that is not indexed")
+		return dst, 0
+	}
+	if isRemote(e.Locality) {
+		t.problem(ProblemRemoteLocality, len(e.BlockHashes), "locality REMOTE: a shared pool, not the worker's own")
 		return dst, 0
 	}
 	var out []uint64

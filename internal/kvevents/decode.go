@@ -163,7 +163,10 @@ func (d *decoder) optInt(what string) (*int, error) {
 //
 // For full-attention stores (kv_cache_spec_kind unset or "full_attention")
 // len(TokenIDs) must equal len(BlockHashes)*BlockSize; sparse groups may
-// announce fewer hashes than token blocks.
+// announce fewer hashes than token blocks. token_ids may be integers,
+// integers mixed with strings (kept in StrTokens) or, from its first item
+// on, bigram pairs whose overlaps must agree (see BlockStored.Bigram); a
+// list that is none of these is a malformed event.
 //
 // Slices in the result may share backing arrays with other events of the
 // same batch (never with data).
@@ -316,6 +319,11 @@ func (d *decoder) event() (Event, error) {
 		}
 		ev := d.newStored()
 		for f := range nf {
+			if f > fLocality || f == fLocality && !d.strOrNilNext() {
+				// Positions after locality (TensorRT-LLM's mm_keys, ...)
+				// are not read, nor is a non-string item in locality's.
+				f = -1
+			}
 			if err := d.storedField(ev, f); err != nil {
 				return nil, err
 			}
@@ -328,6 +336,9 @@ func (d *decoder) event() (Event, error) {
 			return nil, fmt.Errorf("%w: BlockRemoved array has no fields", ErrMalformed)
 		}
 		for f := range nf {
+			if f == rLocality && !d.strOrNilNext() {
+				f = -1
+			}
 			if err := d.removedField(ev, f); err != nil {
 				return nil, err
 			}
@@ -359,6 +370,11 @@ const (
 	fGroupIdx
 	fSpecKind
 	fSlidingWindow
+	fLocality
+	// Map-only fields (SGLang); array position 12 is something else.
+	fCacheSalt
+	fMetadata
+	numStoredFields
 )
 
 // storedKey maps a BlockStored map key to its field number, or -1.
@@ -386,6 +402,12 @@ func storedKey(k []byte) int {
 		return fSpecKind
 	case "kv_cache_spec_sliding_window":
 		return fSlidingWindow
+	case "locality":
+		return fLocality
+	case "cache_salt":
+		return fCacheSalt
+	case "metadata":
+		return fMetadata
 	}
 	return -1
 }
@@ -395,6 +417,7 @@ const (
 	rBlockHashes = iota
 	rMedium
 	rGroupIdx
+	rLocality
 )
 
 // eventMap decodes a map-form event. The "type" key usually comes first; if
@@ -413,7 +436,7 @@ func (d *decoder) eventMap() (Event, error) {
 	d.r.p = body
 	var stored *BlockStored
 	var removed *BlockRemoved
-	var have [fSlidingWindow + 1]bool
+	var have [numStoredFields]bool
 	switch tag {
 	case TypeBlockStored:
 		stored = d.newStored()
@@ -449,6 +472,8 @@ func (d *decoder) eventMap() (Event, error) {
 				f = rMedium
 			case "group_idx":
 				f = rGroupIdx
+			case "locality":
+				f = rLocality
 			}
 			if f >= 0 {
 				err = d.removedField(removed, f)
@@ -548,8 +573,7 @@ func (d *decoder) storedField(ev *BlockStored, f int) error {
 		}
 		ev.Parent = d.hashes.one(h, d.r.remaining()+1)
 	case fTokenIDs:
-		ev.TokenIDs, err = d.tokenList()
-		return fieldErr("token_ids", err)
+		return fieldErr("token_ids", d.tokenList(ev))
 	case fBlockSize:
 		v, err := r.intValue(1, MaxBlockSize, "block_size")
 		if err != nil {
@@ -570,6 +594,11 @@ func (d *decoder) storedField(ev *BlockStored, f int) error {
 		ev.Medium, err = d.optString()
 		return fieldErr("medium", err)
 	case fLoRAName:
+		if d.mapNext() {
+			// SGLang's BlockStoredWithMetadata: its metadata map follows
+			// medium where vLLM has lora_name.
+			return fieldErr("metadata", d.metadata(ev))
+		}
 		ev.LoRAName, err = d.optString()
 		return fieldErr("lora_name", err)
 	case fExtraKeys:
@@ -583,6 +612,17 @@ func (d *decoder) storedField(ev *BlockStored, f int) error {
 	case fSlidingWindow:
 		ev.SlidingWindow, err = d.optInt("kv_cache_spec_sliding_window")
 		return fieldErr("kv_cache_spec_sliding_window", err)
+	case fLocality:
+		ev.Locality, err = d.optString()
+		return fieldErr("locality", err)
+	case fCacheSalt:
+		ev.CacheSalt, err = d.optString()
+		return fieldErr("cache_salt", err)
+	case fMetadata:
+		if r.nilNext() {
+			return nil
+		}
+		return fieldErr("metadata", d.metadata(ev))
 	default:
 		return r.skip()
 	}
@@ -602,6 +642,9 @@ func (d *decoder) removedField(ev *BlockRemoved, f int) error {
 	case rGroupIdx:
 		ev.GroupIdx, err = d.optInt("group_idx")
 		return fieldErr("group_idx", err)
+	case rLocality:
+		ev.Locality, err = d.optString()
+		return fieldErr("locality", err)
 	}
 	return d.r.skip()
 }
@@ -641,14 +684,21 @@ func (d *decoder) hashList() ([]Hash, error) {
 	return hs, nil
 }
 
-func (d *decoder) tokenList() ([]uint32, error) {
+// tokenList decodes token_ids into ev: a list of integer token ids, a list
+// with string items (TensorRT-LLM multimodal placeholders, see
+// BlockStored.StrTokens), or SGLang's bigram pairs (see BlockStored.Bigram).
+func (d *decoder) tokenList(ev *BlockStored) error {
 	r := &d.r
+	ev.TokenIDs, ev.StrTokens, ev.Bigram, ev.BigramNext = nil, nil, false, 0
 	n, err := r.arrayLen(MaxTokens)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if n == 0 {
-		return nil, nil
+		return nil
+	}
+	if isArrayCode(r.b[r.p]) {
+		return d.bigrams(ev, n)
 	}
 	toks := d.tokens.take(n, r.remaining())
 	b := r.b
@@ -667,18 +717,116 @@ func (d *decoder) tokenList() ([]uint32, error) {
 		}
 		// Rare encodings and the end of input: the general integer reader.
 		r.p = p
-		u, neg, err := r.integer()
+		if p < len(b) && isStrCode(b[p]) {
+			s, err := r.strBytes()
+			if err != nil {
+				return fmt.Errorf("item %d: %w", i, err)
+			}
+			if len(s) > MaxTokenStringLen {
+				return fmt.Errorf("%w: item %d: string token of %d bytes exceeds limit %d", ErrMalformed, i, len(s), MaxTokenStringLen)
+			}
+			ev.StrTokens = append(ev.StrTokens, StrToken{Index: i, Value: string(s)})
+			toks[i] = 0
+			p = r.p
+			continue
+		}
+		u, err := r.tokenValue()
 		if err != nil {
-			return nil, fmt.Errorf("item %d: %w", i, err)
+			return fmt.Errorf("item %d: %w", i, err)
 		}
-		if neg || u > math.MaxUint32 {
-			return nil, fmt.Errorf("%w: item %d: token id %d out of uint32 range", ErrMalformed, i, int64(u))
-		}
-		toks[i] = uint32(u)
+		toks[i] = u
 		p = r.p
 	}
 	r.p = p
-	return toks, nil
+	ev.TokenIDs = toks
+	return nil
+}
+
+// tokenValue reads one integer token id.
+func (r *reader) tokenValue() (uint32, error) {
+	u, neg, err := r.integer()
+	if err != nil {
+		return 0, err
+	}
+	if neg || u > math.MaxUint32 {
+		return 0, fmt.Errorf("%w: token id %d out of uint32 range", ErrMalformed, int64(u))
+	}
+	return uint32(u), nil
+}
+
+// bigrams decodes n bigram pairs [[t0,t1],[t1,t2],...]: each pair's second
+// token must be the next pair's first.
+func (d *decoder) bigrams(ev *BlockStored, n int) error {
+	r := &d.r
+	toks := d.tokens.take(n, r.remaining())
+	var next uint32
+	for i := range toks {
+		m, err := r.arrayLen(2)
+		if err != nil {
+			return fmt.Errorf("bigram item %d: %w", i, err)
+		}
+		if m != 2 {
+			return fmt.Errorf("%w: bigram item %d has %d tokens, want 2", ErrMalformed, i, m)
+		}
+		first, err := r.tokenValue()
+		if err != nil {
+			return fmt.Errorf("bigram item %d: %w", i, err)
+		}
+		if i > 0 && first != next {
+			return fmt.Errorf("%w: bigram item %d starts with %d, but item %d ended with %d", ErrMalformed, i, first, i-1, next)
+		}
+		if next, err = r.tokenValue(); err != nil {
+			return fmt.Errorf("bigram item %d: %w", i, err)
+		}
+		toks[i] = first
+	}
+	ev.TokenIDs, ev.Bigram, ev.BigramNext = toks, true, next
+	return nil
+}
+
+func isArrayCode(c byte) bool { return (c >= 0x90 && c <= 0x9f) || c == 0xdc || c == 0xdd }
+func isMapCode(c byte) bool   { return (c >= 0x80 && c <= 0x8f) || c == 0xde || c == 0xdf }
+func isStrCode(c byte) bool   { return (c >= 0xa0 && c <= 0xbf) || (c >= 0xd9 && c <= 0xdb) }
+
+// strOrNilNext reports whether the next item is a string or nil.
+func (d *decoder) strOrNilNext() bool {
+	return d.r.p < len(d.r.b) && (isStrCode(d.r.b[d.r.p]) || d.r.b[d.r.p] == 0xc0)
+}
+
+// mapNext reports whether the next item is a map.
+func (d *decoder) mapNext() bool {
+	return d.r.p < len(d.r.b) && isMapCode(d.r.b[d.r.p])
+}
+
+// metadata decodes SGLang's BlockStoredMetadata map {"cache_salt": ...}.
+// A "lora_name" key is read too: kvdir's encoder writes it when an event
+// has both a salt and a LoRA name in the array layout, which SGLang (no
+// lora_name) never does. Other keys are skipped.
+func (d *decoder) metadata(ev *BlockStored) error {
+	n, err := d.r.mapLen()
+	if err != nil {
+		return err
+	}
+	for range n {
+		k, err := d.r.strBytes()
+		if err != nil {
+			return fmt.Errorf("key: %w", err)
+		}
+		switch string(k) {
+		case "cache_salt":
+			ev.CacheSalt, err = d.optString()
+			err = fieldErr("cache_salt", err)
+		case "lora_name":
+			ev.LoRAName, err = d.optString()
+			err = fieldErr("lora_name", err)
+		default:
+			err = d.r.skip()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Tables for the token fast path, indexed by the msgpack type byte: the
@@ -696,8 +844,9 @@ func init() {
 }
 
 // extraKeys decodes extra_keys: nil, or a list with one entry per block, each
-// nil or a list. A map in this position (SGLang's per-event metadata) is
-// ignored with a note rather than failing the event.
+// nil or a list. A map in this position (SGLang's per-event metadata after a
+// lora_name) gives the event its cache_salt, with a note, rather than
+// failing the event.
 func (d *decoder) extraKeys(ev *BlockStored) error {
 	r := &d.r
 	ev.ExtraKeys = nil
@@ -709,10 +858,12 @@ func (d *decoder) extraKeys(ev *BlockStored) error {
 		return err
 	}
 	if (c >= 0x80 && c <= 0x8f) || c == 0xde || c == 0xdf {
-		if err := r.skip(); err != nil {
-			return err
+		// Its cache_salt is kept: dropping it would index salted blocks
+		// in the unsalted namespace.
+		if err := d.metadata(ev); err != nil {
+			return fieldErr("extra_keys metadata", err)
 		}
-		d.stats.addProblem(Problem{Index: d.index, Type: d.tag, Err: errors.New("extra_keys is a map, ignored")})
+		d.stats.addProblem(Problem{Index: d.index, Type: d.tag, Err: errors.New("extra_keys is a map (SGLang metadata), only its cache_salt is read")})
 		return nil
 	}
 	n, err := r.arrayLen(math.MaxInt32)

@@ -6,7 +6,13 @@
 // sequence number, msgpack payload); the payload is a msgspec-encoded
 // KVEventBatch whose events are either tagged arrays
 // (["BlockStored", ...], vLLM up to v0.25) or maps ({"type": "BlockStored",
-// ...}, vLLM v0.26 and later). The package offers:
+// ...}, vLLM v0.26 and later). The same decoder reads the other engines'
+// variants of these events: SGLang's (no lora_name; BlockStoredWithMetadata
+// with its cache_salt map after medium, or a top-level cache_salt; bigram
+// token_ids pairs under EAGLE/NEXTN/MTP speculative decoding) and
+// TensorRT-LLM's (string items in token_ids, locality). Group kinds
+// (kv_cache_spec_kind) are kept as sent; [IsFullAttentionKind] tells which
+// of them decide a prefix hit. The package offers:
 //
 //   - [DecodeBatch], a bounded, allocation-conscious decoder that accepts
 //     every known layout and reports (rather than fails on) bad events;

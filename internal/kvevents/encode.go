@@ -43,6 +43,14 @@ func (f Form) String() string {
 // a default (lora_id, medium, lora_name, parent_block_hash) are always
 // written. Nil events are left out. ExtraKeys items of a type the decoder
 // would not produce (see BlockStored) are encoded as nil.
+//
+// The fields of other engines are written where the decoder reads them:
+// Locality after kv_cache_spec_sliding_window (TensorRT-LLM's order);
+// Bigram token_ids as pairs and StrTokens as strings in token_ids; a
+// CacheSalt as a top-level "cache_salt" key in map form and, in array form,
+// as SGLang's metadata map {"cache_salt": ...} in lora_name's position (with
+// a "lora_name" key added when the event has one too, which no engine
+// sends: it keeps every decoded event encodable).
 func EncodeBatch(b Batch, form Form) []byte {
 	return AppendBatch(nil, b, form)
 }
@@ -115,10 +123,13 @@ func appendEvent(dst []byte, ev Event, asMap bool) []byte {
 }
 
 func appendStored(dst []byte, e *BlockStored, asMap bool) []byte {
-	// Optional fields 8..11 (extra_keys, group_idx, kind, window).
-	opt := [4]bool{e.ExtraKeys != nil, e.GroupIdx != nil, e.SpecKind != "", e.SlidingWindow != nil}
+	// Optional fields 8..12 (extra_keys, group_idx, kind, window, locality).
+	opt := [5]bool{e.ExtraKeys != nil, e.GroupIdx != nil, e.SpecKind != "", e.SlidingWindow != nil, e.Locality != ""}
 	n := 7
 	if asMap {
+		if e.CacheSalt != "" {
+			n++
+		}
 		for _, set := range opt {
 			if set {
 				n++
@@ -149,10 +160,7 @@ func appendStored(dst []byte, e *BlockStored, asMap bool) []byte {
 		dst = appendHash(dst, *e.Parent)
 	}
 	key("token_ids")
-	dst = appendArrayLen(dst, len(e.TokenIDs))
-	for _, t := range e.TokenIDs {
-		dst = appendUint(dst, uint64(t))
-	}
+	dst = appendTokens(dst, e)
 	key("block_size")
 	dst = appendInt(dst, int64(e.BlockSize))
 	key("lora_id")
@@ -163,8 +171,29 @@ func appendStored(dst []byte, e *BlockStored, asMap bool) []byte {
 	}
 	key("medium")
 	dst = appendOptStr(dst, e.Medium)
-	key("lora_name")
-	dst = appendOptStr(dst, e.LoRAName)
+	switch {
+	case asMap:
+		key("lora_name")
+		dst = appendOptStr(dst, e.LoRAName)
+		if e.CacheSalt != "" {
+			key("cache_salt")
+			dst = appendStr(dst, e.CacheSalt)
+		}
+	case e.CacheSalt != "":
+		// SGLang's BlockStoredWithMetadata; lora_name joins the map, a
+		// kvdir extension, when both are set.
+		if e.LoRAName == "" {
+			dst = appendMapLen(dst, 1)
+		} else {
+			dst = appendMapLen(dst, 2)
+			dst = appendStr(dst, "lora_name")
+			dst = appendStr(dst, e.LoRAName)
+		}
+		dst = appendStr(dst, "cache_salt")
+		dst = appendStr(dst, e.CacheSalt)
+	default:
+		dst = appendOptStr(dst, e.LoRAName)
+	}
 	for i := range opt {
 		if asMap && !opt[i] || !asMap && 8+i > n {
 			continue
@@ -193,7 +222,38 @@ func appendStored(dst []byte, e *BlockStored, asMap bool) []byte {
 		case 3:
 			key("kv_cache_spec_sliding_window")
 			dst = appendOptInt(dst, e.SlidingWindow)
+		case 4:
+			key("locality")
+			dst = appendOptStr(dst, e.Locality)
 		}
+	}
+	return dst
+}
+
+// appendTokens writes token_ids: bigram pairs when e.Bigram, otherwise the
+// integer ids with e.StrTokens written as strings at their index.
+func appendTokens(dst []byte, e *BlockStored) []byte {
+	dst = appendArrayLen(dst, len(e.TokenIDs))
+	if e.Bigram {
+		for i, t := range e.TokenIDs {
+			next := e.BigramNext
+			if i+1 < len(e.TokenIDs) {
+				next = e.TokenIDs[i+1]
+			}
+			dst = appendArrayLen(dst, 2)
+			dst = appendUint(dst, uint64(t))
+			dst = appendUint(dst, uint64(next))
+		}
+		return dst
+	}
+	strs := e.StrTokens
+	for i, t := range e.TokenIDs {
+		if len(strs) > 0 && strs[0].Index == i {
+			dst = appendStr(dst, strs[0].Value)
+			strs = strs[1:]
+			continue
+		}
+		dst = appendUint(dst, uint64(t))
 	}
 	return dst
 }
@@ -202,6 +262,12 @@ func appendRemoved(dst []byte, e *BlockRemoved, asMap bool) []byte {
 	n := 2
 	if e.GroupIdx != nil {
 		n = 3
+	}
+	if e.Locality != "" {
+		n = 4
+		if asMap && e.GroupIdx == nil {
+			n = 3
+		}
 	}
 	if asMap {
 		dst = appendMapLen(dst, n+1)
@@ -218,11 +284,17 @@ func appendRemoved(dst []byte, e *BlockRemoved, asMap bool) []byte {
 		dst = appendStr(dst, "medium")
 	}
 	dst = appendOptStr(dst, e.Medium)
-	if e.GroupIdx != nil {
+	if e.GroupIdx != nil || e.Locality != "" && !asMap {
 		if asMap {
 			dst = appendStr(dst, "group_idx")
 		}
-		dst = appendInt(dst, int64(*e.GroupIdx))
+		dst = appendOptInt(dst, e.GroupIdx)
+	}
+	if e.Locality != "" {
+		if asMap {
+			dst = appendStr(dst, "locality")
+		}
+		dst = appendStr(dst, e.Locality)
 	}
 	return dst
 }

@@ -54,6 +54,11 @@ func FuzzDecodeBatch(f *testing.F) {
 		cat(mArr(3), mStr("Unknown"), mArr(1), mNil()),
 		cat(mMap(2), mStr("block_hashes"), cat(mArr(1), mBin([]byte{1, 2, 3})), mStr("type"), mStr("BlockRemoved"))))
 	f.Add([]byte{0x92, 0xca, 0x7f, 0xc0, 0, 0, 0x90})
+	// Engine shapes (see shapes_test.go): hybrid MLA groups, SGLang bigrams
+	// and cache salt, TensorRT-LLM string tokens and locality.
+	for _, seed := range shapeSeeds() {
+		f.Add(seed)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, st, err := DecodeBatch(data)
 		if err != nil {

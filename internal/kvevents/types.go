@@ -13,9 +13,48 @@ const (
 	TypeAllBlocksCleared = "AllBlocksCleared"
 )
 
-// SpecKindFullAttention is the kv_cache_spec_kind of full-attention groups,
-// the only kind for which token_ids must cover every announced block.
-const SpecKindFullAttention = "full_attention"
+// KV-cache spec kinds (kv_cache_spec_kind), the values of vLLM's
+// KVCacheSpecKind enum in vllm/v1/kv_cache_interface.py (added after
+// bc8282e6, the revision the search tool holds; the values were read from
+// quoted copies of the enum).
+const (
+	// SpecKindFullAttention is the kind of full-attention groups, the only
+	// kind for which the decoder requires token_ids to cover every
+	// announced block.
+	SpecKindFullAttention        = "full_attention"
+	SpecKindMLAAttention         = "mla_attention"
+	SpecKindSinkFullAttention    = "sink_full_attention"
+	SpecKindSlidingWindow        = "sliding_window"
+	SpecKindSlidingWindowMLA     = "sliding_window_mla"
+	SpecKindChunkedLocal         = "chunked_local_attention"
+	SpecKindMamba                = "mamba"
+	SpecKindEncoderOnlyAttention = "encoder_only_attention"
+	SpecKindCrossAttention       = "cross_attention"
+	SpecKindUnknown              = "unknown"
+)
+
+// IsFullAttentionKind reports whether a group of this kv_cache_spec_kind
+// keeps the KV of every token of a prefix, so that its blocks alone decide a
+// prefix-cache hit: full attention, MLA and sink full attention. Sliding
+// window (incl. MLA), chunked local, Mamba, encoder-only, cross-attention
+// and unknown groups keep only part of a prefix (or none of the decoder's)
+// and are not. The empty kind (older vLLM, SGLang) is not a kind; callers
+// decide what it means.
+func IsFullAttentionKind(kind string) bool {
+	switch kind {
+	case SpecKindFullAttention, SpecKindMLAAttention, SpecKindSinkFullAttention:
+		return true
+	}
+	return false
+}
+
+// LocalityRemote is the locality of blocks held in a pool shared by other
+// workers (TensorRT-LLM's BlockStored.locality, vLLM's offloading managers).
+const LocalityRemote = "REMOTE"
+
+// MaxTokenStringLen bounds a string token id (TensorRT-LLM multimodal
+// placeholders).
+const MaxTokenStringLen = 1024
 
 // Batch is one KVEventBatch: the payload of one ZMQ message.
 type Batch struct {
@@ -60,6 +99,29 @@ type BlockStored struct {
 	SpecKind string
 	// SlidingWindow is kv_cache_spec_sliding_window; nil for None.
 	SlidingWindow *int
+	// Locality is locality (TensorRT-LLM, after the sliding window):
+	// "LOCAL", "REMOTE" (a shared pool, see LocalityRemote); "" for None.
+	Locality string
+	// CacheSalt is SGLang's cache salt: the cache_salt of the metadata map
+	// of BlockStoredWithMetadata (array layout: the item after medium; map
+	// layout: the "metadata" key) or a top-level "cache_salt" key. "" when
+	// absent. vLLM puts its salt into ExtraKeys instead.
+	CacheSalt string
+	// Bigram is true when token_ids arrived as SGLang's EAGLE/NEXTN/MTP
+	// bigram pairs [[t0,t1],[t1,t2],...,[tn-1,next]]: TokenIDs then holds
+	// the first item of each pair (the block's tokens) and BigramNext the
+	// second item of the last pair (the token after the last block).
+	Bigram     bool
+	BigramNext uint32
+	// StrTokens lists the token_ids items that were strings (TensorRT-LLM
+	// multimodal placeholders), in order; TokenIDs holds 0 at their index.
+	StrTokens []StrToken
+}
+
+// StrToken is a token_ids item that was a string.
+type StrToken struct {
+	Index int
+	Value string
 }
 
 // BlockRemoved announces evicted blocks.
@@ -69,6 +131,8 @@ type BlockRemoved struct {
 	Medium string
 	// GroupIdx is the KV-cache group index; nil for None.
 	GroupIdx *int
+	// Locality is locality (TensorRT-LLM); "" for None.
+	Locality string
 }
 
 // AllBlocksCleared announces that the whole prefix cache was reset.
