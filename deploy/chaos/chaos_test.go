@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // Results is bench/results/chaos.json.
@@ -406,7 +407,7 @@ func restartEngine(h *harness, r *FaultResult) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	err = waitFor(h.ctx, drainBound, 100*time.Millisecond, func() (bool, string) {
+	err = testkit.Poll(h.ctx, drainBound, "the drained engine to go idle", func() (bool, string) {
 		busy := 0.0
 		for _, m := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting"} {
 			v, err := metric(h.ctx, h.hc, u+"/metrics", m)

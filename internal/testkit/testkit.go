@@ -14,17 +14,19 @@ import (
 	"time"
 )
 
-// pollInterval is how often Poll re-checks a condition.
+// pollInterval is the least time between two checks of a condition.
 const pollInterval = 10 * time.Millisecond
 
-// Poll checks cond every few milliseconds until it holds, ctx ends or
-// timeout passes. cond returns whether it holds and, if not, what it saw;
-// the error names what was awaited and the last thing seen.
+// Poll checks cond until it holds, ctx ends or timeout passes. cond
+// returns whether it holds and, if not, what it saw; the error names what
+// was awaited and the last thing seen. Between two checks Poll waits 10 ms
+// or as long as the check took, whichever is longer, so that an expensive
+// check (a docker exec, a gRPC call to a busy node) takes at most half of
+// the time.
 func Poll(ctx context.Context, timeout time.Duration, what string, cond func() (bool, string)) error {
 	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(pollInterval)
-	defer tick.Stop()
 	for {
+		began := time.Now()
 		ok, saw := cond()
 		if ok {
 			return nil
@@ -38,7 +40,7 @@ func Poll(ctx context.Context, timeout time.Duration, what string, cond func() (
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
-		case <-tick.C:
+		case <-time.After(max(pollInterval, time.Since(began))):
 		}
 	}
 }
