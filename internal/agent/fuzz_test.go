@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"log/slog"
 	"testing"
 
 	"github.com/kvdir/kvdir/internal/kvevents"
@@ -14,7 +15,7 @@ func FuzzTranslate(f *testing.F) {
 	f.Add(kvevents.EncodeBatch(batch(stored(&p, tokens(2*testBS, 1), 2, 3),
 		&kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{p}}, &kvevents.AllBlocksCleared{}), kvevents.FormMap))
 	f.Add([]byte{0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x90, 0x00})
-	tr := NewTranslator("m", 64, quietLog())
+	tr := NewTranslator("m", 64, slog.New(slog.DiscardHandler))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, _, err := kvevents.DecodeBatch(data)
 		if err != nil {
