@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/fleet"
 	"github.com/kvdir/kvdir/internal/router"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 )
 
 // chat is a minimal chat completion request.

@@ -5,16 +5,15 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/dircluster"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 )
 
 const dashboardFile = "kvdir-dashboard.json"
@@ -220,37 +219,6 @@ func unique(vs []string) []string {
 	return slices.Compact(out)
 }
 
-// proc is a started binary whose output is kept for failure messages.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	out  dircluster.Buffer
-	done chan struct{}
-}
-
-func start(t *testing.T, name, bin string, args ...string) *proc {
-	t.Helper()
-	p := &proc{name: name, cmd: exec.Command(bin, args...), done: make(chan struct{})}
-	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			t.Logf("--- %s output:\n%s", name, p.out.String())
-		}
-	})
-	return p
-}
-
 var client = &http.Client{Timeout: 10 * time.Second}
 
 func get(url string) (int, string, error) {
@@ -271,22 +239,6 @@ func post(url, body string) (int, string, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b), err
-}
-
-// waitFor polls cond every 50 ms until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, seen := cond()
-		if ok {
-			return
-		}
-		last = seen
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: not after %v (last seen: %s)", what, timeout, last)
 }
 
 // sampleValue returns the value of the first sample line of name (exact,
@@ -312,11 +264,10 @@ func chat(n int) string {
 // runSystem starts the processes, drives them and returns the union of
 // every scraped metric family and the router contract.
 func runSystem(t *testing.T) map[string]*family {
-	root, err := dircluster.ModuleRoot()
+	root, err := testkit.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	binDir := t.TempDir()
 	_, statErr := os.Stat(filepath.Join(root, "cmd", "router"))
 	withRouter := statErr == nil
 	names := []string{"directory", "enginesim", "agent"}
@@ -325,15 +276,8 @@ func runSystem(t *testing.T) map[string]*family {
 	} else {
 		t.Log("cmd/router does not exist yet: router metrics are checked against the contract only")
 	}
-	bins := map[string]string{}
-	for _, n := range names {
-		bin, err := dircluster.BuildCommand(root, binDir, n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		bins[n] = bin
-	}
-	cluster, err := dircluster.Start(bins["directory"], t.TempDir(), 1, "--lease", "5s")
+	bins := testkit.Binaries(t, names...)
+	cluster, err := fleet.StartDirectory(bins["directory"], t.TempDir(), 1, "--lease", "5s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,7 +291,7 @@ func runSystem(t *testing.T) map[string]*family {
 		t.Fatal(err)
 	}
 	dir := cluster.Nodes[0]
-	ports, err := dircluster.FreePorts(5)
+	ports, err := testkit.LoopbackPorts(5)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,10 +301,10 @@ func runSystem(t *testing.T) map[string]*family {
 	routerHTTP := fmt.Sprintf("127.0.0.1:%d", ports[4])
 	// A replay buffer of one batch: the late agent's replay from 0 cannot
 	// be complete, so it resynchronises (kvdir_agent_resyncs_total).
-	start(t, "enginesim", bins["enginesim"], "--addr", engineHTTP, "--time-scale", "0", "--model", "llama3-8b",
+	testkit.StartProc(t, "enginesim", bins["enginesim"], "--addr", engineHTTP, "--time-scale", "0", "--model", "llama3-8b",
 		"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", events),
 		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", replay), "--replay-buffer-steps", "1")
-	waitFor(t, "enginesim /health", 20*time.Second, func() (bool, string) {
+	testkit.Eventually(t, 20*time.Second, "enginesim /health", func() (bool, string) {
 		code, body, err := get("http://" + engineHTTP + "/health")
 		return code == 200, fmt.Sprint(code, body, err)
 	})
@@ -371,19 +315,19 @@ func runSystem(t *testing.T) map[string]*family {
 			t.Fatalf("engine request: %d %s %v", code, body, err)
 		}
 	}
-	start(t, "agent", bins["agent"], "--directory", dir.API, "--worker-id", "w1",
+	testkit.StartProc(t, "agent", bins["agent"], "--directory", dir.API, "--worker-id", "w1",
 		"--worker-address", "http://"+engineHTTP, "--model", "llama3-8b", "--engine-kind", "enginesim",
 		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", events),
 		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", replay),
 		"--http-addr", agentHTTP, "--heartbeat-interval", "200ms")
-	waitFor(t, "agent registered", 20*time.Second, func() (bool, string) {
+	testkit.Eventually(t, 20*time.Second, "agent registered", func() (bool, string) {
 		_, page, err := get("http://" + agentHTTP + "/metrics")
 		return sampleValue(page, `kvdir_agent_registrations_total{worker="w1"}`) >= 1, fmt.Sprint(err)
 	})
 	target := "http://" + engineHTTP
 	if withRouter {
-		start(t, "router", bins["router"], "--addr", routerHTTP, "--directory", dir.API, "--policy", "kvdir")
-		waitFor(t, "router knows the worker", 20*time.Second, func() (bool, string) {
+		testkit.StartProc(t, "router", bins["router"], "--addr", routerHTTP, "--directory", dir.API, "--policy", "kvdir")
+		testkit.Eventually(t, 20*time.Second, "router knows the worker", func() (bool, string) {
 			_, page, err := get("http://" + routerHTTP + "/metrics")
 			return sampleValue(page, "kvdir_router_workers") >= 1, fmt.Sprint(err)
 		})
@@ -395,7 +339,7 @@ func runSystem(t *testing.T) map[string]*family {
 	// subscription arrives, so one request may not be enough.)
 	pages := map[string]string{}
 	n := 2
-	waitFor(t, "metrics from a request through the system", 30*time.Second, func() (bool, string) {
+	testkit.Eventually(t, 30*time.Second, "metrics from a request through the system", func() (bool, string) {
 		if code, body, err := post(target+"/v1/chat/completions", chat(n)); code != 200 {
 			return false, fmt.Sprint("request: ", code, body, err)
 		}

@@ -29,6 +29,19 @@ func LoopbackAddrs(n int) ([]string, error) {
 	return out, nil
 }
 
+// LoopbackPorts is LoopbackAddrs as port numbers.
+func LoopbackPorts(n int) ([]int, error) {
+	addrs, err := LoopbackAddrs(n)
+	if err != nil {
+		return nil, err
+	}
+	ports := make([]int, n)
+	for i, a := range addrs {
+		ports[i] = Port(a)
+	}
+	return ports, nil
+}
+
 // FreeAddrs is LoopbackAddrs for tests: it fails t on error.
 func FreeAddrs(t testing.TB, n int) []string {
 	t.Helper()

@@ -25,9 +25,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvdir/kvdir/bench/benchjson"
-	"github.com/kvdir/kvdir/bench/dircluster"
-	"github.com/kvdir/kvdir/bench/indexshape"
 	"github.com/kvdir/kvdir/internal/radix"
+	"github.com/kvdir/kvdir/internal/radix/radixtest"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -117,15 +118,11 @@ func run(log *slog.Logger, cfg config) (res *Results, err error) {
 		}
 		defer os.RemoveAll(dir)
 	}
-	root, err := dircluster.ModuleRoot()
+	bins, err := testkit.Build(dir, "directory")
 	if err != nil {
 		return nil, err
 	}
-	bin, err := dircluster.Build(root, dir)
-	if err != nil {
-		return nil, err
-	}
-	c, err := dircluster.Start(bin, dir, 3, append([]string{"--lease", "1h", "--log-level", "warn"}, cfg.nodeFlags...)...)
+	c, err := fleet.StartDirectory(bins["directory"], dir, 3, append([]string{"--lease", "1h", "--log-level", "warn"}, cfg.nodeFlags...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +130,7 @@ func run(log *slog.Logger, cfg config) (res *Results, err error) {
 		c.Stop()
 		if cfg.logs || err != nil {
 			for _, n := range c.Nodes {
-				fmt.Fprintf(os.Stderr, "---- %s\n%s\n", n.ID, tail(n.Log(), 40))
+				fmt.Fprintf(os.Stderr, "---- %s\n%s\n", n.ID, n.Tail(40))
 			}
 		}
 	}()
@@ -147,7 +144,7 @@ func run(log *slog.Logger, cfg config) (res *Results, err error) {
 		MatchChain: cfg.chain, Targets: map[string]string{
 			"events_per_sec": ">= 1000000", "publish_commit_p99_ms": "<= 50", "match_p99_us": "<= 500",
 		}}
-	wl := indexshape.Generate(indexshape.Full.Scaled(cfg.scale))
+	wl := radixtest.Generate(radixtest.Full.Scaled(cfg.scale))
 	res.Workers = wl.Shape.Workers
 	work := batches(wl, cfg.batchBlocks)
 	for _, b := range work {
@@ -197,7 +194,7 @@ func run(log *slog.Logger, cfg config) (res *Results, err error) {
 
 // batches turns the workload into each worker's event batches: its system
 // prompts, then its sessions turn by turn, packed up to max blocks a batch.
-func batches(wl *indexshape.Workload, max int) [][]*kvdirv1.EventBatch {
+func batches(wl *radixtest.Workload, max int) [][]*kvdirv1.EventBatch {
 	pieces := make([][]*kvdirv1.StoredBlocks, wl.Shape.Workers)
 	for i, sys := range wl.Systems {
 		for _, h := range wl.SystemHolders[i] {
@@ -221,7 +218,7 @@ func batches(wl *indexshape.Workload, max int) [][]*kvdirv1.EventBatch {
 		n := 0
 		for _, p := range ps {
 			if cur == nil || n+len(p.Hashes) > max {
-				cur = &kvdirv1.EventBatch{WorkerId: indexshape.WorkerName(w)}
+				cur = &kvdirv1.EventBatch{WorkerId: radixtest.WorkerName(w)}
 				out[w] = append(out[w], cur)
 				n = 0
 			}
@@ -234,12 +231,12 @@ func batches(wl *indexshape.Workload, max int) [][]*kvdirv1.EventBatch {
 
 // publishAll registers every worker on the leader and publishes their
 // batches on one stream each, inflight batches at a time.
-func publishAll(log *slog.Logger, leader *dircluster.Node, work [][]*kvdirv1.EventBatch, inflight int, res *Results) error {
+func publishAll(log *slog.Logger, leader *fleet.DirNode, work [][]*kvdirv1.EventBatch, inflight int, res *Results) error {
 	agent := kvdirv1.NewAgentServiceClient(leader.Conn())
 	ctx := context.Background()
 	for w, bs := range work {
 		reg, err := agent.Register(ctx, &kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{
-			Id: indexshape.WorkerName(w), BlockSize: 16, Model: "bench", Address: "http://127.0.0.1:1",
+			Id: radixtest.WorkerName(w), BlockSize: 16, Model: "bench", Address: "http://127.0.0.1:1",
 		}})
 		if err != nil {
 			return fmt.Errorf("register: %w", err)
@@ -331,7 +328,7 @@ func publishWorker(ctx context.Context, agent kvdirv1.AgentServiceClient, bs []*
 // every worker in turn removes its last stored piece and stores it again,
 // one batch each, paced so that all together offer rate block events per
 // second. The index ends as it began.
-func pacedLatency(leader *dircluster.Node, wl *indexshape.Workload, work [][]*kvdirv1.EventBatch, rate int, d time.Duration, res *Results) error {
+func pacedLatency(leader *fleet.DirNode, wl *radixtest.Workload, work [][]*kvdirv1.EventBatch, rate int, d time.Duration, res *Results) error {
 	agent := kvdirv1.NewAgentServiceClient(leader.Conn())
 	ctx := context.Background()
 	var (
@@ -425,7 +422,7 @@ func pacedLatency(leader *dircluster.Node, wl *indexshape.Workload, work [][]*kv
 
 // converge waits until every running node has the same applied index and
 // digest.
-func converge(c *dircluster.Cluster, timeout time.Duration) error {
+func converge(c *fleet.Directory, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last string
 	for time.Now().Before(deadline) {
@@ -460,7 +457,7 @@ func converge(c *dircluster.Cluster, timeout time.Duration) error {
 // timeMatches times Match of size-block chains against node n, interleaved
 // with the cheapest call there is (a gRPC health check) as the baseline of
 // what any call costs on this machine.
-func timeMatches(n *dircluster.Node, wl *indexshape.Workload, size, count int) (p50, p99, base50, base99 float64, err error) {
+func timeMatches(n *fleet.DirNode, wl *radixtest.Workload, size, count int) (p50, p99, base50, base99 float64, err error) {
 	var chains [][]uint64
 	for i := range wl.Sessions {
 		if c := wl.Chain(i, size); len(c) == size {
@@ -512,12 +509,12 @@ func newestSnapshotSize(dir string) int64 {
 	if len(names) == 0 {
 		return 0
 	}
-	return dircluster.DirSize(filepath.Join(dir, names[len(names)-1]))
+	return fleet.DirSize(filepath.Join(dir, names[len(names)-1]))
 }
 
 // restartCatchup kills a follower, restarts it on its data directory and
 // times how long until it has applied what the leader had committed.
-func restartCatchup(c *dircluster.Cluster, follower int) (float64, error) {
+func restartCatchup(c *fleet.Directory, follower int) (float64, error) {
 	n := c.Nodes[follower]
 	n.Kill9()
 	var target uint64
@@ -553,9 +550,4 @@ func pct(ds []time.Duration, q float64) float64 {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return float64(s[int(q*float64(len(s)-1))].Nanoseconds()) / 1e3
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
