@@ -20,7 +20,8 @@ import (
 type Proc struct {
 	Name string
 	// Env is added to the child's environment: the test's own, less every
-	// KVDIR_ variable, so that the host's configuration does not leak in.
+	// KVDIR* variable (KVDIR_, KVDIRCTL_...), so that the host's configuration
+	// does not leak in.
 	Env []string
 
 	bin  string
@@ -75,7 +76,7 @@ func (p *Proc) Start() error {
 	}
 	cmd := exec.Command(p.bin, p.args...)
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KVDIR_") {
+		if !strings.HasPrefix(kv, "KVDIR") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}

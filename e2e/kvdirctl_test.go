@@ -1,16 +1,19 @@
-package main
+package e2e
 
 import (
 	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,7 +43,7 @@ type testEnv struct {
 
 func startEnv(t *testing.T) *testEnv {
 	t.Helper()
-	bins := testkit.Binaries(t, "directory", "enginesim", "agent", "router")
+	bins := testkit.Binaries(t, "directory", "enginesim", "agent", "router", "kvdirctl")
 	c, err := fleet.StartDirectory(bins["directory"], filepath.Join(t.TempDir(), "cluster"), 3, "--log-level", "warn", "--load-interval", "100ms")
 	if err != nil {
 		t.Fatal(err)
@@ -98,11 +101,44 @@ func startEnv(t *testing.T) *testEnv {
 	return e
 }
 
+// kvdirctl's exit codes.
+const (
+	exitError = 1
+	exitUsage = 2
+)
+
+// ctl runs the kvdirctl binary with args, no KVDIR* variable in its
+// environment, and returns its stdout, stderr and exit status.
+func ctl(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(testkit.Binary(t, "kvdirctl"), args...)
+	cmd.Env = cleanEnv()
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("kvdirctl %s: %v", strings.Join(args, " "), err)
+	}
+	return out.String(), errb.String(), cmd.ProcessState.ExitCode()
+}
+
+// cleanEnv is the test's environment without kvdir's own variables.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KVDIR") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
 // ctlOK runs kvdirctl against the cluster and fails the test unless it
 // exits 0.
 func (e *testEnv) ctlOK(t *testing.T, args ...string) string {
 	t.Helper()
-	out, errOut, code := ctl(t, nil, append([]string{"--directory", e.addrs}, args...)...)
+	out, errOut, code := ctl(t, append([]string{"--directory", e.addrs}, args...)...)
 	if code != 0 {
 		t.Fatalf("kvdirctl %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, out, errOut)
 	}
@@ -235,10 +271,7 @@ func chainOf(t *testing.T, m []tokenize.Message) ([]uint32, []uint64) {
 // to the engines; sessions are recorded as the router records them; every
 // command's table and JSON output is checked against what the engines
 // report.
-func TestCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
+func TestKvdirctlCluster(t *testing.T) {
 	e := startEnv(t)
 	simA, simB := e.sims[workerA], e.sims[workerB]
 
@@ -421,7 +454,7 @@ func TestCluster(t *testing.T) {
 		if len(pv.Sessions) != 1 || pv.Sessions[0].Session.ID != "review-01" || len(pv.Sessions[0].Holders) != 1 || pv.Sessions[0].Holders[0].Worker != workerB {
 			t.Errorf("who-holds --prefix review: %+v", pv.Sessions)
 		}
-		_, errOut, code := ctl(t, nil, "--directory", e.addrs, "who-holds", "no-such-session")
+		_, errOut, code := ctl(t, "--directory", e.addrs, "who-holds", "no-such-session")
 		if code != exitError || !strings.Contains(errOut, `session "no-such-session" is not recorded`) || !strings.Contains(errOut, "kvdirctl sessions") {
 			t.Errorf("unknown session: exit %d, %q", code, errOut)
 		}
@@ -537,16 +570,28 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("watch", func(t *testing.T) {
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		var out, errb syncBuffer
-		done := make(chan int)
-		go func() {
-			done <- run(ctx, []string{"--directory", e.addrs, "status", "--watch", "--interval", "100ms", "-o", "json"}, env(nil), &out, &errb)
-		}()
+		cmd := exec.Command(testkit.Binary(t, "kvdirctl"), "--directory", e.addrs, "status", "--watch", "--interval", "100ms", "-o", "json")
+		cmd.Env = cleanEnv()
+		var out, errb testkit.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
 		testkit.Eventually(t, 10*time.Second, "two refreshes", func() (bool, string) { return strings.Count(out.String(), `"digests"`) >= 2, "" })
-		cancel()
-		if code := <-done; code != 0 {
+		// SIGTERM ends the watch as cancelling its context does.
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Fatal("the watch did not stop within 10s of SIGTERM")
+		}
+		if code := cmd.ProcessState.ExitCode(); code != 0 {
 			t.Fatalf("watch: exit %d, %s", code, errb.String())
 		}
 		dec := json.NewDecoder(strings.NewReader(out.String()))
@@ -564,12 +609,12 @@ func TestCluster(t *testing.T) {
 	t.Run("failover-and-errors", func(t *testing.T) {
 		dead := testkit.FreeAddrs(t, 2)
 		d1, d2 := dead[0], dead[1]
-		out, errOut, code := ctl(t, nil, "--directory", d1+","+e.addrs, "workers")
+		out, errOut, code := ctl(t, "--directory", d1+","+e.addrs, "workers")
 		if code != 0 || !strings.Contains(out, workerA) || !strings.Contains(out, workerB) {
 			t.Fatalf("first address down: exit %d\n%s\n%s", code, out, errOut)
 		}
 		start := time.Now()
-		out, errOut, code = ctl(t, nil, "--directory", d1+","+d2, "--timeout", "1s", "sessions")
+		out, errOut, code = ctl(t, "--directory", d1+","+d2, "--timeout", "1s", "sessions")
 		if code != exitError || out != "" {
 			t.Fatalf("unreachable cluster: exit %d, stdout %q", code, out)
 		}
@@ -581,11 +626,11 @@ func TestCluster(t *testing.T) {
 		if took := time.Since(start); took > 5*time.Second {
 			t.Errorf("unreachable cluster took %v with --timeout 1s", took)
 		}
-		_, errOut, code = ctl(t, nil, "--directory", e.addrs, "workers", "get", "no-such-worker")
+		_, errOut, code = ctl(t, "--directory", e.addrs, "workers", "get", "no-such-worker")
 		if code != exitError || !strings.Contains(errOut, `worker "no-such-worker" is not known`) {
 			t.Errorf("unknown worker: exit %d, %q", code, errOut)
 		}
-		_, errOut, code = ctl(t, nil, "--directory", e.addrs, "match", "--chat", "hi", "--model")
+		_, errOut, code = ctl(t, "--directory", e.addrs, "match", "--chat", "hi", "--model")
 		if code != exitUsage {
 			t.Errorf("match --model without value: exit %d, %q", code, errOut)
 		}
