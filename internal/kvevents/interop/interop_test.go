@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/kvevents"
+	"github.com/kvdir/kvdir/internal/testkit"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -45,6 +46,7 @@ var pythonCheck struct {
 // python3-zmq or python3-msgpack is missing.
 func requirePython(t *testing.T) {
 	t.Helper()
+	testkit.SkipIfShort(t, "runs python3 with Debian's python3-zmq and python3-msgpack")
 	pythonCheck.once.Do(func() {
 		pythonCheck.out, pythonCheck.err = exec.Command(python, "-c", "import zmq, msgpack").CombinedOutput()
 	})
