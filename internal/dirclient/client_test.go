@@ -52,6 +52,7 @@ func TestNewNeedsAnAddress(t *testing.T) {
 
 func TestFailoverFromDeadAddress(t *testing.T) {
 	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
 	dead := deadAddr(t)
 	ctx := testCtx(t, 20*time.Second)
 
@@ -130,6 +131,7 @@ func learnLeader(t *testing.T, c *dirtest.Cluster, cl *Client) int {
 
 func TestWritesPreferLeader(t *testing.T) {
 	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
 	l := c.Leader()
 	fs := c.Followers()
 	addrs := []string{c.APIAddr(fs[0]), c.APIAddr(fs[1]), c.APIAddr(l)}
@@ -182,6 +184,7 @@ func TestWritesPreferLeader(t *testing.T) {
 
 func TestDirectoryAndAdminCalls(t *testing.T) {
 	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
 	cl := newClient(t, Config{Addrs: c.APIAddrs()})
 	ctx := testCtx(t, 30*time.Second)
 
@@ -336,6 +339,7 @@ func TestDirectoryAndAdminCalls(t *testing.T) {
 func TestTokens(t *testing.T) {
 	tokens := node.Tokens{Agent: "agent-secret", Router: "router-secret", Admin: "admin-secret"}
 	c := dirtest.New(t, 3, dirConfig(tokens))
+	c.WaitMembers()
 	ctx := testCtx(t, 30*time.Second)
 
 	anon := newClient(t, Config{Addrs: c.APIAddrs()})
@@ -410,6 +414,7 @@ func TestTokens(t *testing.T) {
 
 func TestWatchWorkersReconnects(t *testing.T) {
 	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
 	f := c.Followers()[0]
 	addrs := []string{c.APIAddr(f)}
 	for i, a := range c.APIAddrs() {

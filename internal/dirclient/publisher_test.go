@@ -82,6 +82,7 @@ func checkDelivered(t *testing.T, c *dirtest.Cluster, cl *Client, p *Publisher, 
 
 func TestPublisherDeliversEveryBatchOnce(t *testing.T) {
 	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
 	cl := newClient(t, Config{Addrs: c.APIAddrs()})
 	ctx := testCtx(t, 30*time.Second)
 	reg, err := cl.Register(ctx, spec("w1"))
@@ -103,6 +104,7 @@ func TestPublisherDeliversEveryBatchOnce(t *testing.T) {
 
 func TestPublisherSurvivesLeaderShutdown(t *testing.T) {
 	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
 	cl := newClient(t, Config{Addrs: c.APIAddrs()})
 	ctx := testCtx(t, 40*time.Second)
 	reg, err := cl.Register(ctx, spec("w1"))
@@ -139,6 +141,7 @@ func TestPublisherSurvivesLeaderShutdown(t *testing.T) {
 
 func TestPublisherStaleEpoch(t *testing.T) {
 	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
 	cl := newClient(t, Config{Addrs: c.APIAddrs()})
 	ctx := testCtx(t, 30*time.Second)
 	reg1, err := cl.Register(ctx, spec("w1"))

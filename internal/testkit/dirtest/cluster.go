@@ -38,9 +38,9 @@ type Cluster struct {
 
 // New starts size nodes, each configured by cfg (nil for the defaults:
 // 100 ms heartbeat and election timeouts, one-minute leases, 1 s maximum
-// staleness), and waits until they have a leader and every node knows
-// every member's API address (so that followers forward and answers carry
-// the leader header). The cluster shuts down at the end of t.
+// staleness), and waits until they have a leader and every node knows the
+// leader's API address (so that followers forward writes). The cluster
+// shuts down at the end of t.
 func New(t testing.TB, size int, cfg func(i int, c *node.Config)) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t}
@@ -60,19 +60,37 @@ func New(t testing.TB, size int, cfg func(i int, c *node.Config)) *Cluster {
 		c.apis = append(c.apis, n.APIAddr())
 	}
 	c.Leader()
-	testkit.Eventually(t, 10*time.Second, "every node to know every member's API address", func() (bool, string) {
-		for i := range c.nodes {
-			n := c.Node(i)
-			if len(n.FSM().Members()) < size {
-				return false, fmt.Sprintf("%s knows %v", n.ID(), n.FSM().Members())
-			}
-			if _, leader := n.Raft().LeaderWithID(); leader == "" {
+	testkit.Eventually(t, 10*time.Second, "every node to know the leader's API address", func() (bool, string) {
+		for _, n := range c.Nodes() {
+			_, leader := n.Raft().LeaderWithID()
+			if leader == "" {
 				return false, n.ID() + " knows no leader"
+			}
+			if string(leader) != n.ID() && n.FSM().MemberAPI(string(leader)) == "" {
+				return false, fmt.Sprintf("%s lacks the API address of %s", n.ID(), leader)
 			}
 		}
 		return true, ""
 	})
 	return c
+}
+
+// WaitMembers waits until every running node knows every running node's
+// API address (so that every answer carries the leader header and clients
+// can be told about every member).
+func (c *Cluster) WaitMembers() {
+	c.t.Helper()
+	testkit.Eventually(c.t, 10*time.Second, "every node to know every member's API address", func() (bool, string) {
+		nodes := c.Nodes()
+		for _, n := range nodes {
+			for _, m := range nodes {
+				if n.FSM().MemberAPI(m.ID()) == "" {
+					return false, fmt.Sprintf("%s knows %v", n.ID(), n.FSM().Members())
+				}
+			}
+		}
+		return true, ""
+	})
 }
 
 func id(i int) string { return fmt.Sprintf("n%d", i) }
