@@ -2,8 +2,6 @@ package replay
 
 import (
 	"context"
-	"log/slog"
-	"os"
 	"os/exec"
 	"testing"
 
@@ -26,7 +24,7 @@ func TestCompareLive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Compare{Fleet: f, Routers: 2, Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	c := &Compare{Fleet: f, Routers: 2, Log: testkit.Logger(t),
 		Base: Config{Records: recs, TraceBlockSize: workload.DefaultBlockSize, EngineBlockSize: 16, Model: "llama3-8b", TimeScale: 0.02}}
 	if _, err := exec.LookPath("haproxy"); err != nil {
 		t.Fatal("haproxy is not installed; the HAProxy baseline needs it (make test-deps installs Debian's package)")
@@ -67,7 +65,7 @@ func TestRunEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep, err := RunEndpoint(ctx, Options{Trace: "gen", Records: recs, TraceBlockSize: workload.DefaultBlockSize,
-		TimeScale: 0.02, Model: "llama3-8b", Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))},
+		TimeScale: 0.02, Model: "llama3-8b", Log: testkit.Logger(t)},
 		f.Engines[0].URL, nil)
 	if err != nil {
 		t.Fatal(err)
