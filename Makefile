@@ -39,9 +39,10 @@ fmt-check: ## Fail if any Go file is not gofmt'd
 #          e2e/ (real processes on loopback), deploy/grafana's live
 #          dashboard check, the libzmq interop test (python3), the replay
 #          comparison (haproxy), long randomised runs
-#   chaos  faults on the compose cluster under load (Docker; deploy/Makefile.inc)
+#   chaos  faults on the compose cluster under load (Docker; deploy/Makefile.inc;
+#          its own tier, so deploy/chaos is not in E2E_PKGS)
 E2E_PKGS = $(shell grep -rlE --include='*_test.go' 'testing[.]Short|testkit[.]SkipIfShort|testkit[.]Binar|testkit[.]StartProc|fleet[.]New' . \
-	| grep -v '^\./internal/testkit/' | xargs -r -n1 dirname | sort -u)
+	| grep -v -e '^\./internal/testkit/' -e '^\./deploy/chaos/' | xargs -r -n1 dirname | sort -u)
 
 .PHONY: test
 test: test-unit test-e2e test-chaos ## Every tier CI runs: vet, format check, then unit, e2e and chaos tests (race detector)

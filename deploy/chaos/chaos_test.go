@@ -43,6 +43,7 @@ var faults = []fault{
 // injects the faults of issue 8 one after another and checks the invariants
 // after each; it writes bench/results/chaos.json (or $KVDIR_CHAOS_OUT).
 func TestChaos(t *testing.T) {
+	testkit.SkipIfShort(t, "drives the compose cluster on Docker")
 	if os.Getenv("KVDIR_CHAOS") != "1" {
 		t.Skip("chaos tests need Docker; run them with `make test-chaos` (KVDIR_CHAOS=1)")
 	}
