@@ -160,12 +160,12 @@ func checkHeld(t *testing.T, n *fleet.DirNode, p *publisher) {
 	}
 }
 
-// TestDirectoryKillAndRestart runs three directory processes (set TEST_DUMP_LOGS=1
+// TestClusterProcesses runs three directory processes (set TEST_DUMP_LOGS=1
 // to see their logs even when it passes): publishing through a
 // follower survives a kill -9 of the leader without losing an acknowledged
 // batch, the killed node catches up after a restart, and SIGTERM on the
 // leader hands leadership over and exits 0.
-func TestDirectoryKillAndRestart(t *testing.T) {
+func TestClusterProcesses(t *testing.T) {
 	start := time.Now()
 	c := startDirectory(t, 3,
 		"--heartbeat-timeout", "250ms", "--election-timeout", "250ms",

@@ -89,9 +89,9 @@ func systemPrompt(i int) string {
 	return fmt.Sprintf("Tenant %d. ", i) + strings.Repeat(fmt.Sprintf("You are assistant number %d of the serving team; answer briefly and cite the runbook. ", i), 12)
 }
 
-// TestRouterEndToEnd runs real processes: a 3-node directory, three engine
+// TestEndToEnd runs real processes: a 3-node directory, three engine
 // simulators with their agents, and two routers sharing the directory.
-func TestRouterEndToEnd(t *testing.T) {
+func TestEndToEnd(t *testing.T) {
 	ctx := context.Background()
 	f := fleet.New(t, fleet.Config{Engines: 3, Routers: 2,
 		EngineArgs: []string{"--time-scale", "0.02", "--default-max-tokens", "4"},

@@ -27,7 +27,7 @@ func TestCompareLive(t *testing.T) {
 	c := &Compare{Fleet: f, Routers: 2, Log: testkit.Logger(t),
 		Base: Config{Records: recs, TraceBlockSize: workload.DefaultBlockSize, EngineBlockSize: 16, Model: "llama3-8b", TimeScale: 0.02}}
 	if _, err := exec.LookPath("haproxy"); err != nil {
-		t.Fatal("haproxy is not installed; the HAProxy baseline needs it (make test-deps installs Debian's package)")
+		t.Fatal("haproxy is not installed; the HAProxy baseline needs it (make deps installs Debian's package)")
 	}
 	policies := []string{"round-robin", "kvdir", HAProxy}
 	hit := map[string]float64{}

@@ -22,9 +22,6 @@ import (
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
-// buildBinary compiles ./cmd/<name> into dir, as dircluster.Build does for
-// the directory.
-
 const workerID = "enginesim-0"
 
 func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error) {
@@ -156,7 +153,7 @@ func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error
 	res.E2ELagP50ms = pct(lags, 0.50)
 	res.E2ELagP99ms = pct(lags, 0.99)
 	res.E2ELagMaxms = float64(lags[len(lags)-1]) / 1e6
-	res.E2EMethod = fmt.Sprintf("3 cmd/directory processes (dircluster), one cmd/enginesim (--time-scale %g, llama3-8b profile) and one cmd/agent (default 10 ms batch interval) on loopback; "+
+	res.E2EMethod = fmt.Sprintf("3 cmd/directory processes (internal/testkit/fleet), one cmd/enginesim (--time-scale %g, llama3-8b profile) and one cmd/agent (default 10 ms batch interval) on loopback; "+
 		"%d clients send streaming chat requests (shared ~200-token system prompt, unique 150-450-word user message, max_tokens 16); "+
 		"t0 = arrival of the first content chunk (the engine publishes the prefill step's events just before it delivers that token); "+
 		"then DirectoryService.Match (TokenQuery: locally rendered ChatML/cl100k prompt, namespace model=%s block_size=16) is polled on a follower every 0.5 ms "+
