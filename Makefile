@@ -8,6 +8,8 @@ BENCH_OUT ?= bench/results/index.json
 BUF_VERSION                ?= v1.75.0
 PROTOC_GEN_GO_VERSION      ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
+# The linter, pinned (v0.8.2 is staticcheck 2026.2.2); `make verify` installs it into ./bin.
+STATICCHECK_VERSION        ?= v0.8.2
 BIN := $(CURDIR)/bin
 
 include deploy/Makefile.inc
@@ -22,6 +24,15 @@ help: ## List the targets
 build: ## Compile every package and command
 	$(GO) build ./...
 
+.PHONY: bin
+bin: ## Build the binaries the docs run into ./bin: directory, agent, router, enginesim, kvdirctl, kvbench
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/directory ./cmd/agent ./cmd/router ./cmd/enginesim ./cmd/kvdirctl ./bench/cmd/kvbench
+
+.PHONY: dev
+dev: bin ## A local fleet until Ctrl-C: 3 directory nodes, 2 enginesims with agents, a router; prints their addresses
+	$(BIN)/kvbench dev $(DEV_ARGS)
+
 .PHONY: vet
 vet: ## go vet
 	$(GO) vet ./...
@@ -31,13 +42,36 @@ fmt-check: ## Fail if any Go file is not gofmt'd
 	@out=$$(gofmt -l .); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+.PHONY: verify
+verify: tidy-check fmt-check vet staticcheck proto-check ## Static checks CI runs: go.mod tidy, gofmt, vet, staticcheck, generated protobuf current
+
+.PHONY: tidy-check
+tidy-check: ## Fail if go.mod or go.sum is not tidy (go mod tidy -diff prints the fix)
+	$(GO) mod tidy -diff
+
+.PHONY: staticcheck
+staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION) ## staticcheck (pinned) on every package
+	$(BIN)/staticcheck ./...
+
+.PHONY: proto-check
+proto-check: tools ## Fail if the generated code in proto/ is not what buf generate writes from the .proto files (run `make proto`)
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	PATH="$(BIN):$$PATH" buf lint || exit 1; \
+	PATH="$(BIN):$$PATH" buf generate -o "$$tmp" || exit 1; \
+	stale=0; \
+	for f in $$( { (cd proto && find . -name '*.pb.go'); (cd "$$tmp/proto" && find . -name '*.pb.go'); } | sort -u); do \
+	  if ! cmp -s "proto/$$f" "$$tmp/proto/$$f"; then echo "stale or missing: proto/$${f#./}" >&2; stale=1; fi; \
+	done; \
+	if [ $$stale = 1 ]; then echo "proto/: generated code is not current; run make proto and commit it" >&2; exit 1; fi; \
+	echo "proto/: generated code is current"
+
 # The test tiers. `make test` runs every tier CI runs, in order; each can
 # also be run alone.
 #   unit   go test -race -short: no child process, no binary, nothing
 #          beyond Go (a test that needs more calls testkit.SkipIfShort)
 #   e2e    the tests -short skips, in full, in every package that has one:
-#          e2e/ (real processes on loopback), deploy/grafana's live
-#          dashboard check, the libzmq interop test (python3), the replay
+#          e2e/ (real processes on loopback, the live dashboard check
+#          among them), the libzmq interop test (python3), the replay
 #          comparison (haproxy), long randomised runs
 #   chaos  faults on the compose cluster under load (Docker; deploy/Makefile.inc;
 #          its own tier, so deploy/chaos is not in E2E_PKGS)
@@ -72,8 +106,8 @@ deps: ## Install what the tests need beyond Go when root (Debian: python3-zmq, p
 demo: ## The main job: directory, 4 enginesims+agents (70B, time-compressed), routers; a bundled agent trace under round-robin, session-hash, kvdir -> bench/results/demo.*
 	$(GO) run ./bench/cmd/kvbench demo
 
-# The public Mooncake trace (../shared/traces/README.md); any file of its format works.
-TRACE ?= ../shared/traces/mooncake_synthetic_trace.jsonl
+# The public Mooncake trace (Apache-2.0; origin in bench/testdata/README.md); any file of its format works.
+TRACE ?= bench/testdata/mooncake_synthetic_trace.jsonl
 
 .PHONY: bench-sim
 bench-sim: ## kvbench sim: every policy on TRACE, 8 x llama3-70b, KV 2x and 0.7x the working set, and at half rate -> bench/results/sim-mooncake-70b-*
@@ -138,6 +172,9 @@ $(BIN)/buf-$(BUF_VERSION):
 	@touch $@
 $(BIN)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION):
 	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	@touch $@
+$(BIN)/staticcheck-$(STATICCHECK_VERSION):
+	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	@touch $@
 $(BIN)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION):
 	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)

@@ -20,7 +20,8 @@ import (
 )
 
 // Report is one comparison: a trace run under several policies with the same
-// cluster. Field names are the issue's schema.
+// cluster. The JSON field names are a fixed schema: tools that read
+// bench/results/ depend on them.
 type Report struct {
 	Tool      string            `json:"tool"`    // "kvbench"
 	Mode      string            `json:"mode"`    // "sim" or "replay"

@@ -62,7 +62,7 @@ func testReport(t *testing.T) *Report {
 		Profile: "llama3-70b", KVBlocks: 100, BlockSize: 16, Policies: []Policy{p, q}}
 }
 
-// TestSchema checks the JSON field names the issue fixes.
+// TestSchema checks the JSON field names of the fixed report schema.
 func TestSchema(t *testing.T) {
 	r := testReport(t)
 	if err := r.Validate(); err != nil {

@@ -1,14 +1,15 @@
 // Package sim is kvbench's discrete-event simulator: it runs a trace, in
 // virtual time, through a real placement policy (internal/placement) in front
-// of N copies of the real engine model (internal/engine), with the directory's
-// view built from the engines' own KV-cache events the way the real system
-// builds it.
+// of N copies of the real engine model (internal/simengine), with the
+// directory's view built from the engines' own KV-cache events the way the
+// real system builds it.
 //
 // # What is real and what is modelled
 //
-//   - Engines: engine.Engine instances (paged prefix cache with LRU eviction,
-//     continuous batching with chunked prefill and preemption, calibrated step
-//     times), each driven on the virtual clock: a step starts when the previous
+//   - Engines: simengine.Engine instances (paged prefix cache with LRU eviction,
+//     continuous batching with chunked prefill and preemption, step times
+//     from a calibrated costmodel.Profile, the one the policy is given),
+//     each driven on the virtual clock: a step starts when the previous
 //     one ends, or when a request arrives at an idle engine.
 //   - Directory: each engine's event batches go through the agent's real
 //     Translator (engine hashes to content hashes) into one real radix index,
@@ -47,10 +48,11 @@ import (
 	"github.com/kvdir/kvdir/bench/workload"
 	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/blockhash"
-	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/radix"
+	"github.com/kvdir/kvdir/internal/simengine"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -76,9 +78,9 @@ type Config struct {
 	// Impl, if set, is used instead of placement.New(Policy, ...) (for
 	// experiments with policy variants); Policy still names it in results.
 	Impl     placement.Policy
-	Profile  engine.Profile // engine timing model, also given to the policy
-	Replicas int            // engines
-	KVBlocks int            // KV-cache blocks per engine
+	Profile  costmodel.Profile // engine timing model, also given to the policy
+	Replicas int               // engines
+	KVBlocks int               // KV-cache blocks per engine
 	// BlockSize, MaxBatchedTokens and MaxRunning configure every engine
 	// (zero: the engine's defaults, 16, 8192, 256).
 	BlockSize        int
@@ -119,10 +121,10 @@ func (c *Config) fill(recs []workload.Record) error {
 		c.TraceBlockSize = workload.DefaultBlockSize
 	}
 	if c.BlockSize == 0 {
-		c.BlockSize = engine.DefaultBlockSize
+		c.BlockSize = simengine.DefaultBlockSize
 	}
 	if c.MaxBatchedTokens == 0 {
-		c.MaxBatchedTokens = engine.DefaultMaxBatchedTokens
+		c.MaxBatchedTokens = simengine.DefaultMaxBatchedTokens
 	}
 	if c.TimeScale == 0 {
 		c.TimeScale = 1
@@ -175,16 +177,16 @@ func SessionKey(r *workload.Record) string {
 type replica struct {
 	idx  int
 	id   string
-	eng  *engine.Engine
+	eng  *simengine.Engine
 	tr   *agent.Translator
-	sink []engine.EventBatch // published, not yet visible
+	sink []simengine.EventBatch // published, not yet visible
 
-	busy bool               // a step is in progress
-	step engine.StepResult  // the step in progress
-	load placement.Load     // engine gauges as of the last finished step
-	spec []specEntry        // the router's speculative entries, oldest first
-	evs  []*kvdirv1.Event   // translation buffer
-	res  map[string]*reqRef // requests in flight here
+	busy bool                 // a step is in progress
+	step simengine.StepResult // the step in progress
+	load placement.Load       // engine gauges as of the last finished step
+	spec []specEntry          // the router's speculative entries, oldest first
+	evs  []*kvdirv1.Event     // translation buffer
+	res  map[string]*reqRef   // requests in flight here
 
 	inFlight, queued int // router accounting
 	peakQueue        int
@@ -263,10 +265,10 @@ func Run(ctx context.Context, recs []workload.Record, ideal []int, cfg Config) (
 	for i := range cfg.Replicas {
 		r := &replica{idx: i, id: fmt.Sprintf("r%d", i), res: make(map[string]*reqRef)}
 		r.tr = agent.NewTranslator(cfg.Model, max(agent.DefaultMapCapacity, 4*cfg.KVBlocks), quiet)
-		r.eng, err = engine.New(engine.Config{
+		r.eng, err = simengine.New(simengine.Config{
 			Profile: cfg.Profile, BlockSize: cfg.BlockSize, CapacityBlocks: cfg.KVBlocks,
 			MaxBatchedTokens: cfg.MaxBatchedTokens, MaxRunning: cfg.MaxRunning, Seed: uint64(cfg.Seed),
-		}, engine.SinkFunc(func(b engine.EventBatch) { r.sink = append(r.sink, b) }))
+		}, simengine.SinkFunc(func(b simengine.EventBatch) { r.sink = append(r.sink, b) }))
 		if err != nil {
 			return report.Policy{}, fmt.Errorf("sim: replica %d: %w", i, err)
 		}
@@ -417,9 +419,9 @@ func (s *state) arrive(i int) error {
 	}
 	r := s.reps[d.Index]
 	id := strconv.Itoa(i)
-	err = r.eng.Submit(now, engine.Request{ID: id, Tokens: s.tokens, MaxTokens: rec.OutputLength, Namespace: s.cfg.Model})
+	err = r.eng.Submit(now, simengine.Request{ID: id, Tokens: s.tokens, MaxTokens: rec.OutputLength, Namespace: s.cfg.Model})
 	switch {
-	case errors.Is(err, engine.ErrTooLong):
+	case errors.Is(err, simengine.ErrTooLong):
 		s.done[i] = true
 		s.samples = append(s.samples, report.Sample{Replica: r.idx, PromptTokens: len(s.tokens), Rejected: true,
 			Arrival: now, FirstToken: now, Finish: now})
@@ -494,8 +496,8 @@ func (s *state) flush(now time.Duration) error {
 
 // apply translates one engine batch the agent's way and applies it to the
 // index the directory's way.
-func (s *state) apply(r *replica, b engine.EventBatch) error {
-	r.evs, _ = r.tr.Translate(r.evs[:0], kvevents.Batch{TS: b.Time.Seconds(), Events: engine.WireEvents(b.Events)})
+func (s *state) apply(r *replica, b simengine.EventBatch) error {
+	r.evs, _ = r.tr.Translate(r.evs[:0], kvevents.Batch{TS: b.Time.Seconds(), Events: b.Events})
 	for _, ev := range r.evs {
 		switch k := ev.Kind.(type) {
 		case *kvdirv1.Event_Stored:

@@ -7,8 +7,9 @@ import (
 	"testing"
 
 	"github.com/kvdir/kvdir/bench/workload"
-	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/placement"
+	"github.com/kvdir/kvdir/internal/simengine"
 )
 
 // smallTrace is a few dozen chat sessions with shared system prompts.
@@ -21,12 +22,12 @@ func smallTrace(t *testing.T) ([]workload.Record, []int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return recs, workload.IdealHits(recs, workload.DefaultBlockSize, engine.DefaultBlockSize)
+	return recs, workload.IdealHits(recs, workload.DefaultBlockSize, simengine.DefaultBlockSize)
 }
 
 func config(t *testing.T, policy string, kvBlocks int) Config {
 	t.Helper()
-	prof, err := engine.ProfileByName("llama3-8b")
+	prof, err := costmodel.ProfileByName("llama3-8b")
 	if err != nil {
 		t.Fatal(err)
 	}

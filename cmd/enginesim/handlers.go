@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/openai"
+	"github.com/kvdir/kvdir/internal/simengine"
 )
 
 // cl100kRanks is the number of ordinary cl100k tokens; generated ids are
@@ -153,8 +153,8 @@ func (s *server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		ids = s.tmpl.RenderCompletion(req.Prompt.Text)
 	}
 	for i, id := range ids {
-		if id >= engine.VocabSize {
-			badRequest(w, "token id %d at position %d is out of vocabulary (size %d)", id, i, engine.VocabSize)
+		if id >= simengine.VocabSize {
+			badRequest(w, "token id %d at position %d is out of vocabulary (size %d)", id, i, simengine.VocabSize)
 			return
 		}
 	}
@@ -217,7 +217,7 @@ func (s *server) tokenText(ids ...uint32) string {
 	return strings.ToValidUTF8(s.tok.Decode(folded), "\uFFFD")
 }
 
-func usageOf(res engine.Result, generated int) *openai.Usage {
+func usageOf(res simengine.Result, generated int) *openai.Usage {
 	return &openai.Usage{
 		PromptTokens:        res.PromptTokens,
 		CompletionTokens:    generated,
@@ -239,11 +239,11 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 	}
 	id := prefix + strconv.FormatUint(uint64(s.start.UnixNano()), 36) + "-" + strconv.FormatUint(s.nextID.Add(1), 10)
 	in := s.current()
-	st, err := in.runner.Submit(engine.Request{
+	st, err := in.runner.Submit(simengine.Request{
 		ID: id, Tokens: g.prompt, MaxTokens: g.maxTokens, Namespace: s.namespace(g.cacheSalt),
 	})
 	switch {
-	case errors.Is(err, engine.ErrTooLong), errors.Is(err, engine.ErrInvalidRequest):
+	case errors.Is(err, simengine.ErrTooLong), errors.Is(err, simengine.ErrInvalidRequest):
 		badRequest(w, "%v", err)
 		return
 	case err != nil:
@@ -316,7 +316,7 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 		}
 		return
 	}
-	if res.FinishReason == engine.FinishAbort && sw == nil {
+	if res.FinishReason == simengine.FinishAbort && sw == nil {
 		writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "request aborted by the engine (restart or shutdown)")
 		return
 	}
@@ -495,7 +495,7 @@ func (s *server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) handleResetPrefixCache(w http.ResponseWriter, _ *http.Request) {
 	if err := s.current().runner.Reset(); err != nil {
-		if errors.Is(err, engine.ErrCacheBusy) {
+		if errors.Is(err, simengine.ErrCacheBusy) {
 			writeError(w, http.StatusConflict, "ConflictError", "cannot reset the prefix cache while requests are running")
 			return
 		}

@@ -21,8 +21,9 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/envflag"
+	"github.com/kvdir/kvdir/internal/simengine"
 )
 
 // envPrefix prefixes the environment equivalents of the flags.
@@ -87,11 +88,11 @@ func newFlagSet(cfg *config, out io.Writer) *flag.FlagSet {
 	}
 	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:8000", "HTTP listen `address` (port 0 picks a free port)")
 	fs.StringVar(&cfg.model, "model", "llama3-8b", "model `name` served; requests naming another model get 404")
-	fs.StringVar(&cfg.profile, "profile", "llama3-8b", "timing profile: a built-in `name` ("+strings.Join(engine.ProfileNames(), ", ")+") or a JSON profile file path")
-	fs.IntVar(&cfg.blockSize, "block-size", engine.DefaultBlockSize, "tokens per KV block")
+	fs.StringVar(&cfg.profile, "profile", costmodel.DefaultProfileName, "timing profile: a built-in `name` ("+strings.Join(costmodel.ProfileNames(), ", ")+") or a JSON profile file path")
+	fs.IntVar(&cfg.blockSize, "block-size", simengine.DefaultBlockSize, "tokens per KV block")
 	fs.IntVar(&cfg.kvBlocks, "kv-blocks", 32768, "KV-cache capacity in `blocks`")
-	fs.IntVar(&cfg.maxBatchedTokens, "max-batched-tokens", engine.DefaultMaxBatchedTokens, "token budget per engine step (vLLM max_num_batched_tokens)")
-	fs.IntVar(&cfg.maxRunning, "max-running", engine.DefaultMaxRunning, "most running requests (vLLM max_num_seqs)")
+	fs.IntVar(&cfg.maxBatchedTokens, "max-batched-tokens", simengine.DefaultMaxBatchedTokens, "token budget per engine step (vLLM max_num_batched_tokens)")
+	fs.IntVar(&cfg.maxRunning, "max-running", simengine.DefaultMaxRunning, "most running requests (vLLM max_num_seqs)")
 	fs.IntVar(&cfg.maxModelLen, "max-model-len", 131072, "longest prompt + completion in `tokens` (capped at the KV capacity)")
 	fs.Float64Var(&cfg.timeScale, "time-scale", 1, "wall time per modelled time: 1 real time, 0.1 ten times faster, 0 never sleeps")
 	fs.Uint64Var(&cfg.seed, "seed", 0, "seeds block hashes and generated tokens")

@@ -13,8 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/kvevents"
+	"github.com/kvdir/kvdir/internal/simengine"
 	"github.com/kvdir/kvdir/internal/tokenize"
 )
 
@@ -28,7 +29,7 @@ type faults struct {
 
 // instance is one engine "process": a runner and its driving goroutine.
 type instance struct {
-	runner *engine.RealtimeRunner
+	runner *simengine.RealtimeRunner
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -37,7 +38,7 @@ type instance struct {
 // and the metrics.
 type server struct {
 	cfg      config
-	engCfg   engine.Config
+	engCfg   simengine.Config
 	log      *slog.Logger
 	tmpl     *tokenize.ChatML
 	tok      tokenize.Tokenizer
@@ -94,7 +95,7 @@ func newServer(ctx context.Context, cfg config, logger *slog.Logger) (*server, e
 		log:  logger,
 		tmpl: tmpl,
 		tok:  tmpl.Tokenizer(),
-		engCfg: engine.Config{
+		engCfg: simengine.Config{
 			Profile:          prof,
 			BlockSize:        cfg.blockSize,
 			CapacityBlocks:   cfg.kvBlocks,
@@ -130,10 +131,10 @@ func newServer(ctx context.Context, cfg config, logger *slog.Logger) (*server, e
 	return s, nil
 }
 
-func loadProfile(spec string) (engine.Profile, error) {
-	p, err := engine.ResolveProfile(spec)
+func loadProfile(spec string) (costmodel.Profile, error) {
+	p, err := costmodel.ResolveProfile(spec)
 	if err != nil {
-		return engine.Profile{}, fmt.Errorf("--profile: %w", err)
+		return costmodel.Profile{}, fmt.Errorf("--profile: %w", err)
 	}
 	return p, nil
 }
@@ -179,7 +180,7 @@ func newPublisher(ctx context.Context, cfg config) (*kvevents.Publisher, error) 
 
 // newInstance starts a fresh engine.
 func (s *server) newInstance() (*instance, error) {
-	r, err := engine.NewRealtimeRunner(s.engCfg, engine.SinkFunc(s.publishBatch), s.cfg.timeScale)
+	r, err := simengine.NewRealtimeRunner(s.engCfg, simengine.SinkFunc(s.publishBatch), s.cfg.timeScale)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -230,15 +231,15 @@ func (s *server) restart() error {
 	return nil
 }
 
-// publishBatch converts an engine batch to a vLLM KVEventBatch and publishes
-// it. It runs on the runner's goroutine.
-func (s *server) publishBatch(b engine.EventBatch) {
+// publishBatch publishes an engine batch as a vLLM KVEventBatch stamped with
+// the wall clock. It runs on the runner's goroutine.
+func (s *server) publishBatch(b simengine.EventBatch) {
 	if s.pub == nil {
 		return
 	}
 	out := kvevents.Batch{
 		TS:     float64(time.Now().UnixNano()) / 1e9,
-		Events: engine.WireEvents(b.Events),
+		Events: b.Events,
 	}
 	if _, err := s.pub.Publish(out); err != nil && !errors.Is(err, kvevents.ErrClosed) {
 		s.log.Warn("publish kv events", "err", err)

@@ -4,14 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvdir/kvdir/internal/clitable"
-	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/placement"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
@@ -98,7 +97,7 @@ asks the router itself.`,
 			if promptTokens < 0 {
 				return usageErrorf("--prompt-tokens must not be negative")
 			}
-			prof, err := loadProfile(profileName)
+			prof, err := costmodel.ResolveProfile(profileName)
 			if err != nil {
 				return &usageError{fmt.Errorf("--profile: %w", err)}
 			}
@@ -107,31 +106,13 @@ asks the router itself.`,
 	}
 	cmd.Flags().BoolVar(&prefix, "prefix", false, "treat SESSION as a session-id prefix and show every matching session")
 	cmd.Flags().Uint32Var(&limit, "limit", 20, "with --prefix: at most this many sessions")
-	cmd.Flags().StringVar(&profileName, "profile", "llama3-8b", "timing profile of the cost model: "+strings.Join(engine.ProfileNames(), ", ")+", or a JSON profile file")
+	cmd.Flags().StringVar(&profileName, "profile", costmodel.DefaultProfileName, "timing profile of the cost model: "+strings.Join(costmodel.ProfileNames(), ", ")+", or a JSON profile file")
 	cmd.Flags().IntVar(&promptTokens, "prompt-tokens", 0, "prompt length of the turn to place (default: the latest turn's)")
 	markEnv(cmd.Flags(), "profile")
 	return cmd
 }
 
-// loadProfile returns a named profile or one read from a file.
-func loadProfile(name string) (engine.Profile, error) {
-	if p, err := engine.ProfileByName(name); err == nil {
-		return p, nil
-	}
-	f, err := os.Open(name)
-	if err != nil {
-		return engine.Profile{}, fmt.Errorf("%q is neither a profile name (%s) nor a readable file: %w",
-			name, strings.Join(engine.ProfileNames(), ", "), err)
-	}
-	defer f.Close()
-	p, err := engine.LoadProfile(f)
-	if err != nil {
-		return engine.Profile{}, fmt.Errorf("profile file %s: %w", name, err)
-	}
-	return p, nil
-}
-
-func (a *app) whoHolds(ctx context.Context, target string, prefix bool, limit uint32, prof engine.Profile, promptTokens int) error {
+func (a *app) whoHolds(ctx context.Context, target string, prefix bool, limit uint32, prof costmodel.Profile, promptTokens int) error {
 	c, err := a.dir()
 	if err != nil {
 		return err
@@ -188,7 +169,7 @@ func (a *app) whoHolds(ctx context.Context, target string, prefix bool, limit ui
 
 // placeSession builds the holders and the cost-model placement of one
 // session.
-func (a *app) placeSession(sh *kvdirv1.SessionHolders, workers []*kvdirv1.Worker, prof engine.Profile, promptTokens int) (whoHoldsView, error) {
+func (a *app) placeSession(sh *kvdirv1.SessionHolders, workers []*kvdirv1.Worker, prof costmodel.Profile, promptTokens int) (whoHoldsView, error) {
 	r := sh.Session
 	v := whoHoldsView{Session: a.sessionView(r), ChainTokens: uint64(r.Blocks) * uint64(r.BlockSize),
 		Connected: len(sh.Holders) > 0, Profile: prof.Name, Holders: []holderView{}, Placement: []placementView{}}

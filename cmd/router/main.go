@@ -24,8 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/dirclient"
-	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/envflag"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/router"
@@ -88,7 +88,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*o
 	fs.StringVar(&o.policy, "policy", "kvdir", "placement policy: "+strings.Join(placement.Names(), ", "))
 	fs.StringVar(&o.fallback, "fallback-policy", "session-hash", "policy used when the directory cannot answer in time")
 	fs.StringVar(&o.sessionHeader, "session-header", router.DefaultSessionHeader, "request header that carries the session id (optional in requests)")
-	fs.StringVar(&o.profile, "profile", "llama3-8b", "kvdir cost model timing profile: a built-in `name` ("+strings.Join(engine.ProfileNames(), ", ")+") or a JSON file")
+	fs.StringVar(&o.profile, "profile", costmodel.DefaultProfileName, "kvdir cost model timing profile: a built-in `name` ("+strings.Join(costmodel.ProfileNames(), ", ")+") or a JSON file")
 	fs.IntVar(&o.hashBalance, "hash-balance-factor", 150, "session-hash load bound, percent of the mean load (HAProxy's hash-balance-factor; 0 disables)")
 	fs.StringVar(&o.tokenizer, "tokenizer", "chatml-cl100k", "prompt rendering: chatml-cl100k (built in, as enginesim) or remote (POST to --tokenize-url)")
 	fs.StringVar(&o.tokenizeURL, "tokenize-url", "", "engine /tokenize URL for --tokenizer remote, e.g. http://vllm:8000/tokenize")
@@ -163,7 +163,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	prof, err := engine.ResolveProfile(o.profile)
+	prof, err := costmodel.ResolveProfile(o.profile)
 	if err != nil {
 		return fmt.Errorf("--profile: %w", err)
 	}

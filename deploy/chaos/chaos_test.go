@@ -21,7 +21,7 @@ type Results struct {
 	Notes   []string          `json:"notes"`
 }
 
-// fault is one fault of issue 8: inject breaks something and repairs it;
+// fault is one fault of the chaos suite (deploy/README.md, "Chaos tests"): inject breaks something and repairs it;
 // it returns when the repair action completed and records what it did.
 type fault struct {
 	name   string
@@ -40,7 +40,7 @@ var faults = []fault{
 }
 
 // TestChaos brings up the compose cluster, puts steady load on both routers,
-// injects the faults of issue 8 one after another and checks the invariants
+// injects the faults below one after another and checks the invariants
 // after each; it writes bench/results/chaos.json (or $KVDIR_CHAOS_OUT).
 func TestChaos(t *testing.T) {
 	testkit.SkipIfShort(t, "drives the compose cluster on Docker")

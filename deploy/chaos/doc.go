@@ -1,7 +1,7 @@
 // Package chaos drives fault-injection tests against the compose cluster of
 // deploy/compose (3 directory nodes, 4 enginesim + agent pairs, 2 routers)
 // with the real Docker engine, under steady load from bench/replay, and
-// checks after every fault what issue 8 asks of kvdir: no client request
+// checks after every fault what kvdir promises under faults: no client request
 // failed except those in flight at a killed router, no acknowledged event
 // batch lost, all directory nodes' digests equal, and every worker's view in
 // the directory equal to its engine's cache within a bounded time.

@@ -5,11 +5,17 @@
 # which has never seen the session and must find its prefix in the directory.
 #
 # Usage: deploy/compose/demo.sh [router1-url] [router2-url]
-#        (default http://127.0.0.1:28080 and http://127.0.0.1:28081)
+#        (default: the routers' published addresses, KVDIR_BIND with
+#        KVDIR_ROUTER1_PORT and KVDIR_ROUTER2_PORT from the environment or
+#        else from deploy/compose/.env: http://127.0.0.1:28080 and :28081)
 # Needs curl and python3 (to put turn 1's answer into turn 2).
 set -euo pipefail
-r1="${1:-http://127.0.0.1:28080}"
-r2="${2:-http://127.0.0.1:28081}"
+here="$(cd "$(dirname "$0")" && pwd)"
+# env_or_dotenv NAME: $NAME if set and not empty, else its value in .env.
+env_or_dotenv() { local v="${!1:-}"; [ -n "$v" ] || v="$(sed -n "s/^$1=//p" "$here/.env")"; echo "$v"; }
+bind="$(env_or_dotenv KVDIR_BIND)"
+r1="${1:-http://${bind:-127.0.0.1}:$(env_or_dotenv KVDIR_ROUTER1_PORT)}"
+r2="${2:-http://${bind:-127.0.0.1}:$(env_or_dotenv KVDIR_ROUTER2_PORT)}"
 sys='You are a concise assistant for an LLM serving team. Answer in one sentence.'
 q1='What does a prefix cache save?'
 q2='And what evicts it?'

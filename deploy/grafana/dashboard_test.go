@@ -8,7 +8,7 @@ import (
 
 // TestDashboardShape checks the dashboard's structure: it loads, every panel
 // has an id, a title and a Prometheus data source, every query has a refId,
-// and the topics issue 8 asks for have panels.
+// and the topics an operator needs have panels (listed below).
 func TestDashboardShape(t *testing.T) {
 	d, err := Load(DashboardFile)
 	if err != nil {

@@ -16,10 +16,10 @@ import (
 const DashboardFile = "kvdir-dashboard.json"
 
 // RouterContract is the router's metric families as its contract states
-// them (all prefixed kvdir_router_). The live check tests the dashboard
-// against it, and, when cmd/router exists, checks every family the running
-// router exports against it too, so contract and router cannot drift apart
-// unnoticed. Families that only appear after a fault (a fallback, a retry)
+// them (cmd/router/README.md, "Metrics"; all prefixed kvdir_router_). The
+// live check tests the dashboard against it, and, when cmd/router exists,
+// checks every family the running router exports against it too, so
+// contract and router cannot drift apart unnoticed. Families that only appear after a fault (a fallback, a retry)
 // are the ones the scrape may miss; the contract vouches for those.
 var RouterContract = map[string]*Family{
 	"kvdir_router_requests_total":                {Type: "counter", Labels: anyValues("worker", "policy", "outcome")},

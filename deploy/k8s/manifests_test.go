@@ -15,7 +15,9 @@ import (
 
 // TestManifestsDecodeStrictly decodes every manifest kustomization.yaml
 // lists into its Kubernetes API type, rejecting unknown fields, and checks
-// the objects issue 8 asks for are there.
+// the objects a deployment needs are there: the directory StatefulSet with
+// its Services and disruption budget, the router Deployment with its Service
+// and autoscaler, and vLLM with the agent beside it.
 func TestManifestsDecodeStrictly(t *testing.T) {
 	k, objs, err := LoadDir(".")
 	if err != nil {

@@ -14,11 +14,12 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/dirclient"
-	"github.com/kvdir/kvdir/internal/engine"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/node"
 	"github.com/kvdir/kvdir/internal/raftfsm"
+	"github.com/kvdir/kvdir/internal/simengine"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/testkit/dirtest"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
@@ -34,8 +35,8 @@ const (
 // content hash directly from its prefix tokens.
 type oracle struct {
 	mu      sync.Mutex
-	blocks  map[engine.BlockHash]engine.BlockStored // engine hash -> (one-block) store
-	content map[engine.BlockHash]uint64
+	blocks  map[kvevents.Hash]oracleBlock // engine hash -> its one-block store
+	content map[kvevents.Hash]uint64
 	parent  map[uint64]uint64 // content hash -> parent content hash
 	root    uint64
 }
@@ -45,44 +46,55 @@ func newOracle(t *testing.T) *oracle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &oracle{blocks: map[engine.BlockHash]engine.BlockStored{}, content: map[engine.BlockHash]uint64{},
+	return &oracle{blocks: map[kvevents.Hash]oracleBlock{}, content: map[kvevents.Hash]uint64{},
 		parent: map[uint64]uint64{}, root: root}
 }
 
-func (o *oracle) record(b engine.EventBatch) {
+// oracleBlock is one block of a BlockStored event.
+type oracleBlock struct {
+	parent    kvevents.Hash // valid if hasParent
+	hasParent bool
+	tokens    []uint32
+}
+
+func (o *oracle) record(b simengine.EventBatch) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, ev := range b.Events {
-		s, ok := ev.(*engine.BlockStored)
+		s, ok := ev.(*kvevents.BlockStored)
 		if !ok {
 			continue
 		}
-		parent, has := s.ParentBlockHash, s.HasParent
+		var parent kvevents.Hash
+		has := s.Parent != nil
+		if has {
+			parent = *s.Parent
+		}
 		for i, h := range s.BlockHashes {
-			o.blocks[h] = engine.BlockStored{ParentBlockHash: parent, HasParent: has,
-				TokenIDs: s.TokenIDs[i*s.BlockSize : (i+1)*s.BlockSize]}
+			o.blocks[h] = oracleBlock{parent: parent, hasParent: has,
+				tokens: s.TokenIDs[i*s.BlockSize : (i+1)*s.BlockSize]}
 			parent, has = h, true
 		}
 	}
 }
 
 // contentOf hashes the block's whole prefix, from the namespace root.
-func (o *oracle) contentOf(h engine.BlockHash) uint64 {
+func (o *oracle) contentOf(h kvevents.Hash) uint64 {
 	if c, ok := o.content[h]; ok {
 		return c
 	}
-	var path []engine.BlockHash
+	var path []kvevents.Hash
 	for cur := h; ; {
 		path = append(path, cur)
 		b := o.blocks[cur]
-		if !b.HasParent {
+		if !b.hasParent {
 			break
 		}
-		cur = b.ParentBlockHash
+		cur = b.parent
 	}
 	p := o.root
 	for i := len(path) - 1; i >= 0; i-- {
-		c := blockhash.Block(p, o.blocks[path[i]].TokenIDs, nil)
+		c := blockhash.Block(p, o.blocks[path[i]].tokens, nil)
 		o.content[path[i]] = c
 		if i == len(path)-1 {
 			o.parent[c] = 0
@@ -95,12 +107,12 @@ func (o *oracle) contentOf(h engine.BlockHash) uint64 {
 }
 
 // expected returns the content hashes of every block in the cache.
-func (o *oracle) expected(e *engine.Engine) map[uint64]bool {
+func (o *oracle) expected(e *simengine.Engine) map[uint64]bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	out := map[uint64]bool{}
 	for _, cb := range e.Cache().Contents() {
-		out[o.contentOf(cb.Hash)] = true
+		out[o.contentOf(cb.Hash.Wire())] = true
 	}
 	return out
 }
@@ -152,8 +164,8 @@ func (o *oracle) compare(fsm *raftfsm.FSM, want map[uint64]bool, subset bool) (b
 	return true, ""
 }
 
-func toWire(b engine.EventBatch) kvevents.Batch {
-	return kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: engine.WireEvents(b.Events)}
+func toWire(b simengine.EventBatch) kvevents.Batch {
+	return kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: b.Events}
 }
 
 // rig is an engine publishing over ZMQ, an agent and a directory.
@@ -165,7 +177,7 @@ type rig struct {
 	ep     string
 	replay string
 	or     *oracle
-	eng    *engine.Engine
+	eng    *simengine.Engine
 	now    time.Duration
 	rng    *rand.Rand
 	hist   [][]uint32
@@ -214,17 +226,17 @@ func newRig(t *testing.T) *rig {
 }
 
 func (r *rig) newEngine() {
-	prof, err := engine.ProfileByName("llama3-8b")
+	prof, err := costmodel.ProfileByName("llama3-8b")
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	sink := engine.SinkFunc(func(b engine.EventBatch) {
+	sink := simengine.SinkFunc(func(b simengine.EventBatch) {
 		r.or.record(b)
 		if _, err := r.pub.Publish(toWire(b)); err != nil {
 			r.t.Errorf("publish: %v", err)
 		}
 	})
-	e, err := engine.New(engine.Config{Profile: prof, BlockSize: itBS, CapacityBlocks: 300}, sink)
+	e, err := simengine.New(simengine.Config{Profile: prof, BlockSize: itBS, CapacityBlocks: 300}, sink)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -274,7 +286,7 @@ func (r *rig) traffic(waves int) {
 			}
 			r.hist[s] = h
 			r.seq++
-			if err := r.eng.Submit(r.now, engine.Request{ID: fmt.Sprint(r.seq), Tokens: h, MaxTokens: 8 + r.rng.IntN(16)}); err != nil {
+			if err := r.eng.Submit(r.now, simengine.Request{ID: fmt.Sprint(r.seq), Tokens: h, MaxTokens: 8 + r.rng.IntN(16)}); err != nil {
 				r.t.Fatalf("submit: %v", err)
 			}
 		}

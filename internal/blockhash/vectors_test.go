@@ -84,13 +84,13 @@ func parseHex64(t *testing.T, s string) uint64 {
 }
 
 func (n vecNamespace) ns() Namespace {
-	return Namespace{Model: n.Model, LoRA: n.LoRA, CacheSalt: n.CacheSalt, BlockSize: n.BlockSize}
+	return Namespace(n)
 }
 
 func toExtraKeys(v []vecExtra) []ExtraKey {
 	var out []ExtraKey
 	for _, e := range v {
-		out = append(out, ExtraKey{ID: e.ID, Offset: e.Offset})
+		out = append(out, ExtraKey(e))
 	}
 	return out
 }
@@ -98,7 +98,7 @@ func toExtraKeys(v []vecExtra) []ExtraKey {
 func toItems(v []vecItem) []MMItem {
 	var out []MMItem
 	for _, it := range v {
-		out = append(out, MMItem{ID: it.ID, Offset: it.Offset, Length: it.Length})
+		out = append(out, MMItem(it))
 	}
 	return out
 }

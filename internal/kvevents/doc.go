@@ -1,7 +1,7 @@
 // Package kvevents decodes, encodes and transports the KV-cache events that
 // LLM engines (vLLM, SGLang) publish over ZeroMQ.
 //
-// The wire format follows /work/shared/specs/vllm-kv-events.md (sections 1
+// The wire format follows docs/reference/vllm-kv-events.md (sections 1
 // and 6): every live message has three frames (topic, 8-byte big-endian
 // sequence number, msgpack payload); the payload is a msgspec-encoded
 // KVEventBatch whose events are either tagged arrays

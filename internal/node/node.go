@@ -158,11 +158,10 @@ type Node struct {
 	metrics *metrics
 	auth    *authorizer
 
-	writeErr   errorBox
-	stop       chan struct{}
-	wg         sync.WaitGroup
-	closeOnce  sync.Once
-	shutdownMu sync.Mutex
+	writeErr  errorBox
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
 }
 
 // New creates the node, opens its stores and starts Raft, the gRPC server

@@ -6,11 +6,11 @@ import (
 	"math/rand/v2"
 	"sync"
 
-	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/costmodel"
 )
 
 // KVDir places a request on the worker with the lowest expected time to first
-// token (DESIGN.md §5). For each candidate w, with P = PromptTokens:
+// token (docs/architecture.md, section 4). For each candidate w, with P = PromptTokens:
 //
 //	matched(w)  = min(MatchedBlocks·BlockSize, P−1)
 //	cached(w)   = round(matched(w) · Retain(KVUsage))
@@ -63,7 +63,7 @@ import (
 // wait(a) − wait(b) > (1 + n) · saving. On an idle cluster n = 0 and the rule
 // is the seed document's.
 type KVDir struct {
-	prof    engine.Profile
+	prof    costmodel.Profile
 	tol     float64
 	chunk   int
 	context int
@@ -78,7 +78,7 @@ func NewKVDir(opts Options) (*KVDir, error) {
 	prof := opts.Profile
 	if prof.Name == "" {
 		var err error
-		if prof, err = engine.ProfileByName("llama3-8b"); err != nil {
+		if prof, err = costmodel.ProfileByName(costmodel.DefaultProfileName); err != nil {
 			return nil, err
 		}
 	}

@@ -4,12 +4,12 @@ import (
 	"math"
 	"testing"
 
-	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/costmodel"
 )
 
-func llama8b(t testing.TB) engine.Profile {
+func llama8b(t testing.TB) costmodel.Profile {
 	t.Helper()
-	p, err := engine.ProfileByName("llama3-8b")
+	p, err := costmodel.ProfileByName("llama3-8b")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestKVDirHotPrefixSpills(t *testing.T) {
 }
 
 func TestKVDirProfileOption(t *testing.T) {
-	big, err := engine.ProfileByName("llama3-70b")
+	big, err := costmodel.ProfileByName("llama3-70b")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestKVDirProfileOption(t *testing.T) {
 	if s.ColdPrefillMs < 1000 {
 		t.Fatalf("70b cold prefill %.0f ms, want > 1 s", s.ColdPrefillMs)
 	}
-	if _, err := NewKVDir(Options{Profile: engine.Profile{Name: "bad"}}); err == nil {
+	if _, err := NewKVDir(Options{Profile: costmodel.Profile{Name: "bad"}}); err == nil {
 		t.Fatal("invalid profile accepted")
 	}
 	if _, err := p.Pick(Request{PromptTokens: 0, BlockSize: 16}, workers(2)); err == nil {

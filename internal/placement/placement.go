@@ -9,6 +9,9 @@
 // [KVDir]), plus baselines of peers' published policies: "llm-d" and
 // "llm-d-sticky" ([LLMD]), "sglang" ([SGLang]) and "dynamo" ([Dynamo]).
 //
+// kvdir prices prefills and decode interference with an engine timing model
+// ([costmodel.Profile]); the package depends on no engine simulator.
+//
 // Every policy is safe for concurrent use and, given the same seed and the
 // same sequence of calls, makes the same decisions.
 package placement
@@ -19,7 +22,7 @@ import (
 	"math/rand/v2"
 	"strings"
 
-	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/costmodel"
 )
 
 // Load is a worker's load as the router sees it.
@@ -83,8 +86,9 @@ type Policy interface {
 type Options struct {
 	// Seed seeds the random choices (random policy and tie breaks).
 	Seed int64
-	// Profile is the timing model for kvdir (default llama3-8b).
-	Profile engine.Profile
+	// Profile is the timing model for kvdir (default
+	// costmodel.DefaultProfileName).
+	Profile costmodel.Profile
 	// HashBalanceFactor is session-hash's bound in percent of the average
 	// in-flight load (default 150; at least 100; negative disables the bound).
 	HashBalanceFactor int

@@ -19,7 +19,7 @@ const specPendingMax = 10 * time.Minute
 // while their requests wait there for their prefill, and for ttl after it.
 // The engine will hold them as soon as it has run the prefill, before its
 // events reach the directory, so a burst of requests sharing a prefix finds
-// them at once (the speculative entries of DESIGN.md section 5).
+// them at once (the speculative entries of docs/architecture.md, section 4).
 type specSet struct {
 	ttl time.Duration
 	mu  sync.Mutex

@@ -9,8 +9,9 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/agent"
-	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/kvevents"
+	"github.com/kvdir/kvdir/internal/simengine"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -18,7 +19,7 @@ const benchModel = "llama3-8b"
 
 // prompter builds prompts: a 1,024-token system prompt shared by all, 256
 // tokens shared by groups of 8 requests (a conversation), and 64 tokens
-// unique to the request (the shape of the engine package's benchmark).
+// unique to the request (the shape of package simengine's benchmark).
 type prompter struct {
 	rng    *rand.Rand
 	system []uint32
@@ -49,46 +50,22 @@ func (p *prompter) prompt(i int) []uint32 {
 	return p.buf
 }
 
-func newEngine(sink engine.EventSink) (*engine.Engine, error) {
-	prof, err := engine.ProfileByName(benchModel)
+func newEngine(sink simengine.EventSink) (*simengine.Engine, error) {
+	prof, err := costmodel.ProfileByName(benchModel)
 	if err != nil {
 		return nil, fmt.Errorf("profile: %w", err)
 	}
-	e, err := engine.New(engine.Config{Profile: prof, CapacityBlocks: 32768}, sink)
+	e, err := simengine.New(simengine.Config{Profile: prof, CapacityBlocks: 32768}, sink)
 	if err != nil {
 		return nil, fmt.Errorf("new engine: %w", err)
 	}
 	return e, nil
 }
 
-// convert maps an engine batch to its wire form, as cmd/enginesim does.
-func convert(b engine.EventBatch) kvevents.Batch {
-	out := kvevents.Batch{TS: b.Time.Seconds()}
-	for _, ev := range b.Events {
-		switch e := ev.(type) {
-		case *engine.BlockStored:
-			ws := &kvevents.BlockStored{BlockHashes: hashes(e.BlockHashes), TokenIDs: e.TokenIDs,
-				BlockSize: e.BlockSize, Medium: e.Medium, LoRAName: e.LoRAName}
-			if e.HasParent {
-				h := kvevents.HashFromUint64(uint64(e.ParentBlockHash))
-				ws.Parent = &h
-			}
-			out.Events = append(out.Events, ws)
-		case *engine.BlockRemoved:
-			out.Events = append(out.Events, &kvevents.BlockRemoved{BlockHashes: hashes(e.BlockHashes), Medium: e.Medium})
-		case *engine.AllBlocksCleared:
-			out.Events = append(out.Events, &kvevents.AllBlocksCleared{})
-		}
-	}
-	return out
-}
-
-func hashes(hs []engine.BlockHash) []kvevents.Hash {
-	out := make([]kvevents.Hash, len(hs))
-	for i, h := range hs {
-		out[i] = kvevents.HashFromUint64(uint64(h))
-	}
-	return out
+// wireBatch is an engine batch as a vLLM KVEventBatch, stamped with its
+// engine time.
+func wireBatch(b simengine.EventBatch) kvevents.Batch {
+	return kvevents.Batch{TS: b.Time.Seconds(), Events: b.Events}
 }
 
 // corpus runs the engine model on a virtual clock over n requests and
@@ -96,8 +73,8 @@ func hashes(hs []engine.BlockHash) []kvevents.Hash {
 func corpus(n int) ([][]byte, int, error) {
 	var payloads [][]byte
 	blocks := 0
-	sink := engine.SinkFunc(func(b engine.EventBatch) {
-		wb := convert(b)
+	sink := simengine.SinkFunc(func(b simengine.EventBatch) {
+		wb := wireBatch(b)
 		for _, ev := range wb.Events {
 			if s, ok := ev.(*kvevents.BlockStored); ok {
 				blocks += len(s.BlockHashes)
@@ -113,7 +90,7 @@ func corpus(n int) ([][]byte, int, error) {
 	now, submitted, finished := time.Duration(0), 0, 0
 	for finished < n {
 		for submitted < n && submitted-finished < 256 {
-			if err := e.Submit(now, engine.Request{ID: strconv.Itoa(submitted), Tokens: p.prompt(submitted),
+			if err := e.Submit(now, simengine.Request{ID: strconv.Itoa(submitted), Tokens: p.prompt(submitted),
 				MaxTokens: 32, Namespace: benchModel}); err != nil {
 				return nil, 0, fmt.Errorf("submit: %w", err)
 			}
@@ -138,7 +115,7 @@ func benchDecode(log *slog.Logger, d time.Duration, res *Results) error {
 		size += len(p)
 	}
 	res.DecodeBatches, res.DecodeBlocks, res.DecodeCorpusBytes = len(payloads), blocks, size
-	res.DecodeMethod = "internal/engine run (4,000 requests: 1,024-token shared system prompt, 256 tokens per 8-request conversation, 64 unique, 32 generated; block size 16) " +
+	res.DecodeMethod = "internal/simengine run (4,000 requests: 1,024-token shared system prompt, 256 tokens per 8-request conversation, 64 unique, 32 generated; block size 16) " +
 		"encoded with kvevents.EncodeBatch (array form); timed: kvevents.DecodeBatch + agent.Translator.Translate (xxh3 content hash, engine-hash LRU map), one goroutine, whole corpus repeated"
 	tr := agent.NewTranslator(benchModel, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	var dst []*kvdirv1.Event
@@ -199,7 +176,7 @@ func benchEngine(log *slog.Logger, n int, res *Results) error {
 	now, submitted, finished := time.Duration(0), 0, 0
 	for finished < n {
 		for submitted < n && submitted-finished < 512 {
-			if err := e.Submit(now, engine.Request{ID: strconv.Itoa(submitted), Tokens: prompts[submitted],
+			if err := e.Submit(now, simengine.Request{ID: strconv.Itoa(submitted), Tokens: prompts[submitted],
 				MaxTokens: 32, Namespace: benchModel}); err != nil {
 				return fmt.Errorf("submit: %w", err)
 			}
@@ -213,7 +190,7 @@ func benchEngine(log *slog.Logger, n int, res *Results) error {
 	res.EngineRequests = n
 	res.EngineRequestsPerSec = float64(n) / el.Seconds()
 	res.EngineModelledRPS = float64(n) / now.Seconds()
-	res.EngineMethod = "internal/engine (llama3-8b profile, 32,768 blocks) driven directly on a virtual clock (time scale 0, no HTTP, no events sink), " +
+	res.EngineMethod = "internal/simengine (llama3-8b profile, 32,768 blocks) driven directly on a virtual clock (time scale 0, no HTTP, no events sink), " +
 		"up to 512 requests in flight, 1,344-token prompts (1,280 shareable) and 32 generated tokens; prompts built before timing; wall-clock requests per second"
 	log.Info("engine model at time scale 0", "requests", n, "req_per_sec", int64(res.EngineRequestsPerSec),
 		"modelled_req_per_sec", int64(res.EngineModelledRPS))

@@ -5,6 +5,7 @@
 //	kvbench sim               discrete-event simulation of a trace under each policy
 //	kvbench replay            the same trace through real processes (directory, enginesims, agents, routers or HAProxy)
 //	kvbench demo              the main job: a bundled agent-session trace under round-robin, session-hash and kvdir
+//	kvbench dev               a local fleet (directory, enginesims with agents, router) until Ctrl-C
 //	kvbench report            re-render the Markdown table and charts of a result JSON
 //
 // sim and replay fill the same report schema (bench/report), so report and
@@ -48,6 +49,6 @@ as JSON, a Markdown table and PNG charts (bench/results/ by convention).`,
 		Short: "Generate a trace (Mooncake format, JSON Lines)",
 	}
 	gen.AddCommand(newGenSessions(), newGenSharedPrefix())
-	root.AddCommand(gen, newSim(log), newReplay(log), newDemo(log), newReport())
+	root.AddCommand(gen, newSim(log), newReplay(log), newDemo(log), newDev(), newReport())
 	return root
 }

@@ -23,7 +23,7 @@ func run(t *testing.T, args ...string) error {
 }
 
 // TestGenThenSim generates a trace and simulates it under every policy,
-// checking the files the issue asks for.
+// checking the files a run must write (JSON, Markdown, charts).
 func TestGenThenSim(t *testing.T) {
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "sessions.jsonl")
@@ -75,6 +75,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"sim", "--trace", trace, "--profile", "gpt-9"}, "neither a built-in profile"},
 		{[]string{"gen", "sessions", "--preset", "nope"}, "unknown preset"},
 		{[]string{"gen", "shared-prefix", "--rate", "0"}, "rate"},
+		{[]string{"dev", "--engines", "0"}, "at least 1"},
 	}
 	for _, c := range cases {
 		err := run(t, c.args...)

@@ -14,7 +14,8 @@ import (
 	"github.com/kvdir/kvdir/bench/replay"
 	"github.com/kvdir/kvdir/bench/sim"
 	"github.com/kvdir/kvdir/bench/workload"
-	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/simengine"
 )
 
 type replayFlags struct {
@@ -74,7 +75,7 @@ func addReplayFlags(fl interface {
 	Float64Var(*float64, string, float64, string)
 	BoolVar(*bool, string, bool, string)
 }, f *replayFlags) {
-	fl.StringVar(&f.profile, "profile", "llama3-70b", "engine timing profile: a built-in name ("+strings.Join(engine.ProfileNames(), ", ")+") or a JSON file")
+	fl.StringVar(&f.profile, "profile", "llama3-70b", "engine timing profile: a built-in name ("+strings.Join(costmodel.ProfileNames(), ", ")+") or a JSON file")
 	fl.IntVar(&f.kvBlocks, "kv-blocks", 0, "KV-cache blocks per engine (0: what the profile's model leaves on one H200)")
 	fl.Float64Var(&f.timeScale, "time-scale", 0.1, "engine speed and trace compression: 0.1 runs ten times faster than modelled")
 	fl.IntVar(&f.limit, "limit", 0, "replay only the first N requests (0: all)")
@@ -138,12 +139,12 @@ func replayEndpoint(cmd *cobra.Command, f *replayFlags, recs []workload.Record, 
 
 // replayAndReport runs the comparison and writes the report.
 func replayAndReport(cmd *cobra.Command, f *replayFlags, pols []string, recs []workload.Record, trace, out string, log *slog.Logger) error {
-	prof, err := engine.ResolveProfile(f.profile)
+	prof, err := costmodel.ResolveProfile(f.profile)
 	if err != nil {
 		return fmt.Errorf("--profile: %w", err)
 	}
 	if f.kvBlocks == 0 {
-		a, ok := sim.DefaultKVBlocks(prof.Name, engine.DefaultBlockSize)
+		a, ok := sim.DefaultKVBlocks(prof.Name, simengine.DefaultBlockSize)
 		if !ok {
 			return fmt.Errorf("profile %q has no default KV size; set --kv-blocks", prof.Name)
 		}

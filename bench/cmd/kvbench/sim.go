@@ -15,8 +15,9 @@ import (
 	"github.com/kvdir/kvdir/bench/report"
 	"github.com/kvdir/kvdir/bench/sim"
 	"github.com/kvdir/kvdir/bench/workload"
-	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/placement"
+	"github.com/kvdir/kvdir/internal/simengine"
 )
 
 type simFlags struct {
@@ -38,7 +39,7 @@ func newSim(log *slog.Logger) *cobra.Command {
 		Use:   "sim",
 		Short: "Simulate a trace under each placement policy in virtual time",
 		Long: `Runs the trace through each placement policy (the router's internal/placement code)
-in front of --replicas copies of the engine model (internal/engine: paged prefix cache,
+in front of --replicas copies of the engine model (internal/simengine: paged prefix cache,
 continuous batching, calibrated H200 timing), in virtual time. The directory's view is
 built from the engines' own KV events, through the agent's translator into the
 directory's radix index; the router's load view is the engines' gauges plus its own
@@ -51,7 +52,7 @@ PNG charts next to it: -ttft-cdf.png, -replica-hit-rate.png, -queue-depth.png.
 H200 (see docs/benchmarks.md):
   ` + kvLine("llama3-8b") + `
   ` + kvLine("llama3-70b"),
-		Example: `  kvbench sim --trace ../shared/traces/mooncake_synthetic_trace.jsonl --replicas 8 \
+		Example: `  kvbench sim --trace bench/testdata/mooncake_synthetic_trace.jsonl --replicas 8 \
     --profile llama3-70b --policies all --out bench/results/sim-mooncake.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -61,16 +62,16 @@ H200 (see docs/benchmarks.md):
 	fl := cmd.Flags()
 	fl.StringVar(&f.trace, "trace", "", "trace file, Mooncake format (JSON Lines); required")
 	fl.IntVar(&f.replicas, "replicas", 8, "engine replicas")
-	fl.StringVar(&f.profile, "profile", "llama3-70b", "engine timing profile: a built-in name ("+strings.Join(engine.ProfileNames(), ", ")+") or a JSON file")
+	fl.StringVar(&f.profile, "profile", "llama3-70b", "engine timing profile: a built-in name ("+strings.Join(costmodel.ProfileNames(), ", ")+") or a JSON file")
 	fl.IntVar(&f.kvBlocks, "kv-blocks", 0, "KV-cache blocks per replica (0: what the profile's model leaves on one H200)")
 	fl.StringVar(&f.policies, "policies", "round-robin,session-hash,kvdir", "comma-separated policies, or all ("+strings.Join(placement.Names(), ", ")+")")
 	fl.Float64Var(&f.timeScale, "time-scale", 1, "multiply the trace's timestamps by this (0.5: twice the request rate)")
 	fl.Int64Var(&f.seed, "seed", 1, "seed of the policies' random choices and the engines")
 	fl.StringVarP(&f.out, "out", "o", "", "result JSON file (.md and charts are written next to it); empty: print the table only")
 	fl.IntVar(&f.traceBlockSize, "trace-block-size", workload.DefaultBlockSize, "tokens per hash id in the trace")
-	fl.IntVar(&f.blockSize, "block-size", engine.DefaultBlockSize, "engine KV block size in tokens")
-	fl.IntVar(&f.maxBatched, "max-batched-tokens", engine.DefaultMaxBatchedTokens, "engine token budget per step (chunked prefill)")
-	fl.IntVar(&f.maxRunning, "max-running", engine.DefaultMaxRunning, "engine's most running requests")
+	fl.IntVar(&f.blockSize, "block-size", simengine.DefaultBlockSize, "engine KV block size in tokens")
+	fl.IntVar(&f.maxBatched, "max-batched-tokens", simengine.DefaultMaxBatchedTokens, "engine token budget per step (chunked prefill)")
+	fl.IntVar(&f.maxRunning, "max-running", simengine.DefaultMaxRunning, "engine's most running requests")
 	fl.DurationVar(&f.eventLag, "event-lag", 0, "delay before a step's KV events reach the directory view (0: visible right after the step)")
 	fl.DurationVar(&f.specTTL, "speculative-ttl", sim.DefaultSpeculativeTTL, "how long a placement counts as holding its prefix (negative: off)")
 	fl.BoolVar(&f.specFixed, "speculative-fixed-ttl", false, "what-if: end a speculative entry the TTL after the placement (default, as the router: hold it until the request's first token, then for the TTL)")
@@ -80,7 +81,7 @@ H200 (see docs/benchmarks.md):
 }
 
 func kvLine(profile string) string {
-	a, ok := sim.DefaultKVBlocks(profile, engine.DefaultBlockSize)
+	a, ok := sim.DefaultKVBlocks(profile, simengine.DefaultBlockSize)
 	if !ok {
 		return profile + ": unknown"
 	}
@@ -129,7 +130,7 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	if f.parallel < 1 {
 		return fmt.Errorf("--parallel %d, want >= 1", f.parallel)
 	}
-	prof, err := engine.ResolveProfile(f.profile)
+	prof, err := costmodel.ResolveProfile(f.profile)
 	if err != nil {
 		return err
 	}

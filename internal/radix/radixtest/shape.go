@@ -27,7 +27,7 @@ type Shape struct {
 	Seed uint64
 }
 
-// Full is the shape the figures are defined on: 64 workers, 10 M
+// Full is the shape the index's target figures are defined on: 64 workers, 10 M
 // entries, sharing factor 4 (2.5 M distinct blocks), sessions of 100 to 4,000
 // blocks under 256 shared system prompts.
 var Full = Shape{

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """A vLLM-shaped KV event publisher for interoperability tests.
 
-Written from /work/shared/specs/vllm-kv-events.md (sections 1.2-1.6) on top of
+Written from docs/reference/vllm-kv-events.md (sections 1.2-1.6) on top of
 Debian's python3-zmq (libzmq) and python3-msgpack.
 
 Sockets: a PUB socket and a ROUTER replay socket, both bound on 127.0.0.1.

@@ -1,4 +1,4 @@
-package engine
+package simengine
 
 import (
 	"context"
@@ -9,12 +9,15 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/kvevents"
 )
 
 // syncSink is a goroutine-safe EventSink.
 type syncSink struct {
 	mu     sync.Mutex
-	events []Event
+	events []kvevents.Event
 	signal chan struct{}
 }
 
@@ -30,7 +33,7 @@ func (s *syncSink) Publish(b EventBatch) {
 	}
 }
 
-func (s *syncSink) snapshot() []Event {
+func (s *syncSink) snapshot() []kvevents.Event {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.events)
@@ -165,7 +168,7 @@ func TestRunnerRealtime(t *testing.T) {
 	toks, res := mustCollect(t, s)
 	wall := time.Since(start)
 	p := r.Profile()
-	prefill := millisToDuration(p.Prefill.Millis(5100, 0))
+	prefill := costmodel.MillisToDuration(p.Prefill.Millis(5100, 0))
 	if len(toks) != 3 || res.TTFT() < prefill || res.TTFT() > prefill+25*time.Millisecond {
 		t.Fatalf("tokens %d, TTFT %v, want about %v", len(toks), res.TTFT(), prefill)
 	}
@@ -176,7 +179,7 @@ func TestRunnerRealtime(t *testing.T) {
 	t.Logf("TTFT %v, %v modelled, %v wall", res.TTFT(), modelled, wall)
 	// 5,100 + 2 fed-back tokens: 318 full blocks, announced in one event.
 	evs := sink.snapshot()
-	if len(evs) != 1 || len(evs[0].(*BlockStored).BlockHashes) != 318 {
+	if len(evs) != 1 || len(evs[0].(*kvevents.BlockStored).BlockHashes) != 318 {
 		t.Fatalf("events: %d", len(evs))
 	}
 	if err := stop(); !errors.Is(err, context.Canceled) {
@@ -216,7 +219,7 @@ func TestRunnerAbortResetShutdown(t *testing.T) {
 	for {
 		evs := sink.snapshot()
 		if len(evs) > 0 {
-			if _, ok := evs[len(evs)-1].(*AllBlocksCleared); ok {
+			if _, ok := evs[len(evs)-1].(*kvevents.AllBlocksCleared); ok {
 				break
 			}
 		}

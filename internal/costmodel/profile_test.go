@@ -1,4 +1,4 @@
-package engine
+package costmodel
 
 import (
 	"errors"
@@ -100,4 +100,40 @@ func TestLoadProfileErrors(t *testing.T) {
 	if err := (Profile{Name: "x", Prefill: PrefillModel{A: math.NaN()}}).Validate(); err == nil {
 		t.Error("NaN accepted")
 	}
+}
+
+func TestDefaultProfileIsBuiltIn(t *testing.T) {
+	p, err := ProfileByName(DefaultProfileName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Name != DefaultProfileName {
+		t.Fatalf("default profile named %q", p.Name)
+	}
+}
+
+func TestResolveProfile(t *testing.T) {
+	p, err := ResolveProfile("llama3-70b")
+	if err != nil || p.Name != "llama3-70b" {
+		t.Fatalf("built-in: %+v, %v", p, err)
+	}
+	p, err = ResolveProfile("testdata/profile_valid.json")
+	if err != nil || p.Name != "llama3-8b-example" {
+		t.Fatalf("file: %+v, %v", p, err)
+	}
+	if _, err := ResolveProfile("gpt-9"); err == nil || !strings.Contains(err.Error(), "neither a built-in profile") {
+		t.Fatalf("unknown name: %v", err)
+	}
+	if _, err := ResolveProfile("testdata/profile_missing.json"); err == nil || !strings.Contains(err.Error(), "testdata/profile_missing.json") {
+		t.Fatalf("bad file: %v", err)
+	}
+}
+
+func mustProfile(t testing.TB, name string) Profile {
+	t.Helper()
+	p, err := ProfileByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

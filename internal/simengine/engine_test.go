@@ -1,4 +1,4 @@
-package engine
+package simengine
 
 import (
 	"errors"
@@ -8,6 +8,9 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/kvevents"
 )
 
 // The seed document's two-turn conversation: turn 1 is 4,200 system + 700
@@ -94,14 +97,15 @@ func TestHeadlineTiming(t *testing.T) {
 			mustSubmit(t, warm, now, Request{ID: "t2", Tokens: turn2, MaxTokens: 1})
 			r := drain(t, warm, now)["t2"]
 			within(t, "warm TTFT", r.TTFT(), tc.warm, tc.warmTol)
-			if want := millisToDuration(cfg.Profile.Prefill.Millis(5100-4896, 4896)); r.TTFT() != want {
+			if want := costmodel.MillisToDuration(cfg.Profile.Prefill.Millis(5100-4896, 4896)); r.TTFT() != want {
 				t.Errorf("warm TTFT %v, want exactly prefill(204, 4896) = %v", r.TTFT(), want)
 			}
 		})
 	}
 }
 
-// TestStepTiming checks chunked prefill, decode and mixed step durations.
+// TestStepTiming checks chunked prefill and decode step durations (the
+// pricing of mixed steps is package costmodel's TestStepMillis).
 func TestStepTiming(t *testing.T) {
 	p := mustProfile(t, "llama3-8b")
 	e := mustEngine(t, Config{Profile: p, CapacityBlocks: 4096, MaxBatchedTokens: 2048}, nil)
@@ -118,28 +122,16 @@ func TestStepTiming(t *testing.T) {
 		now = res.End
 	}
 	want := []time.Duration{
-		millisToDuration(p.Prefill.Millis(2048, 0)),
-		millisToDuration(p.Prefill.Millis(2048, 2048)),
-		millisToDuration(p.Prefill.Millis(904, 4096)),
-		millisToDuration(p.Decode.Millis(1, 5001)),
-		millisToDuration(p.Decode.Millis(1, 5002)),
+		costmodel.MillisToDuration(p.Prefill.Millis(2048, 0)),
+		costmodel.MillisToDuration(p.Prefill.Millis(2048, 2048)),
+		costmodel.MillisToDuration(p.Prefill.Millis(904, 4096)),
+		costmodel.MillisToDuration(p.Decode.Millis(1, 5001)),
+		costmodel.MillisToDuration(p.Decode.Millis(1, 5002)),
 	}
 	if !slices.Equal(durs, want) {
 		t.Fatalf("step durations %v, want %v", durs, want)
 	}
 
-	// A mixed step: 2,048-token chunk plus 32 decodes at 4k context. The
-	// calibration measured 62.2 ms (eager) and 56.4 ms for the chunk alone.
-	mixed := p.StepMillis([]Chunk{{New: 2048}}, 32, 32*4096)
-	if math.Abs(mixed-62.17)/62.17 > 0.10 {
-		t.Errorf("mixed step %.1f ms, want 62.2 ± 10%%", mixed)
-	}
-	if got := p.StepMillis(nil, 0, 0); got != 0 {
-		t.Errorf("empty step %v", got)
-	}
-	if got := p.StepMillis([]Chunk{{New: 1}}, 10, 1000); got < p.Decode.Millis(10, 1000) {
-		t.Errorf("mixed step with a tiny chunk %.2f ms is cheaper than the decode step", got)
-	}
 }
 
 // TestLRUEvictionEvents checks the eviction order and the exact events.
@@ -165,22 +157,23 @@ func TestLRUEvictionEvents(t *testing.T) {
 		return out
 	}
 	ha, hb, hc := h(a), h(b), h(c)
-	stored := func(hashes []BlockHash, parent *BlockHash, toks []uint32) *BlockStored {
-		ev := &BlockStored{BlockHashes: hashes, TokenIDs: toks, BlockSize: 4, Medium: MediumGPU}
+	stored := func(hashes []BlockHash, parent *BlockHash, toks []uint32) *kvevents.BlockStored {
+		ev := &kvevents.BlockStored{BlockHashes: wire(hashes...), TokenIDs: toks, BlockSize: 4, Medium: MediumGPU}
 		if parent != nil {
-			ev.ParentBlockHash, ev.HasParent = *parent, true
+			p := parent.Wire()
+			ev.Parent = &p
 		}
 		return ev
 	}
-	removed := func(h BlockHash) *BlockRemoved {
-		return &BlockRemoved{BlockHashes: []BlockHash{h}, Medium: MediumGPU}
+	removed := func(h BlockHash) *kvevents.BlockRemoved {
+		return &kvevents.BlockRemoved{BlockHashes: wire(h), Medium: MediumGPU}
 	}
 	run := func(id string, toks []uint32) Result {
 		t.Helper()
 		mustSubmit(t, e, e.Now(), Request{ID: id, Tokens: toks, MaxTokens: 1})
 		return drain(t, e, e.Now())[id]
 	}
-	expect := func(what string, want ...Event) {
+	expect := func(what string, want ...kvevents.Event) {
 		t.Helper()
 		if got := rec.take(); !reflect.DeepEqual(got, want) {
 			t.Fatalf("%s: events\n%s\nwant\n%s", what, dumpEvents(got), dumpEvents(want))
@@ -209,7 +202,7 @@ func TestLRUEvictionEvents(t *testing.T) {
 	if err := e.Reset(e.Now()); err != nil {
 		t.Fatal(err)
 	}
-	expect("reset", &AllBlocksCleared{})
+	expect("reset", &kvevents.AllBlocksCleared{})
 	if n := len(e.Cache().Contents()); n != 0 {
 		t.Fatalf("%d blocks cached after reset", n)
 	}
@@ -233,18 +226,18 @@ func TestNoEvictionOfReferencedBlocks(t *testing.T) {
 	if err := model.apply(first[0]); err != nil {
 		t.Fatal(err)
 	}
-	oldHashes := first[0].(*BlockStored).BlockHashes // blocks 0, 1; free 2 3 4 5 1 0
+	oldHashes := first[0].(*kvevents.BlockStored).BlockHashes // blocks 0, 1; free 2 3 4 5 1 0
 	// long: 8 prompt + 7 fed-back tokens = 4 blocks; after its prefill (2, 3)
 	// the free queue is 4 5 1 0.
 	mustSubmit(t, e, old.Finish, Request{ID: "long", Tokens: fill(8, 2), MaxTokens: 8})
 	res := e.Step(old.Finish)
 	// next needs 3 blocks; long's first decode takes block 4 first.
 	mustSubmit(t, e, res.End, Request{ID: "next", Tokens: fill(9, 3), MaxTokens: 1})
-	var removed []BlockHash
+	var removed []kvevents.Hash
 	for e.Busy() {
 		res = e.Step(res.End)
 		for _, ev := range rec.take() {
-			if rm, ok := ev.(*BlockRemoved); ok {
+			if rm, ok := ev.(*kvevents.BlockRemoved); ok {
 				removed = append(removed, rm.BlockHashes[0])
 			}
 			if err := model.apply(ev); err != nil {
@@ -255,8 +248,8 @@ func TestNoEvictionOfReferencedBlocks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if want := []BlockHash{oldHashes[1], oldHashes[0]}; !slices.Equal(removed, want) {
-		t.Fatalf("removed %x, want %x", removed, want)
+	if want := []kvevents.Hash{oldHashes[1], oldHashes[0]}; !slices.Equal(removed, want) {
+		t.Fatalf("removed %v, want %v", removed, want)
 	}
 	if e.Stats().Preemptions != 0 {
 		t.Fatalf("unexpected preemption")
@@ -274,7 +267,7 @@ func TestDuplicateBlocks(t *testing.T) {
 	mustSubmit(t, e, 0, Request{ID: "a", Tokens: prompt, MaxTokens: 9})
 	mustSubmit(t, e, 0, Request{ID: "b", Tokens: prompt, MaxTokens: 9})
 	model := newEventModel(4)
-	var all []Event
+	var all []kvevents.Event
 	var results = map[string]Result{}
 	now := time.Duration(0)
 	for e.Busy() {
@@ -302,10 +295,10 @@ func TestDuplicateBlocks(t *testing.T) {
 	if !slices.Equal(results["a"].Output, results["b"].Output) {
 		t.Fatalf("identical prompts generated different outputs")
 	}
-	first := all[0].(*BlockStored)
-	second := all[1].(*BlockStored)
+	first := all[0].(*kvevents.BlockStored)
+	second := all[1].(*kvevents.BlockStored)
 	if len(first.BlockHashes) != 8 || len(second.BlockHashes) != 1 || second.BlockHashes[0] != first.BlockHashes[7] ||
-		second.ParentBlockHash != first.BlockHashes[6] || !second.HasParent {
+		second.Parent == nil || *second.Parent != first.BlockHashes[6] {
 		t.Fatalf("unexpected first events:\n%s", dumpEvents(all[:2]))
 	}
 	// 9 outputs: 8 fed back, filling block 8 (prompt 32 + 4 outputs) and
@@ -337,8 +330,8 @@ func TestDuplicateBlocks(t *testing.T) {
 	}
 	removed := map[BlockHash]int{}
 	for _, ev := range rec.take() {
-		if rm, ok := ev.(*BlockRemoved); ok && counts[rm.BlockHashes[0]] > 0 {
-			removed[rm.BlockHashes[0]]++
+		if rm, ok := ev.(*kvevents.BlockRemoved); ok && counts[BlockHash(rm.BlockHashes[0].Key())] > 0 {
+			removed[BlockHash(rm.BlockHashes[0].Key())]++
 		}
 		if err := model.apply(ev); err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-package engine
+package costmodel
 
 import (
 	"bytes"
@@ -9,54 +9,7 @@ import (
 	"math"
 	"os"
 	"slices"
-	"time"
 )
-
-// PrefillModel is the cost of computing new tokens on top of a cached prefix:
-//
-//	prefill_ms(new, prefix) = A + B·new + C·new·(prefix + new/2) + D·prefix
-//
-// B is the per-token matrix work, C the attention over earlier tokens and D
-// the reading of the cached KV.
-type PrefillModel struct {
-	A float64 // fixed cost of a forward pass, ms
-	B float64 // ms per new token
-	C float64 // ms per (new token × attended token)
-	D float64 // ms per cached prefix token
-}
-
-// Millis returns the modelled prefill time in milliseconds of newTokens tokens
-// computed after a prefix of prefix tokens already in the KV cache.
-func (m PrefillModel) Millis(newTokens, prefix int) float64 {
-	n, p := float64(newTokens), float64(prefix)
-	return m.A + m.B*n + m.C*n*(p+n/2) + m.D*p
-}
-
-// DecodeModel is the cost of a decode step (one token for each of a batch of
-// sequences, run as a CUDA graph):
-//
-//	decode_ms(batch, context) = Floor + PerSeq·batch + PerToken·context
-//
-// where context is the total number of cached tokens the batch attends to (the
-// sum over its sequences). Floor is mostly the weight reads, PerToken the KV
-// reads.
-type DecodeModel struct {
-	Floor    float64 // ms per step
-	PerSeq   float64 // ms per sequence in the batch
-	PerToken float64 // ms per context token read
-}
-
-// Millis returns the modelled duration in milliseconds of a decode-only step.
-func (m DecodeModel) Millis(batch, context int) float64 {
-	return m.Floor + m.Extra(batch, context)
-}
-
-// Extra returns what a decode batch adds to a step beyond the floor, in
-// milliseconds: the cost of the decodes when they ride along with a prefill
-// chunk whose forward pass already pays for the weight reads.
-func (m DecodeModel) Extra(batch, context int) float64 {
-	return m.PerSeq*float64(batch) + m.PerToken*float64(context)
-}
 
 // Profile is the timing model of one model on one kind of hardware.
 type Profile struct {
@@ -66,73 +19,21 @@ type Profile struct {
 	KVBytesPerToken int64        // KV-cache bytes per token (all layers, K and V)
 }
 
-// Chunk is one request's share of a step's prefill: New tokens computed after
-// Prefix tokens already in the KV cache.
-type Chunk struct {
-	New, Prefix int
-}
-
-// StepMillis returns the modelled duration in milliseconds of one engine step
-// that runs the given prefill chunks plus decodeSeqs single-token decodes
-// attending to decodeContext cached tokens in total.
-//
-// Prefill chunks are batched: they share one fixed cost A. A step with
-// chunks costs the chunks' prefill plus the decodes' [DecodeModel.Extra], but
-// never less than a decode-only step would ("a mixed step costs about the
-// prefill chunk plus the decode batch's extra tokens", calibration README). A
-// step without chunks is a decode step. An empty step costs 0.
-func (p Profile) StepMillis(chunks []Chunk, decodeSeqs, decodeContext int) float64 {
-	sc := stepCost{p: &p}
-	for _, c := range chunks {
-		sc.addChunk(c.New, c.Prefix)
-	}
-	sc.decodes, sc.context = decodeSeqs, decodeContext
-	return sc.millis()
-}
-
-// stepCost accumulates a step's cost without allocating.
-type stepCost struct {
-	p       *Profile
-	chunks  int
-	prefill float64 // sum of the per-chunk terms, without A
-	decodes int
-	context int
-}
-
-func (s *stepCost) addChunk(newTokens, prefix int) {
-	s.chunks++
-	s.prefill += s.p.Prefill.Millis(newTokens, prefix) - s.p.Prefill.A
-}
-
-func (s *stepCost) millis() float64 {
-	switch {
-	case s.chunks == 0 && s.decodes == 0:
-		return 0
-	case s.chunks == 0:
-		return s.p.Decode.Millis(s.decodes, s.context)
-	case s.decodes == 0:
-		return s.p.Prefill.A + s.prefill
-	default:
-		return max(s.p.Prefill.A+s.prefill, s.p.Decode.Floor) + s.p.Decode.Extra(s.decodes, s.context)
-	}
-}
-
-// millisToDuration converts modelled milliseconds to a Duration, rounding to
-// the nanosecond.
-func millisToDuration(ms float64) time.Duration {
-	return time.Duration(math.Round(ms * 1e6))
-}
+// DefaultProfileName is the built-in profile used when none is named: the
+// router's and kvdirctl's cost model, the engine simulator's timing and the
+// kvdir placement policy's fallback.
+const DefaultProfileName = "llama3-8b"
 
 // Built-in profiles, measured on one NVIDIA H200 (bf16).
 //
-// Prefill coefficients: /work/shared/calibration/README.md, fitted to
+// Prefill coefficients: docs/reference/calibration/README.md, fitted to
 // h200_prefill.json; they reproduce every measured row within 10.3 %
 // (llama3-8b: cold 5,100 tokens 133.95 ms vs 132.0 measured, warm 200 on 4,900
 // cached 13.59 ms vs 14.68).
 //
 // Decode coefficients: our least-squares fit, minimising relative error, of
 // Floor + PerSeq·batch + PerToken·(batch·context) to the seven graph_ms decode
-// rows of /work/shared/calibration/h200_batch.json (batch 1..128, context
+// rows of docs/reference/calibration/h200_batch.json (batch 1..128, context
 // 2k..32k per sequence):
 //
 //	llama3-8b:  5.34 ms + 0.01054 ms·B + 2.960e-5 ms/token  max error 2.6 %, rms 1.6 %
@@ -144,7 +45,7 @@ func millisToDuration(ms float64) time.Duration {
 // ms (70B, 508 measured, 490 for the chunk alone).
 var builtinProfiles = []Profile{
 	{
-		Name:            "llama3-8b",
+		Name:            DefaultProfileName,
 		Prefill:         PrefillModel{A: 3.21, B: 0.02318, C: 9.63e-7, D: 0.000976},
 		Decode:          DecodeModel{Floor: 5.34, PerSeq: 0.01054, PerToken: 2.960e-5},
 		KVBytesPerToken: 131072,
@@ -159,7 +60,7 @@ var builtinProfiles = []Profile{
 
 // ErrUnknownProfile is returned by [ProfileByName] for a name that is not
 // built in.
-var ErrUnknownProfile = errors.New("engine: unknown profile")
+var ErrUnknownProfile = errors.New("costmodel: unknown profile")
 
 // ProfileNames returns the names of the built-in profiles.
 func ProfileNames() []string {
@@ -186,7 +87,7 @@ func ProfileByName(name string) (Profile, error) {
 // cost, and a positive KV size.
 func (p Profile) Validate() error {
 	if p.Name == "" {
-		return errors.New("engine: profile: name is empty")
+		return errors.New("costmodel: profile: name is empty")
 	}
 	coefs := []struct {
 		name string
@@ -202,17 +103,17 @@ func (p Profile) Validate() error {
 	}
 	for _, c := range coefs {
 		if math.IsNaN(c.v) || math.IsInf(c.v, 0) || c.v < 0 {
-			return fmt.Errorf("engine: profile %q: %s = %v, want a finite value >= 0", p.Name, c.name, c.v)
+			return fmt.Errorf("costmodel: profile %q: %s = %v, want a finite value >= 0", p.Name, c.name, c.v)
 		}
 	}
 	if p.Decode.Floor <= 0 {
-		return fmt.Errorf("engine: profile %q: decode.floor_ms must be > 0", p.Name)
+		return fmt.Errorf("costmodel: profile %q: decode.floor_ms must be > 0", p.Name)
 	}
 	if p.Prefill.A+p.Prefill.B <= 0 {
-		return fmt.Errorf("engine: profile %q: prefill.a_ms or prefill.b_ms_per_token must be > 0", p.Name)
+		return fmt.Errorf("costmodel: profile %q: prefill.a_ms or prefill.b_ms_per_token must be > 0", p.Name)
 	}
 	if p.KVBytesPerToken <= 0 {
-		return fmt.Errorf("engine: profile %q: kv_bytes_per_token must be > 0", p.Name)
+		return fmt.Errorf("costmodel: profile %q: kv_bytes_per_token must be > 0", p.Name)
 	}
 	return nil
 }
@@ -261,19 +162,19 @@ const maxProfileBytes = 1 << 20
 func LoadProfile(r io.Reader) (Profile, error) {
 	data, err := io.ReadAll(io.LimitReader(r, maxProfileBytes+1))
 	if err != nil {
-		return Profile{}, fmt.Errorf("engine: read profile: %w", err)
+		return Profile{}, fmt.Errorf("costmodel: read profile: %w", err)
 	}
 	if len(data) > maxProfileBytes {
-		return Profile{}, fmt.Errorf("engine: profile larger than %d bytes", maxProfileBytes)
+		return Profile{}, fmt.Errorf("costmodel: profile larger than %d bytes", maxProfileBytes)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var pj profileJSON
 	if err := dec.Decode(&pj); err != nil {
-		return Profile{}, fmt.Errorf("engine: decode profile: %w", err)
+		return Profile{}, fmt.Errorf("costmodel: decode profile: %w", err)
 	}
 	if err := dec.Decode(&struct{}{}); err != io.EOF {
-		return Profile{}, errors.New("engine: decode profile: trailing data after the JSON object")
+		return Profile{}, errors.New("costmodel: decode profile: trailing data after the JSON object")
 	}
 	var missing []string
 	need := func(ok bool, name string) {
@@ -298,7 +199,7 @@ func LoadProfile(r io.Reader) (Profile, error) {
 	}
 	if len(missing) > 0 {
 		slices.Sort(missing)
-		return Profile{}, fmt.Errorf("engine: profile: missing fields %v", missing)
+		return Profile{}, fmt.Errorf("costmodel: profile: missing fields %v", missing)
 	}
 	p := Profile{
 		Name:            *pj.Name,
@@ -313,7 +214,8 @@ func LoadProfile(r io.Reader) (Profile, error) {
 }
 
 // ResolveProfile returns the built-in profile named spec or, if there is
-// none, the profile in the JSON file at path spec.
+// none, the profile in the JSON file at path spec (read by [LoadProfile]).
+// It is how every command turns its --profile flag into a Profile.
 func ResolveProfile(spec string) (Profile, error) {
 	if p, err := ProfileByName(spec); err == nil {
 		return p, nil

@@ -1,30 +1,32 @@
-package engine_test
+package simengine_test
 
 import (
 	"fmt"
 	"time"
 
-	"github.com/kvdir/kvdir/internal/engine"
+	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/kvevents"
+	"github.com/kvdir/kvdir/internal/simengine"
 )
 
 // A discrete-event loop on a virtual clock: requests arrive at given times,
 // the engine steps from one step end to the next and jumps to the next
 // arrival when idle.
 func Example() {
-	profile, err := engine.ProfileByName("llama3-8b")
+	profile, err := costmodel.ProfileByName("llama3-8b")
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	stored := 0
-	sink := engine.SinkFunc(func(b engine.EventBatch) {
+	sink := simengine.SinkFunc(func(b simengine.EventBatch) {
 		for _, ev := range b.Events {
-			if s, ok := ev.(*engine.BlockStored); ok {
+			if s, ok := ev.(*kvevents.BlockStored); ok {
 				stored += len(s.BlockHashes)
 			}
 		}
 	})
-	e, err := engine.New(engine.Config{Profile: profile, CapacityBlocks: 8192}, sink)
+	e, err := simengine.New(simengine.Config{Profile: profile, CapacityBlocks: 8192}, sink)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -35,10 +37,10 @@ func Example() {
 	}
 	arrivals := []struct {
 		at time.Duration
-		r  engine.Request
+		r  simengine.Request
 	}{
-		{0, engine.Request{ID: "a", Tokens: append(system[:4200:4200], 1, 2, 3), MaxTokens: 8}},
-		{500 * time.Millisecond, engine.Request{ID: "b", Tokens: append(system[:4200:4200], 4, 5, 6), MaxTokens: 8}},
+		{0, simengine.Request{ID: "a", Tokens: append(system[:4200:4200], 1, 2, 3), MaxTokens: 8}},
+		{500 * time.Millisecond, simengine.Request{ID: "b", Tokens: append(system[:4200:4200], 4, 5, 6), MaxTokens: 8}},
 	}
 	now := time.Duration(0)
 	for len(arrivals) > 0 || e.Busy() {

@@ -1,9 +1,11 @@
-package engine
+package simengine
 
 import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/kvdir/kvdir/internal/kvevents"
 )
 
 // Limits on the cache geometry.
@@ -53,7 +55,7 @@ type Cache struct {
 	index map[BlockHash]int32   // hash → a cached block with that hash
 	dups  map[BlockHash][]int32 // further cached blocks with the same hash (vLLM does not de-duplicate)
 
-	events  []Event
+	events  []kvevents.Event
 	queries int64
 	hits    int64
 }
@@ -217,7 +219,7 @@ func (c *Cache) evict(id int32) {
 	}
 	c.unindex(b.hash, id)
 	b.cached, b.hasParent = false, false
-	c.events = append(c.events, &BlockRemoved{BlockHashes: []BlockHash{b.hash}, Medium: MediumGPU})
+	c.events = append(c.events, &kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{b.hash.Wire()}, Medium: MediumGPU})
 }
 
 func (c *Cache) unindex(h BlockHash, id int32) {
@@ -275,12 +277,12 @@ func (c *Cache) reset() error {
 	}
 	clear(c.index)
 	clear(c.dups)
-	c.events = append(c.events, &AllBlocksCleared{})
+	c.events = append(c.events, &kvevents.AllBlocksCleared{})
 	return nil
 }
 
 // takeEvents returns and clears the pending events.
-func (c *Cache) takeEvents() []Event {
+func (c *Cache) takeEvents() []kvevents.Event {
 	ev := c.events
 	c.events = nil
 	return ev

@@ -1,4 +1,4 @@
-package engine
+package simengine
 
 import (
 	"fmt"
@@ -7,6 +7,9 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/kvevents"
 )
 
 // recorder is an EventSink that keeps every batch.
@@ -17,8 +20,8 @@ type recorder struct {
 func (r *recorder) Publish(b EventBatch) { r.batches = append(r.batches, b) }
 
 // take returns the events recorded since the last call.
-func (r *recorder) take() []Event {
-	var ev []Event
+func (r *recorder) take() []kvevents.Event {
+	var ev []kvevents.Event
 	for _, b := range r.batches {
 		ev = append(ev, b.Events...)
 	}
@@ -26,9 +29,9 @@ func (r *recorder) take() []Event {
 	return ev
 }
 
-func mustProfile(t testing.TB, name string) Profile {
+func mustProfile(t testing.TB, name string) costmodel.Profile {
 	t.Helper()
-	p, err := ProfileByName(name)
+	p, err := costmodel.ProfileByName(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +41,7 @@ func mustProfile(t testing.TB, name string) Profile {
 func mustEngine(t testing.TB, cfg Config, sink EventSink) *Engine {
 	t.Helper()
 	if cfg.Profile.Name == "" {
-		cfg.Profile = mustProfile(t, "llama3-8b")
+		cfg.Profile = mustProfile(t, costmodel.DefaultProfileName)
 	}
 	e, err := New(cfg, sink)
 	if err != nil {
@@ -105,20 +108,34 @@ func newEventModel(blockSize int) *eventModel {
 	return &eventModel{blockSize: blockSize, count: map[BlockHash]int{}, meta: map[BlockHash]blockMeta{}}
 }
 
-func (m *eventModel) apply(ev Event) error {
+func (m *eventModel) apply(ev kvevents.Event) error {
 	switch ev := ev.(type) {
-	case *BlockStored:
+	case *kvevents.BlockStored:
 		if ev.Medium != MediumGPU || ev.BlockSize != m.blockSize {
-			return fmt.Errorf("bad BlockStored header %+v", ev)
+			return fmt.Errorf("bad BlockStored header %s", dumpEvents([]kvevents.Event{ev}))
+		}
+		if ev.LoRAID != nil || ev.ExtraKeys != nil || ev.GroupIdx != nil || ev.SpecKind != "" || ev.SlidingWindow != nil {
+			return fmt.Errorf("BlockStored sets a field vLLM's GPU publisher leaves None: %+v", *ev)
 		}
 		if len(ev.BlockHashes) == 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*m.blockSize {
 			return fmt.Errorf("BlockStored with %d hashes and %d tokens", len(ev.BlockHashes), len(ev.TokenIDs))
 		}
-		parent, has := ev.ParentBlockHash, ev.HasParent
+		var parent BlockHash
+		has := ev.Parent != nil
+		if has {
+			var err error
+			if parent, err = engineHash(*ev.Parent); err != nil {
+				return err
+			}
+		}
 		if has && m.count[parent] == 0 {
 			return fmt.Errorf("BlockStored parent %x not cached", parent)
 		}
-		for i, h := range ev.BlockHashes {
+		for i, wh := range ev.BlockHashes {
+			h, err := engineHash(wh)
+			if err != nil {
+				return err
+			}
 			toks := ev.TokenIDs[i*m.blockSize : (i+1)*m.blockSize]
 			if has && hashBlock(parent, toks) != h {
 				return fmt.Errorf("hash %x does not chain from parent %x", h, parent)
@@ -137,11 +154,14 @@ func (m *eventModel) apply(ev Event) error {
 			m.count[h]++
 			parent, has = h, true
 		}
-	case *BlockRemoved:
-		if len(ev.BlockHashes) != 1 || ev.Medium != MediumGPU {
-			return fmt.Errorf("bad BlockRemoved %+v", ev)
+	case *kvevents.BlockRemoved:
+		if len(ev.BlockHashes) != 1 || ev.Medium != MediumGPU || ev.GroupIdx != nil {
+			return fmt.Errorf("bad BlockRemoved %s", dumpEvents([]kvevents.Event{ev}))
 		}
-		h := ev.BlockHashes[0]
+		h, err := engineHash(ev.BlockHashes[0])
+		if err != nil {
+			return err
+		}
 		m.removes++
 		if m.count[h] == 0 {
 			return fmt.Errorf("BlockRemoved %x not stored", h)
@@ -151,7 +171,7 @@ func (m *eventModel) apply(ev Event) error {
 			delete(m.count, h)
 			delete(m.meta, h)
 		}
-	case *AllBlocksCleared:
+	case *kvevents.AllBlocksCleared:
 		m.clears++
 		clear(m.count)
 		clear(m.meta)
@@ -227,14 +247,38 @@ func sortedIDs(m map[string]Result) []string {
 	return ids
 }
 
-func dumpEvents(evs []Event) string {
+// engineHash returns the engine hash an event carries: the engine emits
+// integer wire hashes only.
+func engineHash(h kvevents.Hash) (BlockHash, error) {
+	if h.IsBytes() {
+		return 0, fmt.Errorf("event hash %s is a raw digest, want an integer", h)
+	}
+	return BlockHash(h.Key()), nil
+}
+
+// wire returns the wire forms of engine hashes.
+func wire(hs ...BlockHash) []kvevents.Hash {
+	out := make([]kvevents.Hash, len(hs))
+	for i, h := range hs {
+		out[i] = h.Wire()
+	}
+	return out
+}
+
+// dumpEvents prints events deterministically (no pointers), one a line.
+func dumpEvents(evs []kvevents.Event) string {
 	var s string
 	for _, ev := range evs {
 		switch ev := ev.(type) {
-		case *BlockStored:
-			s += fmt.Sprintf("  BlockStored%+v\n", *ev)
-		case *BlockRemoved:
-			s += fmt.Sprintf("  BlockRemoved%+v\n", *ev)
+		case *kvevents.BlockStored:
+			parent := "none"
+			if ev.Parent != nil {
+				parent = ev.Parent.String()
+			}
+			s += fmt.Sprintf("  BlockStored{BlockHashes:%v Parent:%s TokenIDs:%v BlockSize:%d LoRAName:%q Medium:%q}\n",
+				ev.BlockHashes, parent, ev.TokenIDs, ev.BlockSize, ev.LoRAName, ev.Medium)
+		case *kvevents.BlockRemoved:
+			s += fmt.Sprintf("  BlockRemoved{BlockHashes:%v Medium:%q}\n", ev.BlockHashes, ev.Medium)
 		default:
 			s += fmt.Sprintf("  %T\n", ev)
 		}

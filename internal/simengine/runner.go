@@ -1,4 +1,4 @@
-package engine
+package simengine
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/costmodel"
 )
 
 // Errors returned by a RealtimeRunner.
@@ -187,7 +189,7 @@ func (r *RealtimeRunner) Stats() Stats {
 }
 
 // Profile returns the engine's timing profile.
-func (r *RealtimeRunner) Profile() Profile { return r.eng.cfg.Profile }
+func (r *RealtimeRunner) Profile() costmodel.Profile { return r.eng.cfg.Profile }
 
 func (r *RealtimeRunner) signal() {
 	select {

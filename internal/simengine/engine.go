@@ -1,10 +1,13 @@
-package engine
+package simengine
 
 import (
 	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/kvevents"
 )
 
 // Scheduler defaults (vLLM V1's).
@@ -33,12 +36,12 @@ var (
 
 // Config configures an Engine. Zero values take the defaults.
 type Config struct {
-	Profile          Profile // timing model; required
-	BlockSize        int     // tokens per KV block; default 16
-	CapacityBlocks   int     // KV-cache blocks; required
-	MaxBatchedTokens int     // token budget per step (max_num_batched_tokens); default 8192
-	MaxRunning       int     // most running requests (max_num_seqs); default 256
-	Seed             uint64  // seeds the block-hash roots and the generated tokens
+	Profile          costmodel.Profile // timing model; required
+	BlockSize        int               // tokens per KV block; default 16
+	CapacityBlocks   int               // KV-cache blocks; required
+	MaxBatchedTokens int               // token budget per step (max_num_batched_tokens); default 8192
+	MaxRunning       int               // most running requests (max_num_seqs); default 256
+	Seed             uint64            // seeds the block-hash roots and the generated tokens
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -255,7 +258,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	}
 	e.batch = e.batch[:0]
 	budget := e.cfg.MaxBatchedTokens
-	cost := stepCost{p: &e.cfg.Profile}
+	cost := costmodel.NewStepCost(&e.cfg.Profile)
 
 	// Running requests first, in admission order.
 	for i := 0; i < len(e.running) && budget > 0; i++ {
@@ -300,7 +303,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 		res.Idle = true
 		return res
 	}
-	end := now + millisToDuration(cost.millis())
+	end := now + costmodel.MillisToDuration(cost.Millis())
 	res.End = end
 	e.now = end
 	e.steps++
@@ -385,14 +388,13 @@ func (e *Engine) admit(s *seq, budget int) bool {
 // schedule adds n tokens of s to the step: it accounts their cost, advances
 // s.numComputed and caches the blocks that become full (vLLM caches them when
 // it schedules them, so later requests in the same step can hit them).
-func (e *Engine) schedule(s *seq, n int, cost *stepCost, res *StepResult) {
+func (e *Engine) schedule(s *seq, n int, cost *costmodel.StepCost, res *StepResult) {
 	before := s.numComputed
 	if n == 1 && s.outputs() > 0 && before == len(s.tokens)-1 {
-		cost.decodes++
-		cost.context += before + 1
+		cost.AddDecode(before + 1)
 		res.DecodeTokens++
 	} else {
-		cost.addChunk(n, before)
+		cost.AddChunk(n, before)
 		res.PrefillTokens += n
 	}
 	res.Scheduled++
@@ -406,15 +408,16 @@ func (e *Engine) schedule(s *seq, n int, cost *stepCost, res *StepResult) {
 	}
 	e.ensureHashes(s, full)
 	first := s.numStored
-	ev := &BlockStored{
-		BlockHashes: slices.Clone(s.hashes[first:full]),
+	ev := &kvevents.BlockStored{
+		BlockHashes: wireHashes(s.hashes[first:full]),
 		TokenIDs:    slices.Clone(s.tokens[first*bs : full*bs]),
 		BlockSize:   bs,
 		LoRAName:    s.lora,
 		Medium:      MediumGPU,
 	}
 	if first > 0 {
-		ev.ParentBlockHash, ev.HasParent = s.hashes[first-1], true
+		parent := s.hashes[first-1].Wire()
+		ev.Parent = &parent
 	}
 	for i := first; i < full; i++ {
 		var parent BlockHash

@@ -1,4 +1,4 @@
-package engine
+package simengine
 
 // The engine's block hash is a chain of bijective mixing steps: the state
 // starts from the parent hash and the block length, absorbs the tokens two at
