@@ -2,94 +2,163 @@
 // follows the engine's KV-cache events and keeps the directory's view of the
 // worker up to date (see internal/agent).
 //
-// Every flag can also be set by an environment variable KVDIR_AGENT_<NAME>,
+// Every flag can also be set by an environment variable KVDIR_AGENT_<FLAG>,
 // the flag name upper-cased with dashes as underscores (a flag given on the
-// command line wins). SIGTERM or SIGINT flushes, deregisters and exits 0.
+// command line wins; see internal/cli). The defaults and checks of the
+// agent's settings are internal/agent's (agent.DefaultConfig,
+// agent.Config.Validate). SIGTERM or SIGINT flushes, deregisters and exits
+// 0; a second signal exits 130 at once. A usage error exits 2, a failure 1.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvdir/kvdir/internal/agent"
+	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/dirclient"
-	"github.com/kvdir/kvdir/internal/envflag"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Getenv, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "agent:", err)
-		os.Exit(1)
-	}
+	ctx, stop := cli.SignalContext(context.Background(), "agent", os.Stderr)
+	code := runMain(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-// options are the parsed flags.
+// defaultHTTPAddr is where the agent serves /metrics and /healthz.
+const defaultHTTPAddr = ":9400"
+
+// options are the parsed flags: the agent's config (one rank's; run
+// derives the others) and what only the command knows.
 type options struct {
-	directory, workerID, workerAddress, model, engineKind string
-	endpoint, replayEndpoint, topic, metricsURL, httpAddr string
-	token, logLevel                                       string
-	bind                                                  bool
-	blockSize, batchBlocks, mapCapacity, queueLimit       int
-	dpSize                                                int
-	batchInterval, heartbeat                              time.Duration
+	cfg        agent.Config
+	directory  []string
+	engineKind string
+	httpAddr   string
+	token      string
+	dpSize     int
+	log        *slog.Logger
 }
 
-func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	o := &options{}
-	fs.StringVar(&o.directory, "directory", "", "comma-separated gRPC addresses of directory nodes (required)")
-	fs.StringVar(&o.workerID, "worker-id", "", "worker id, unique in the directory (required)")
-	fs.StringVar(&o.workerAddress, "worker-address", "", "the engine's HTTP base URL, e.g. http://10.0.0.7:8000")
-	fs.StringVar(&o.model, "model", "", "served model name (part of the content-hash namespace)")
-	fs.IntVar(&o.blockSize, "block-size", 16, "engine block size, for registration only (events carry their own)")
-	fs.StringVar(&o.engineKind, "engine-kind", "vllm", "engine kind: vllm, sglang, trtllm, enginesim")
-	fs.StringVar(&o.endpoint, "kv-events-endpoint", "tcp://127.0.0.1:5557", "engine KV-events address")
-	fs.BoolVar(&o.bind, "kv-events-bind", false, "bind the KV-events address (the engine's PUB connects)")
-	fs.StringVar(&o.replayEndpoint, "kv-events-replay-endpoint", "", "engine replay (ROUTER) address; empty disables replay")
-	fs.StringVar(&o.topic, "topic", "", "KV-events topic prefix")
-	fs.IntVar(&o.dpSize, "data-parallel-size", 1, "data-parallel ranks of the engine: one event stream (port + rank, as vLLM offsets them) and one worker (<worker-id>-dp<rank>) per rank")
-	fs.StringVar(&o.metricsURL, "metrics-url", "", "engine Prometheus URL (default worker-address + /metrics)")
-	fs.StringVar(&o.httpAddr, "http-addr", ":9400", "address of the agent's /metrics and /healthz")
-	fs.DurationVar(&o.batchInterval, "batch-interval", agent.DefaultBatchInterval, "longest wait before a batch is sent")
-	fs.IntVar(&o.batchBlocks, "batch-blocks", agent.DefaultBatchBlocks, "blocks that make a batch full")
-	fs.StringVar(&o.token, "token", "", "agent bearer token for the directory")
-	fs.IntVar(&o.mapCapacity, "map-capacity", agent.DefaultMapCapacity, "engine-hash map capacity (about 2x the engine's KV blocks)")
-	fs.IntVar(&o.queueLimit, "queue-limit", dirclient.DefaultQueueLimit, "unacknowledged batches buffered before dropping and resynchronising")
-	fs.DurationVar(&o.heartbeat, "heartbeat-interval", 0, "fixed heartbeat interval (default lease/3)")
-	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
-		return nil, fmt.Errorf("parse flags: %w", err)
+const summary = `agent runs beside one engine replica (vLLM, SGLang, TensorRT-LLM or
+enginesim): it follows the engine's KV-cache events over ZeroMQ, translates
+them into the directory's block hashes, publishes them in batches, registers
+the worker and heartbeats its load (read from the engine's /metrics), so that
+the kvdir directory always knows which prefixes this replica holds.
+
+It serves its own /metrics and /healthz on --http-addr. An engine with
+data-parallel ranks gets one worker per rank (<worker-id>-dp<rank>).`
+
+const examples = `  # Beside a vLLM started with --kv-events-config '{"enable_kv_cache_events": true,
+  # "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}':
+  agent --directory dir-0:7001,dir-1:7001,dir-2:7001 --worker-id vllm-0 \
+    --worker-address http://10.0.0.7:8000 --model llama3-8b \
+    --kv-events-endpoint tcp://127.0.0.1:5557 --kv-events-replay-endpoint tcp://127.0.0.1:5558
+
+  # The same from the environment, as the Kubernetes manifests do:
+  KVDIR_AGENT_DIRECTORY=dir-0:7001 KVDIR_AGENT_WORKER_ID=vllm-0 \
+  KVDIR_AGENT_WORKER_ADDRESS=http://10.0.0.7:8000 KVDIR_AGENT_MODEL=llama3-8b agent
+
+  # Beside enginesim, JSON logs:
+  agent --directory 127.0.0.1:7001 --worker-id sim-0 --worker-address http://127.0.0.1:8000 \
+    --engine-kind enginesim --log-format json`
+
+const notes = `SIGTERM or SIGINT flushes the pending batch, deregisters the worker and
+exits 0; a second signal, a second or more later, exits 130 at once.
+Exit status: 0 after a clean stop, 1 on an error, 2 on a usage error.`
+
+// newProgram declares the flags, with the agent library's defaults.
+func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Program, *options) {
+	p := &cli.Program{Name: "agent", Env: "AGENT", Summary: summary, Examples: examples, Notes: notes,
+		Usage: "agent --directory HOST:PORT,... --worker-id ID [flags]", Getenv: getenv, Stdout: stdout, Stderr: stderr}
+	o := &options{cfg: agent.DefaultConfig(), httpAddr: defaultHTTPAddr, dpSize: 1}
+	o.engineKind = engineKindName(o.cfg.Engine)
+	c := &o.cfg
+	fs := p.Flags()
+	p.Group("Directory and worker")
+	fs.Var(cli.StringList(&o.directory), "directory", "comma-separated gRPC addresses (`HOST:PORT,...`) of directory nodes (required)")
+	fs.StringVar(&c.WorkerID, "worker-id", c.WorkerID, "worker `ID`, unique in the directory (required)")
+	fs.StringVar(&c.WorkerAddress, "worker-address", c.WorkerAddress, "the engine's HTTP base `URL`, e.g. http://10.0.0.7:8000")
+	fs.StringVar(&c.Model, "model", c.Model, "served model `NAME` (part of the content-hash namespace)")
+	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "engine block size, for registration only (events carry their own)")
+	fs.StringVar(&o.token, "token", "", "agent bearer `TOKEN` for the directory (prefer "+p.EnvVar("token")+": flags show in ps)")
+	p.Group("Engine")
+	fs.StringVar(&o.engineKind, "engine-kind", o.engineKind, "engine `KIND`: vllm, sglang, trtllm, enginesim")
+	fs.StringVar(&c.Endpoint, "kv-events-endpoint", c.Endpoint, "engine KV-events `ENDPOINT`")
+	fs.BoolVar(&c.Bind, "kv-events-bind", c.Bind, "bind the KV-events address (the engine's PUB connects)")
+	fs.StringVar(&c.ReplayEndpoint, "kv-events-replay-endpoint", c.ReplayEndpoint, "engine replay (ROUTER) `ENDPOINT`; empty disables replay")
+	fs.StringVar(&c.Topic, "topic", c.Topic, "KV-events topic prefix")
+	fs.IntVar(&o.dpSize, "data-parallel-size", o.dpSize, "data-parallel ranks of the engine: one event stream (port + rank, as vLLM offsets them) and one worker (<worker-id>-dp<rank>) per rank")
+	fs.StringVar(&c.MetricsURL, "metrics-url", c.MetricsURL, "engine Prometheus `URL` (default worker-address + /metrics)")
+	p.Group("Agent")
+	fs.StringVar(&o.httpAddr, "http-addr", o.httpAddr, "`HOST:PORT` of the agent's /metrics and /healthz")
+	fs.DurationVar(&c.BatchInterval, "batch-interval", c.BatchInterval, "longest wait before a batch is sent")
+	fs.IntVar(&c.BatchBlocks, "batch-blocks", c.BatchBlocks, "blocks that make a batch full")
+	fs.IntVar(&c.MapCapacity, "map-capacity", c.MapCapacity, "engine-hash map capacity (about 2x the engine's KV blocks)")
+	fs.IntVar(&c.QueueLimit, "queue-limit", c.QueueLimit, "unacknowledged batches buffered before dropping and resynchronising")
+	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "fixed heartbeat interval (0: a third of the directory's lease)")
+	return p, o
+}
+
+// parseFlags parses the command line and the environment and checks the
+// result; its errors are usage errors (or cli.ErrHelp, cli.ErrVersion).
+func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Writer) (*cli.Program, *options, error) {
+	p, o := newProgram(getenv, stdout, stderr)
+	if err := p.Parse(args); err != nil {
+		return p, nil, err
 	}
-	if err := envflag.Apply(fs, "KVDIR_AGENT_", getenv); err != nil {
-		return nil, err
-	}
-	if o.directory == "" || o.workerID == "" {
-		return nil, errors.New("--directory and --worker-id are required")
+	if len(o.directory) == 0 || o.cfg.WorkerID == "" {
+		return p, nil, cli.Usagef("--directory and --worker-id are required")
 	}
 	if o.dpSize < 1 || o.dpSize > 256 {
-		return nil, fmt.Errorf("--data-parallel-size %d: must be 1 to 256", o.dpSize)
+		return p, nil, cli.Usagef("--data-parallel-size %d: must be 1 to 256", o.dpSize)
 	}
-	if o.metricsURL == "" && o.workerAddress != "" {
-		o.metricsURL = strings.TrimRight(o.workerAddress, "/") + "/metrics"
+	kind, err := engineKind(o.engineKind)
+	if err != nil {
+		return p, nil, cli.Usage(err)
 	}
-	return o, nil
+	o.cfg.Engine = kind
+	if o.cfg.MetricsURL == "" && o.cfg.WorkerAddress != "" {
+		o.cfg.MetricsURL = strings.TrimRight(o.cfg.WorkerAddress, "/") + "/metrics"
+	}
+	if err := o.cfg.Validate(); err != nil {
+		return p, nil, cli.Usage(err)
+	}
+	o.log = p.Logger()
+	for _, w := range p.Warnings() {
+		o.log.Warn(w)
+	}
+	o.cfg.Logger = o.log
+	return p, o, nil
+}
+
+// engineKindName is the --engine-kind of k.
+func engineKindName(k kvdirv1.EngineKind) string {
+	switch k {
+	case kvdirv1.EngineKind_ENGINE_KIND_SGLANG:
+		return "sglang"
+	case kvdirv1.EngineKind_ENGINE_KIND_TRTLLM:
+		return "trtllm"
+	case kvdirv1.EngineKind_ENGINE_KIND_ENGINESIM:
+		return "enginesim"
+	case kvdirv1.EngineKind_ENGINE_KIND_UNSPECIFIED:
+		return ""
+	}
+	return "vllm"
 }
 
 func engineKind(s string) (kvdirv1.EngineKind, error) {
@@ -108,21 +177,28 @@ func engineKind(s string) (kvdirv1.EngineKind, error) {
 	return 0, fmt.Errorf("unknown --engine-kind %q", s)
 }
 
+// runMain runs the command and returns its exit status.
+func runMain(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	p, o, err := parseFlags(args, getenv, stdout, stderr)
+	if err != nil {
+		return p.Exit(err)
+	}
+	return p.Exit(serve(ctx, o))
+}
+
+// run parses args and runs the agent until ctx ends; help goes nowhere.
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	o, err := parseFlags(args, getenv, stderr)
+	_, o, err := parseFlags(args, getenv, io.Discard, stderr)
 	if err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	kind, err := engineKind(o.engineKind)
-	if err != nil {
-		return err
-	}
-	dir, err := dirclient.New(dirclient.Config{Addrs: strings.Split(o.directory, ","), Token: o.token, Logger: log})
+	return serve(ctx, o)
+}
+
+// serve runs the agents of every rank and the HTTP server until ctx ends.
+func serve(ctx context.Context, o *options) error {
+	log := o.log
+	dir, err := dirclient.New(dirclient.Config{Addrs: o.directory, Token: o.token, Logger: log})
 	if err != nil {
 		return fmt.Errorf("directory client: %w", err)
 	}
@@ -132,19 +208,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	var agents []*agent.Agent
 	var gatherers prometheus.Gatherers
 	for r := range o.dpSize {
-		cfg := agent.Config{
-			WorkerID: o.workerID, WorkerAddress: o.workerAddress, Model: o.model, BlockSize: o.blockSize, Engine: kind,
-			Endpoint: o.endpoint, Bind: o.bind, ReplayEndpoint: o.replayEndpoint, Topic: o.topic,
-			MetricsURL: o.metricsURL, BatchInterval: o.batchInterval, BatchBlocks: o.batchBlocks,
-			MapCapacity: o.mapCapacity, QueueLimit: o.queueLimit, HeartbeatInterval: o.heartbeat, Logger: log,
-		}
+		cfg := o.cfg
 		if o.dpSize > 1 {
-			cfg.WorkerID = fmt.Sprintf("%s-dp%d", o.workerID, r)
-			if cfg.Endpoint, err = kvevents.OffsetEndpoint(o.endpoint, r); err != nil {
+			cfg.WorkerID = fmt.Sprintf("%s-dp%d", o.cfg.WorkerID, r)
+			if cfg.Endpoint, err = kvevents.OffsetEndpoint(o.cfg.Endpoint, r); err != nil {
 				return fmt.Errorf("--kv-events-endpoint for rank %d: %w", r, err)
 			}
-			if o.replayEndpoint != "" {
-				if cfg.ReplayEndpoint, err = kvevents.OffsetEndpoint(o.replayEndpoint, r); err != nil {
+			if o.cfg.ReplayEndpoint != "" {
+				if cfg.ReplayEndpoint, err = kvevents.OffsetEndpoint(o.cfg.ReplayEndpoint, r); err != nil {
 					return fmt.Errorf("--kv-events-replay-endpoint for rank %d: %w", r, err)
 				}
 			}
@@ -157,7 +228,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		agents = append(agents, a)
 		gatherers = append(gatherers, a.Gatherer())
 	}
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
+	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	lis, err := net.Listen("tcp", o.httpAddr)
 	if err != nil {
@@ -180,7 +251,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			log.Error("agent: http server", "err", err)
 		}
 	}()
-	log.Info("agent: starting", "worker", o.workerID, "ranks", o.dpSize, "events", o.endpoint, "http", lis.Addr().String())
+	log.Info("agent: starting", "worker", o.cfg.WorkerID, "ranks", o.dpSize, "events", o.cfg.Endpoint, "http", lis.Addr().String())
 	errs := make(chan error, len(agents))
 	for _, a := range agents {
 		go func() { errs <- a.Run(ctx) }()

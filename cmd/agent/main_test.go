@@ -3,35 +3,38 @@ package main
 import (
 	"context"
 	"io"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/cli"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
 func TestParseFlagsEnv(t *testing.T) {
-	o, err := parseFlags([]string{"--worker-id", "flag-wins"}, env(map[string]string{
+	_, o, err := parseFlags([]string{"--worker-id", "flag-wins"}, env(map[string]string{
 		"KVDIR_AGENT_WORKER_ID":      "from-env",
 		"KVDIR_AGENT_DIRECTORY":      "a:1,b:2",
 		"KVDIR_AGENT_WORKER_ADDRESS": "http://e:8000/",
 		"KVDIR_AGENT_BATCH_INTERVAL": "25ms",
 		"KVDIR_AGENT_KV_EVENTS_BIND": "true",
-	}), io.Discard)
+	}), io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.workerID != "flag-wins" || o.directory != "a:1,b:2" || o.batchInterval != 25*time.Millisecond || !o.bind {
+	if o.cfg.WorkerID != "flag-wins" || strings.Join(o.directory, ",") != "a:1,b:2" || o.cfg.BatchInterval != 25*time.Millisecond || !o.cfg.Bind {
 		t.Fatalf("options %+v", o)
 	}
-	if o.metricsURL != "http://e:8000/metrics" {
-		t.Fatalf("metrics url %q", o.metricsURL)
+	if o.cfg.MetricsURL != "http://e:8000/metrics" {
+		t.Fatalf("metrics url %q", o.cfg.MetricsURL)
 	}
-	if _, err := parseFlags(nil, env(nil), io.Discard); err == nil {
-		t.Fatal("missing --directory accepted")
+	if _, _, err := parseFlags(nil, env(nil), io.Discard, io.Discard); err == nil || !cli.IsUsage(err) {
+		t.Fatalf("missing --directory accepted, or not as a usage error: %v", err)
 	}
-	if _, err := parseFlags(nil, env(map[string]string{"KVDIR_AGENT_DIRECTORY": "a", "KVDIR_AGENT_WORKER_ID": "w",
-		"KVDIR_AGENT_BATCH_BLOCKS": "x"}), io.Discard); err == nil {
-		t.Fatal("bad env value accepted")
+	if _, _, err := parseFlags(nil, env(map[string]string{"KVDIR_AGENT_DIRECTORY": "a", "KVDIR_AGENT_WORKER_ID": "w",
+		"KVDIR_AGENT_BATCH_BLOCKS": "x"}), io.Discard, io.Discard); err == nil || !cli.IsUsage(err) {
+		t.Fatalf("bad env value accepted, or not as a usage error: %v", err)
 	}
 	if _, err := engineKind("nope"); err == nil {
 		t.Fatal("bad engine kind accepted")

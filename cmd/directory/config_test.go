@@ -2,12 +2,16 @@ package main
 
 import (
 	"bytes"
-	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kvdir/kvdir/internal/cli"
 )
 
 // writeFile writes content to a new file in dir and returns its path.
@@ -35,19 +39,20 @@ func TestDefaults(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"raft-addr", s.raftAddr, "127.0.0.1:7000"},
-		{"api-addr", s.apiAddr, "127.0.0.1:7001"},
-		{"http-addr", s.httpAddr, "127.0.0.1:7002"},
-		{"data-dir", s.dataDir, filepath.Join("kvdir-data", "n1")},
-		{"lease", s.lease, 10 * time.Second},
-		{"load-interval", s.loadInterval, time.Second},
-		{"session-ttl", s.sessionTTL, 24 * time.Hour},
-		{"max-sessions", s.maxSessions, 1_000_000},
-		{"snapshot-threshold", s.snapshotThreshold, uint64(8192)},
-		{"trailing-logs", s.trailingLogs, uint64(10240)},
-		{"heartbeat-timeout", s.heartbeatTimeout, time.Second},
-		{"election-timeout", s.electionTimeout, time.Second},
-		{"log-format", s.logFormat, "text"},
+		{"raft-addr", s.cfg.RaftAddr, "127.0.0.1:7000"},
+		{"api-addr", s.cfg.APIAddr, "127.0.0.1:7001"},
+		{"http-addr", s.cfg.HTTPAddr, "127.0.0.1:7002"},
+		{"data-dir", s.cfg.DataDir, filepath.Join("kvdir-data", "n1")},
+		{"lease", s.cfg.Lease, 10 * time.Second},
+		{"load-interval", s.cfg.LoadInterval, time.Second},
+		{"session-ttl", s.cfg.SessionTTL, 24 * time.Hour},
+		{"max-sessions", s.cfg.FSM.MaxSessions, 1_000_000},
+		{"snapshot-threshold", s.cfg.SnapshotThreshold, uint64(8192)},
+		{"trailing-logs", s.cfg.TrailingLogs, uint64(10240)},
+		{"heartbeat-timeout", s.cfg.HeartbeatTimeout, time.Second},
+		{"election-timeout", s.cfg.ElectionTimeout, time.Second},
+		{"log-format (json)", s.prog.JSONLogs(), false},
+		{"shutdown-timeout", s.shutdownTimeout, 30 * time.Second},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -77,10 +82,10 @@ join: [127.0.0.1:1, 127.0.0.1:2]
 log-format: json
 `, 0o600)
 	env := []string{
-		"KVDIR_CONFIG=" + file,
-		"KVDIR_LEASE=2m",
-		"KVDIR_LOAD_INTERVAL=3s",
-		"KVDIR_MAX_SESSIONS=8",
+		"KVDIR_DIRECTORY_CONFIG=" + file,
+		"KVDIR_DIRECTORY_LEASE=2m",
+		"KVDIR_DIRECTORY_LOAD_INTERVAL=3s",
+		"KVDIR_DIRECTORY_MAX_SESSIONS=8",
 		"PATH=/bin", // not ours: ignored
 	}
 	args := []string{"--lease", "3m", "--max-sessions=9"}
@@ -89,14 +94,14 @@ log-format: json
 		name      string
 		got, want any
 	}{
-		{"node-id (file)", s.nodeID, "from-file"},
-		{"lease (flag over env and file)", s.lease, 3 * time.Minute},
-		{"load-interval (env over file)", s.loadInterval, 3 * time.Second},
-		{"session-ttl (file over default)", s.sessionTTL, 3 * time.Hour},
-		{"max-sessions (flag)", s.maxSessions, 9},
-		{"join (file list)", strings.Join(s.join, ","), "127.0.0.1:1,127.0.0.1:2"},
-		{"log-format (file)", s.logFormat, "json"},
-		{"election-timeout (default)", s.electionTimeout, time.Second},
+		{"node-id (file)", s.cfg.ID, "from-file"},
+		{"lease (flag over env and file)", s.cfg.Lease, 3 * time.Minute},
+		{"load-interval (env over file)", s.cfg.LoadInterval, 3 * time.Second},
+		{"session-ttl (file over default)", s.cfg.SessionTTL, 3 * time.Hour},
+		{"max-sessions (flag)", s.cfg.FSM.MaxSessions, 9},
+		{"join (file list)", strings.Join(s.cfg.Join, ","), "127.0.0.1:1,127.0.0.1:2"},
+		{"log-format (file)", s.prog.JSONLogs(), true},
+		{"election-timeout (default)", s.cfg.ElectionTimeout, time.Second},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -104,40 +109,40 @@ log-format: json
 		}
 	}
 
-	// --config beats KVDIR_CONFIG.
+	// --config beats KVDIR_DIRECTORY_CONFIG.
 	other := writeFile(t, dir, "other.yaml", "node-id: other\n", 0o600)
 	s = mustLoad(t, []string{"--config", other}, env).s
-	if s.nodeID != "other" || s.lease != 2*time.Minute {
-		t.Errorf("--config over KVDIR_CONFIG: node %q lease %v", s.nodeID, s.lease)
+	if s.cfg.ID != "other" || s.cfg.Lease != 2*time.Minute {
+		t.Errorf("--config over KVDIR_DIRECTORY_CONFIG: node %q lease %v", s.cfg.ID, s.cfg.Lease)
 	}
 
 	// An empty environment variable counts as unset.
-	s = mustLoad(t, []string{"--node-id", "n1"}, []string{"KVDIR_LEASE=", "KVDIR_HTTP_ADDR="}).s
-	if s.lease != 10*time.Second || s.httpAddr != "127.0.0.1:7002" {
-		t.Errorf("empty env: lease %v http %q", s.lease, s.httpAddr)
+	s = mustLoad(t, []string{"--node-id", "n1"}, []string{"KVDIR_DIRECTORY_LEASE=", "KVDIR_DIRECTORY_HTTP_ADDR="}).s
+	if s.cfg.Lease != 10*time.Second || s.cfg.HTTPAddr != "127.0.0.1:7002" {
+		t.Errorf("empty env: lease %v http %q", s.cfg.Lease, s.cfg.HTTPAddr)
 	}
 }
 
 func TestEnvironment(t *testing.T) {
 	env := []string{
-		"KVDIR_NODE_ID=n2",
-		"KVDIR_RAFT_ADDR=127.0.0.1:7010",
-		"KVDIR_INITIAL_CLUSTER=n1=127.0.0.1:7000, n2=127.0.0.1:7010",
-		"KVDIR_HEARTBEAT_TIMEOUT=200ms",
-		"KVDIR_ELECTION_TIMEOUT=400ms",
-		"KVDIR_HTTP_ADDR=off",
-		"KVDIR_LOG_LEVEL=debug",
-		"KVDIR_SNAPSHOT_THRESHOLD=100",
-		"KVDIR_BOOTSTRAP=false",
+		"KVDIR_DIRECTORY_NODE_ID=n2",
+		"KVDIR_DIRECTORY_RAFT_ADDR=127.0.0.1:7010",
+		"KVDIR_DIRECTORY_INITIAL_CLUSTER=n1=127.0.0.1:7000, n2=127.0.0.1:7010",
+		"KVDIR_DIRECTORY_HEARTBEAT_TIMEOUT=200ms",
+		"KVDIR_DIRECTORY_ELECTION_TIMEOUT=400ms",
+		"KVDIR_DIRECTORY_HTTP_ADDR=off",
+		"KVDIR_DIRECTORY_LOG_LEVEL=debug",
+		"KVDIR_DIRECTORY_SNAPSHOT_THRESHOLD=100",
+		"KVDIR_DIRECTORY_BOOTSTRAP=false",
 	}
 	s := mustLoad(t, nil, env).s
-	if s.nodeID != "n2" || s.raftAddr != "127.0.0.1:7010" || s.httpAddr != "" ||
-		s.heartbeatTimeout != 200*time.Millisecond || s.electionTimeout != 400*time.Millisecond ||
-		s.snapshotThreshold != 100 || s.logLevel.String() != "DEBUG" {
+	if s.cfg.ID != "n2" || s.cfg.RaftAddr != "127.0.0.1:7010" || s.cfg.HTTPAddr != "" ||
+		s.cfg.HeartbeatTimeout != 200*time.Millisecond || s.cfg.ElectionTimeout != 400*time.Millisecond ||
+		s.cfg.SnapshotThreshold != 100 || s.prog.LogLevel().String() != "DEBUG" {
 		t.Errorf("settings from the environment: %+v", s)
 	}
-	if len(s.initialCluster) != 2 || s.initialCluster["n1"] != "127.0.0.1:7000" {
-		t.Errorf("initial cluster: %v", s.initialCluster)
+	if len(s.cfg.InitialCluster) != 2 || s.cfg.InitialCluster["n1"] != "127.0.0.1:7000" {
+		t.Errorf("initial cluster: %v", s.cfg.InitialCluster)
 	}
 }
 
@@ -153,16 +158,16 @@ bootstrap: false
 http-addr: ""
 `, 0o600)
 	s := mustLoad(t, []string{"--config", file}, nil).s
-	if len(s.initialCluster) != 2 || s.initialCluster["n2"] != "127.0.0.1:7010" || s.httpAddr != "" {
-		t.Errorf("mapping form: %v, http %q", s.initialCluster, s.httpAddr)
+	if len(s.cfg.InitialCluster) != 2 || s.cfg.InitialCluster["n2"] != "127.0.0.1:7010" || s.cfg.HTTPAddr != "" {
+		t.Errorf("mapping form: %v, http %q", s.cfg.InitialCluster, s.cfg.HTTPAddr)
 	}
 	file = writeFile(t, dir, "d.yaml", "node-id: n1\ninitial-cluster: [n1=127.0.0.1:7000, n2=127.0.0.1:7010]\n", 0o600)
 	s = mustLoad(t, []string{"--config", file}, nil).s
-	if len(s.initialCluster) != 2 {
-		t.Errorf("sequence form: %v", s.initialCluster)
+	if len(s.cfg.InitialCluster) != 2 {
+		t.Errorf("sequence form: %v", s.cfg.InitialCluster)
 	}
 	empty := writeFile(t, dir, "empty.yaml", "", 0o600)
-	if s := mustLoad(t, []string{"--config", empty, "--node-id", "n1"}, nil).s; s.nodeID != "n1" {
+	if s := mustLoad(t, []string{"--config", empty, "--node-id", "n1"}, nil).s; s.cfg.ID != "n1" {
 		t.Errorf("empty file: %+v", s)
 	}
 }
@@ -183,14 +188,14 @@ func TestErrors(t *testing.T) {
 		file string // config file content, if any
 		want string // in the error
 	}{
-		{name: "missing node id", args: []string{}, want: "a node id is required"},
+		{name: "missing node id", args: []string{}, want: "--node-id: a node id is required: set --node-id or KVDIR_DIRECTORY_NODE_ID"},
 		{name: "bad node id", args: []string{"--node-id", "a=b"}, want: "only letters"},
-		{name: "unknown flag", args: []string{"--no-such-flag"}, want: "not defined: -no-such-flag"},
+		{name: "unknown flag", args: []string{"--no-such-flag"}, want: "unknown flag: --no-such-flag"},
 		{name: "positional", args: append(base, "extra"), want: `unexpected argument "extra"`},
-		{name: "bad duration flag", args: append(base, "--lease", "10"), want: `flag --lease: not a duration: "10"`},
+		{name: "bad duration flag", args: append(base, "--lease", "10"), want: `invalid argument "10" for "--lease" flag: not a duration: "10"`},
 		{name: "negative duration", args: append(base, "--lease=-1s"), want: "must be positive"},
-		{name: "bad duration env", args: base, env: []string{"KVDIR_ELECTION_TIMEOUT=soon"}, want: "environment variable KVDIR_ELECTION_TIMEOUT: not a duration"},
-		{name: "bad duration file", args: base, file: "lease: ten\n", want: `key "lease" in config file`},
+		{name: "bad duration env", args: base, env: []string{"KVDIR_DIRECTORY_ELECTION_TIMEOUT=soon"}, want: `environment variable KVDIR_DIRECTORY_ELECTION_TIMEOUT="soon": not a duration`},
+		{name: "bad duration file", args: base, file: "lease: ten\n", want: `key "lease": not a duration`},
 		{name: "unknown key", args: base, file: "node-id: n1\nlaese: 1s\n", want: `(line 2): unknown key "laese"`},
 		{name: "underscore key", args: base, file: "node_id: n1\n", want: `did you mean "node-id"?`},
 		{name: "config key in file", args: base, file: "config: x.yaml\n", want: "it is a flag only"},
@@ -199,27 +204,27 @@ func TestErrors(t *testing.T) {
 		{name: "not a mapping", args: base, file: "- a\n- b\n", want: "want a mapping"},
 		{name: "broken yaml", args: base, file: "lease: [1s\n", want: "config file"},
 		{name: "missing config", args: append(base, "--config", filepath.Join(dir, "nope.yaml")), want: "read config file"},
-		{name: "bad bool", args: base, env: []string{"KVDIR_BOOTSTRAP=yes please"}, want: "not a boolean"},
+		{name: "bad bool", args: base, env: []string{"KVDIR_DIRECTORY_BOOTSTRAP=yes please"}, want: `environment variable KVDIR_DIRECTORY_BOOTSTRAP="yes please": strconv.ParseBool`},
 		{name: "bad int", args: append(base, "--max-sessions", "0"), want: "not a positive integer"},
-		{name: "bootstrap and join", args: append(base, "--bootstrap", "--join", "127.0.0.1:7001"), want: "--bootstrap starts a new cluster and --join"},
-		{name: "bootstrap and initial", args: append(base, "--bootstrap", "--initial-cluster", "n1=127.0.0.1:7000"), want: "exclude each other"},
-		{name: "initial and join", args: append(base, "--initial-cluster", "n1=127.0.0.1:7000", "--join", "127.0.0.1:7001"), want: "--initial-cluster starts a new cluster"},
-		{name: "initial without self", args: append(base, "--initial-cluster", "n2=127.0.0.1:7010"), want: `does not list this node ("n1")`},
-		{name: "initial wrong self address", args: append(base, "--initial-cluster", "n1=127.0.0.1:9999"), want: "must be the same"},
+		{name: "bootstrap and join", args: append(base, "--bootstrap", "--join", "127.0.0.1:7001"), want: "--bootstrap and --join: exclude each other: one starts a new cluster"},
+		{name: "bootstrap and initial", args: append(base, "--bootstrap", "--initial-cluster", "n1=127.0.0.1:7000"), want: "--bootstrap and --initial-cluster: exclude each other"},
+		{name: "initial and join", args: append(base, "--initial-cluster", "n1=127.0.0.1:7000", "--join", "127.0.0.1:7001"), want: "--initial-cluster and --join: exclude each other"},
+		{name: "initial without self", args: append(base, "--initial-cluster", "n2=127.0.0.1:7010"), want: `--initial-cluster: does not list this node ("n1")`},
+		{name: "initial wrong self address", args: append(base, "--initial-cluster", "n1=127.0.0.1:9999"), want: "--initial-cluster and --raft-advertise: the initial cluster lists n1 at 127.0.0.1:9999 but this node's Raft address is 127.0.0.1:7000: they must be the same"},
 		{name: "initial duplicate id", args: append(base, "--initial-cluster", "n1=127.0.0.1:7000,n1=127.0.0.1:7010"), want: "listed twice"},
-		{name: "initial duplicate address", args: append(base, "--initial-cluster", "n1=127.0.0.1:7000,n2=127.0.0.1:7000"), want: "same address"},
-		{name: "initial malformed", args: append(base, "--initial-cluster", "n1"), want: "want id=host:port"},
-		{name: "bad join address", args: append(base, "--join", "nohost"), want: "want host:port"},
-		{name: "raft port 0", args: append(base, "--raft-addr", "127.0.0.1:0"), want: "port 0 is not allowed"},
-		{name: "raft wildcard", args: append(base, "--raft-addr", "0.0.0.0:7000"), want: "set --raft-advertise"},
-		{name: "bad port", args: append(base, "--api-addr", "127.0.0.1:http"), want: "port must be a number"},
-		{name: "election below heartbeat", args: append(base, "--heartbeat-timeout", "2s", "--election-timeout", "1s"), want: "must be at least --heartbeat-timeout"},
-		{name: "heartbeat too short", args: append(base, "--heartbeat-timeout", "1ms", "--election-timeout", "1ms"), want: "too short"},
-		{name: "short lease", args: append(base, "--lease", "1ms"), want: "--lease 1ms is too short"},
+		{name: "initial duplicate address", args: append(base, "--initial-cluster", "n1=127.0.0.1:7000,n2=127.0.0.1:7000"), want: `--initial-cluster: members "n1" and "n2" have the same address 127.0.0.1:7000`},
+		{name: "initial malformed", args: append(base, "--initial-cluster", "n1"), want: `item "n1": want key=value`},
+		{name: "bad join address", args: append(base, "--join", "nohost"), want: `--join: address "nohost": want host:port`},
+		{name: "raft port 0", args: append(base, "--raft-addr", "127.0.0.1:0"), want: "--raft-addr: address \"127.0.0.1:0\": port 0 is not allowed"},
+		{name: "raft wildcard", args: append(base, "--raft-addr", "0.0.0.0:7000"), want: "--raft-addr and --raft-advertise: 0.0.0.0:7000 binds every interface"},
+		{name: "bad port", args: append(base, "--api-addr", "127.0.0.1:http"), want: "--api-addr: address \"127.0.0.1:http\": port must be a number"},
+		{name: "election below heartbeat", args: append(base, "--heartbeat-timeout", "2s", "--election-timeout", "1s"), want: "--election-timeout and --heartbeat-timeout: the election timeout 1s must be at least the heartbeat timeout 2s"},
+		{name: "heartbeat too short", args: append(base, "--heartbeat-timeout", "1ms", "--election-timeout", "1ms"), want: "--heartbeat-timeout: 1ms is too short (at least 10ms)"},
+		{name: "short lease", args: append(base, "--lease", "1ms"), want: "--lease: 1ms is too short (at least 100ms)"},
 		{name: "tls key without cert", args: append(base, "--tls-key", "k.pem"), want: "--tls-key is set without --tls-cert"},
 		{name: "tls cert without key", args: append(base, "--tls-cert", "c.pem"), want: "--tls-cert is set without --tls-key"},
 		{name: "tls ca alone", args: append(base, "--tls-ca", cert), want: "--tls-ca is set without"},
-		{name: "one token only", args: append(base, "--admin-token-file", tok), want: "missing: --agent-token(-file), --router-token(-file)"},
+		{name: "one token only", args: append(base, "--admin-token-file", tok), want: "set the tokens of all three roles or of none; missing: agent, router"},
 		{name: "token and file same level", args: append(base, "--admin-token", "a", "--admin-token-file", tok), want: "give one"},
 		{name: "empty token file", args: append(base, "--admin-token-file", emptyTok), want: "is empty"},
 		{name: "missing token file", args: append(base, "--admin-token-file", filepath.Join(dir, "nope")), want: "token file"},
@@ -237,7 +242,7 @@ func TestErrors(t *testing.T) {
 			if err == nil {
 				t.Fatalf("no error; want one containing %q", c.want)
 			}
-			if !errors.Is(err, errUsage) {
+			if !cli.IsUsage(err) {
 				t.Errorf("error %v is not a usage error", err)
 			}
 			if !strings.Contains(err.Error(), c.want) {
@@ -253,7 +258,7 @@ func TestTokens(t *testing.T) {
 	router := writeFile(t, dir, "router", "  router-secret  ", 0o600)
 	admin := writeFile(t, dir, "admin", "admin-secret", 0o644)
 	l := mustLoad(t, []string{"--node-id", "n1", "--agent-token-file", agent, "--router-token-file", router},
-		[]string{"KVDIR_ADMIN_TOKEN_FILE=" + admin})
+		[]string{"KVDIR_DIRECTORY_ADMIN_TOKEN_FILE=" + admin})
 	s := l.s
 	if s.tokens["agent"] != "agent-secret" || s.tokens["router"] != "router-secret" || s.tokens["admin"] != "admin-secret" {
 		t.Errorf("tokens: %v", s.tokens)
@@ -264,7 +269,7 @@ func TestTokens(t *testing.T) {
 	// A token from a higher source beats a token file from a lower one,
 	// and the other way round.
 	s = mustLoad(t, []string{"--node-id", "n1", "--agent-token-file", agent, "--router-token", "r", "--admin-token", "a"},
-		[]string{"KVDIR_AGENT_TOKEN=env-agent", "KVDIR_ROUTER_TOKEN_FILE=" + router}).s
+		[]string{"KVDIR_DIRECTORY_AGENT_TOKEN=env-agent", "KVDIR_DIRECTORY_ROUTER_TOKEN_FILE=" + router}).s
 	if s.tokens["agent"] != "agent-secret" || s.tokens["router"] != "r" {
 		t.Errorf("token precedence: %v", s.tokens)
 	}
@@ -292,7 +297,7 @@ func TestTLSFiles(t *testing.T) {
 	}
 	// A key that does not match, and a CA file without certificates.
 	s = mustLoad(t, []string{"--node-id", "n1", "--tls-cert", cert, "--tls-key", cert}, nil).s
-	if _, err := s.nodeConfig(nil); err == nil || !errors.Is(err, errUsage) {
+	if _, err := s.nodeConfig(nil); err == nil || !cli.IsUsage(err) {
 		t.Errorf("mismatched key: %v", err)
 	}
 	s = mustLoad(t, []string{"--node-id", "n1", "--tls-cert", cert, "--tls-key", key, "--tls-ca", key}, nil).s
@@ -310,7 +315,7 @@ func TestRunUsageExits(t *testing.T) {
 	}{
 		{[]string{"--help"}, exitOK, "three-node cluster on one machine", ""},
 		{[]string{"-h"}, exitOK, "--initial-cluster", ""},
-		{[]string{"--version"}, exitOK, "kvdir directory " + version, ""},
+		{[]string{"--version"}, exitOK, "kvdir directory " + cli.Version(), ""},
 		{[]string{}, exitUsage, "", "a node id is required"},
 		{[]string{"--node-id", "n1", "--bootstrap", "--join", "127.0.0.1:1"}, exitUsage, "", "give one of them"},
 		{[]string{"--node-id", "n1", "--tls-key", "k"}, exitUsage, "", "--tls-key is set without --tls-cert"},
@@ -322,14 +327,18 @@ func TestRunUsageExits(t *testing.T) {
 			t.Errorf("run %q: exit %d (want %d)\nstdout: %s\nstderr: %s", c.args, code, c.code, stdout.String(), stderr.String())
 		}
 	}
-	// Every option is in the help, with its environment variable.
+	// Every flag is in the help, with its environment variable.
 	var help bytes.Buffer
-	writeHelp(&help)
-	for _, o := range options {
-		if !strings.Contains(help.String(), "--"+o.name) || !strings.Contains(help.String(), o.env()) {
-			t.Errorf("help lacks --%s or %s", o.name, o.env())
-		}
+	s := newSettings(nil, &help, io.Discard)
+	if code := s.prog.Exit(s.prog.Parse([]string{"--help"})); code != exitOK {
+		t.Fatalf("--help: exit %d", code)
 	}
+	s.prog.Flags().VisitAll(func(f *pflag.Flag) {
+		env := cli.EnvVar("DIRECTORY", f.Name)
+		if !strings.Contains(help.String(), "--"+f.Name) || f.Name != "help" && f.Name != "version" && !strings.Contains(help.String(), env) {
+			t.Errorf("help lacks --%s or %s", f.Name, env)
+		}
+	})
 }
 
 // TestRunStartFailure: a node that cannot start (its Raft port is taken)

@@ -80,7 +80,7 @@ func TestRunTLSAndTokens(t *testing.T) {
 	addrs := testkit.FreeAddrs(t, 3)
 	args := []string{"--config", cfg, "--data-dir", dir + "/data", "--raft-addr", addrs[0], "--api-addr", addrs[1], "--http-addr", addrs[2],
 		"--heartbeat-timeout", "100ms", "--election-timeout", "100ms", "--log-level", "debug"}
-	env := []string{"KVDIR_AGENT_TOKEN=agent-secret", "KVDIR_ROUTER_TOKEN=router-secret", "KVDIR_ADMIN_TOKEN_FILE=" + admin}
+	env := []string{"KVDIR_DIRECTORY_AGENT_TOKEN=agent-secret", "KVDIR_DIRECTORY_ROUTER_TOKEN=router-secret", "KVDIR_DIRECTORY_ADMIN_TOKEN_FILE=" + admin}
 
 	sigs := make(chan os.Signal, 2)
 	var stdout, stderr testkit.Buffer

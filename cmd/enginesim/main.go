@@ -6,28 +6,25 @@
 // requests and restart the engine.
 //
 // Run "enginesim --help" for the flags; every flag can also be set through
-// the environment as KVDIR_ENGINESIM_<FLAG>, e.g. KVDIR_ENGINESIM_KV_BLOCKS.
+// the environment as KVDIR_ENGINESIM_<FLAG>, e.g. KVDIR_ENGINESIM_KV_BLOCKS
+// (see internal/cli). SIGTERM or SIGINT stops it; a second signal exits 130
+// at once. A usage error exits 2, a failure 1.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
+	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/costmodel"
-	"github.com/kvdir/kvdir/internal/envflag"
 	"github.com/kvdir/kvdir/internal/simengine"
 )
-
-// envPrefix prefixes the environment equivalents of the flags.
-const envPrefix = "KVDIR_ENGINESIM_"
 
 // config is the parsed command line.
 type config struct {
@@ -51,11 +48,9 @@ type config struct {
 	replayLayout      string
 	replayBufferSteps int
 	dpRank            int
-
-	logLevel string
 }
 
-const usageHeader = `enginesim: a simulated vLLM engine for kvdir tests, benchmarks and demos.
+const summary = `enginesim is a simulated vLLM engine for kvdir tests, benchmarks and demos.
 
 It serves an OpenAI-compatible API for one model on top of kvdir's engine
 model (paged KV cache with prefix caching and LRU eviction, continuous
@@ -70,24 +65,33 @@ Endpoints:
   POST /admin/faults         {"drop_event_fraction","loss_fraction",
                               "slow_factor","fail_fraction"}; GET shows them
   POST /admin/restart        simulate an engine restart: empty cache, event
-                              sequence back to 0, no AllBlocksCleared
+                              sequence back to 0, no AllBlocksCleared`
 
-Every flag can also be set as an environment variable KVDIR_ENGINESIM_<NAME>
-(upper case, dashes as underscores); command-line flags win.
+const examples = `  # Ten times faster than real time, with KV events and replay as vLLM publishes them:
+  enginesim --addr 127.0.0.1:8000 --time-scale 0.1 \
+    --kv-events-endpoint 'tcp://*:5557' --kv-events-replay-endpoint 'tcp://*:5558'
 
-Flags:
-`
+  # A 70B model with a small cache, from the environment:
+  KVDIR_ENGINESIM_PROFILE=llama3-70b KVDIR_ENGINESIM_KV_BLOCKS=4096 enginesim
 
-// newFlagSet defines the flags into cfg.
-func newFlagSet(cfg *config, out io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("enginesim", flag.ContinueOnError)
-	fs.SetOutput(out)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usageHeader)
-		fs.PrintDefaults()
-	}
+  # Then:
+  curl -s 127.0.0.1:8000/v1/chat/completions -d '{"model":"llama3-8b","messages":[{"role":"user","content":"hi"}]}'`
+
+const notes = `SIGTERM or SIGINT stops the server; a second signal, a second or more
+later, exits 130 at once. Exit status: 0 after a clean stop, 1 on an
+error, 2 on a usage error.`
+
+// newProgram declares the flags into cfg.
+func newProgram(cfg *config, getenv func(string) string, stdout, stderr io.Writer) *cli.Program {
+	p := &cli.Program{Name: "enginesim", Env: "ENGINESIM", Summary: summary, Examples: examples, Notes: notes,
+		Getenv: getenv, Stdout: stdout, Stderr: stderr}
+	fs := p.Flags()
+	p.Group("Server")
 	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:8000", "HTTP listen `address` (port 0 picks a free port)")
 	fs.StringVar(&cfg.model, "model", "llama3-8b", "model `name` served; requests naming another model get 404")
+	fs.IntVar(&cfg.defaultMaxTokens, "default-max-tokens", 16, "completion length when a request sets neither max_tokens nor max_completion_tokens")
+	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", 8<<20, "largest accepted request body in `bytes`")
+	p.Group("Engine model")
 	fs.StringVar(&cfg.profile, "profile", costmodel.DefaultProfileName, "timing profile: a built-in `name` ("+strings.Join(costmodel.ProfileNames(), ", ")+") or a JSON profile file path")
 	fs.IntVar(&cfg.blockSize, "block-size", simengine.DefaultBlockSize, "tokens per KV block")
 	fs.IntVar(&cfg.kvBlocks, "kv-blocks", 32768, "KV-cache capacity in `blocks`")
@@ -96,8 +100,7 @@ func newFlagSet(cfg *config, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&cfg.maxModelLen, "max-model-len", 131072, "longest prompt + completion in `tokens` (capped at the KV capacity)")
 	fs.Float64Var(&cfg.timeScale, "time-scale", 1, "wall time per modelled time: 1 real time, 0.1 ten times faster, 0 never sleeps")
 	fs.Uint64Var(&cfg.seed, "seed", 0, "seeds block hashes and generated tokens")
-	fs.IntVar(&cfg.defaultMaxTokens, "default-max-tokens", 16, "completion length when a request sets neither max_tokens nor max_completion_tokens")
-	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", 8<<20, "largest accepted request body in `bytes`")
+	p.Group("KV events")
 	fs.StringVar(&cfg.eventsEndpoint, "kv-events-endpoint", "", "ZMQ PUB `endpoint` for KV events, e.g. tcp://*:5557 (binds if it contains * or ::, else connects, as vLLM); empty disables events")
 	fs.StringVar(&cfg.replayEndpoint, "kv-events-replay-endpoint", "", "ZMQ ROUTER `endpoint` for replay requests, e.g. tcp://*:5558; empty disables replay")
 	fs.StringVar(&cfg.topic, "kv-events-topic", "", "topic frame of every event message")
@@ -105,52 +108,96 @@ func newFlagSet(cfg *config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&cfg.replayLayout, "replay-layout", "old", "replay reply framing: old (vLLM <= v0.25) or new (v0.26+)")
 	fs.IntVar(&cfg.replayBufferSteps, "replay-buffer-steps", 10000, "event batches kept for replay")
 	fs.IntVar(&cfg.dpRank, "data-parallel-rank", 0, "data-parallel rank: offsets the event ports as vLLM does, written into every batch and used as the metrics' engine label")
-	fs.StringVar(&cfg.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
-	return fs
+	return p
+}
+
+// check refuses settings the engine cannot run with, and caps
+// --max-model-len at the KV capacity.
+func (c *config) check() error {
+	if c.model == "" {
+		return errors.New("--model must not be empty")
+	}
+	if c.defaultMaxTokens < 1 {
+		return fmt.Errorf("--default-max-tokens %d, want >= 1", c.defaultMaxTokens)
+	}
+	if c.maxBodyBytes < 1 {
+		return fmt.Errorf("--max-body-bytes %d, want >= 1", c.maxBodyBytes)
+	}
+	if c.dpRank < 0 {
+		return fmt.Errorf("--data-parallel-rank %d, want >= 0", c.dpRank)
+	}
+	if c.blockSize < 1 || c.kvBlocks < 1 || c.maxBatchedTokens < 1 || c.maxRunning < 1 {
+		return errors.New("--block-size, --kv-blocks, --max-batched-tokens and --max-running must be positive")
+	}
+	if math.IsNaN(c.timeScale) || c.timeScale < 0 {
+		return fmt.Errorf("--time-scale %v, want >= 0", c.timeScale)
+	}
+	if capTokens := c.kvBlocks * c.blockSize; c.maxModelLen < 1 || c.maxModelLen > capTokens {
+		if c.maxModelLen < 1 {
+			return fmt.Errorf("--max-model-len %d, want >= 1", c.maxModelLen)
+		}
+		c.maxModelLen = capTokens
+	}
+	if c.eventsForm != "array" && c.eventsForm != "map" {
+		return fmt.Errorf("--kv-events-form %q, want array or map", c.eventsForm)
+	}
+	if c.replayLayout != "old" && c.replayLayout != "new" {
+		return fmt.Errorf("--replay-layout %q, want old or new", c.replayLayout)
+	}
+	return nil
 }
 
 // parseConfig parses args, then sets from the environment what they did
-// not set.
+// not set, and checks the result; its errors are usage errors (or
+// cli.ErrHelp, cli.ErrVersion).
 func parseConfig(args []string, getenv func(string) string, out io.Writer) (config, error) {
+	cfg, _, err := parse(args, getenv, out, out)
+	return cfg, err
+}
+
+func parse(args []string, getenv func(string) string, stdout, stderr io.Writer) (config, *cli.Program, error) {
 	var cfg config
-	fs := newFlagSet(&cfg, out)
-	if err := fs.Parse(args); err != nil {
-		return cfg, fmt.Errorf("flags: %w", err)
+	p := newProgram(&cfg, getenv, stdout, stderr)
+	if err := p.Parse(args); err != nil {
+		return cfg, p, err
 	}
-	if err := envflag.Apply(fs, envPrefix, getenv); err != nil {
-		return cfg, err
+	if err := cfg.check(); err != nil {
+		return cfg, p, cli.Usage(err)
 	}
-	if fs.NArg() > 0 {
-		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	if _, err := loadProfile(cfg.profile); err != nil {
+		return cfg, p, cli.Usage(err)
 	}
-	return cfg, nil
+	return cfg, p, nil
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr, nil)
+	ctx, stop := cli.SignalContext(context.Background(), "enginesim", os.Stderr)
+	code := runMain(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "enginesim:", err)
-		os.Exit(1)
-	}
+	os.Exit(code)
 }
 
-// run parses args, serves until ctx is done and shuts down. ready, if not
-// nil, is called with the running server once it listens.
+// runMain runs the command and returns its exit status.
+func runMain(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cfg, p, err := parse(args, getenv, stdout, stderr)
+	if err != nil {
+		return p.Exit(err)
+	}
+	return p.Exit(start(ctx, cfg, p.Logger(), nil))
+}
+
+// run parses args, serves until ctx is done and shuts down; help goes
+// nowhere. ready, if not nil, is called with the running server once it
+// listens.
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer, ready func(*server)) error {
-	cfg, err := parseConfig(args, getenv, stderr)
+	cfg, p, err := parse(args, getenv, io.Discard, stderr)
 	if err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
-	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	return start(ctx, cfg, p.Logger(), ready)
+}
+
+func start(ctx context.Context, cfg config, logger *slog.Logger, ready func(*server)) error {
 	s, err := newServer(ctx, cfg, logger)
 	if err != nil {
 		return err

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -58,33 +57,12 @@ type server struct {
 // newServer validates cfg, builds the engine and the publisher and binds the
 // HTTP listener.
 func newServer(ctx context.Context, cfg config, logger *slog.Logger) (*server, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
 	prof, err := loadProfile(cfg.profile)
 	if err != nil {
 		return nil, err
-	}
-	if cfg.model == "" {
-		return nil, errors.New("--model must not be empty")
-	}
-	if cfg.defaultMaxTokens < 1 {
-		return nil, fmt.Errorf("--default-max-tokens %d, want >= 1", cfg.defaultMaxTokens)
-	}
-	if cfg.maxBodyBytes < 1 {
-		return nil, fmt.Errorf("--max-body-bytes %d, want >= 1", cfg.maxBodyBytes)
-	}
-	if cfg.dpRank < 0 {
-		return nil, fmt.Errorf("--data-parallel-rank %d, want >= 0", cfg.dpRank)
-	}
-	if cfg.blockSize < 1 || cfg.kvBlocks < 1 || cfg.maxBatchedTokens < 1 || cfg.maxRunning < 1 {
-		return nil, errors.New("--block-size, --kv-blocks, --max-batched-tokens and --max-running must be positive")
-	}
-	if math.IsNaN(cfg.timeScale) || cfg.timeScale < 0 {
-		return nil, fmt.Errorf("--time-scale %v, want >= 0", cfg.timeScale)
-	}
-	if capTokens := cfg.kvBlocks * cfg.blockSize; cfg.maxModelLen < 1 || cfg.maxModelLen > capTokens {
-		if cfg.maxModelLen < 1 {
-			return nil, fmt.Errorf("--max-model-len %d, want >= 1", cfg.maxModelLen)
-		}
-		cfg.maxModelLen = capTokens
 	}
 	tmpl, err := tokenize.ChatMLCL100K()
 	if err != nil {

@@ -35,7 +35,7 @@ func describe(err error, a *app) string {
 	op := opOf(err)
 	switch st.Code() {
 	case codes.Unauthenticated:
-		hint := "pass the token with --token-file FILE (or KVDIRCTL_TOKEN / KVDIRCTL_TOKEN_FILE)"
+		hint := "pass the token with --token-file FILE (or KVDIR_CTL_TOKEN / KVDIR_CTL_TOKEN_FILE)"
 		if a.token != "" || a.tokenFile != "" {
 			hint = "the token given is not one of the directory's tokens: check --token / --token-file"
 		}
@@ -129,7 +129,7 @@ func describeUnreachable(ue *dirclient.UnreachableError, a *app) string {
 		}
 	}
 	if !ue.NoLeader {
-		fmt.Fprintf(&b, "  Check that the nodes run and that --directory (or KVDIRCTL_DIRECTORY) lists their gRPC API addresses "+
+		fmt.Fprintf(&b, "  Check that the nodes run and that --directory (or KVDIR_CTL_DIRECTORY) lists their gRPC API addresses "+
 			"(now %s); for a TLS directory add --tls-ca.", strings.Join(a.directory, ","))
 	}
 	return strings.TrimRight(b.String(), "\n")

@@ -101,7 +101,7 @@ func (a *app) explain(ctx context.Context, router, sessionHeader, session string
 			return err
 		}
 		return &routerError{fmt.Sprintf("explain: the router at %s did not answer: %v\n"+
-			"  Check --router (or KVDIRCTL_ROUTER) and that the router runs (its /healthz).", router, err)}
+			"  Check --router (or KVDIR_CTL_ROUTER) and that the router runs (its /healthz).", router, err)}
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxExplainBody))

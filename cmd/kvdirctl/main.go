@@ -5,7 +5,7 @@
 // it also drains and expires workers and manages the cluster's membership.
 //
 // Run "kvdirctl --help" for the commands. Every global flag has an
-// environment variable KVDIRCTL_<FLAG>, e.g. KVDIRCTL_DIRECTORY; the command
+// environment variable KVDIR_CTL_<FLAG>, e.g. KVDIR_CTL_DIRECTORY; the command
 // line wins over the environment. The README beside this file is the
 // operator guide, with output captured from a running cluster.
 package main

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/tokenize"
 )
@@ -60,7 +61,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--directory", "nodeport", "status"}, nil, "missing port"},
 		{[]string{"--token", "a", "--token-file", "f", "status"}, nil, "--token and --token-file are both set"},
 		{[]string{"--tls-cert", "c", "status"}, nil, "--tls-cert and --tls-key go together"},
-		{[]string{"status"}, map[string]string{"KVDIRCTL_TIMEOUT": "soon"}, `KVDIRCTL_TIMEOUT="soon"`},
+		{[]string{"status"}, map[string]string{"KVDIR_CTL_TIMEOUT": "soon"}, `KVDIR_CTL_TIMEOUT="soon"`},
 		{[]string{"match", "--model", "m"}, nil, "give exactly one of --prompt, --chat, --messages or --tokens (got 0)"},
 		{[]string{"match", "--chat", "a", "--tokens", "1"}, nil, "(got 2)"},
 		{[]string{"match", "--system", "s", "--prompt", "p"}, nil, "--system goes with --chat"},
@@ -77,7 +78,7 @@ func TestUsageErrors(t *testing.T) {
 		if c.args[0] == "--directory" {
 			args = c.args
 		}
-		if c.env["KVDIRCTL_TIMEOUT"] == "" {
+		if c.env["KVDIR_CTL_TIMEOUT"] == "" {
 			args = append([]string{"--timeout", "300ms"}, args...)
 		}
 		out, errOut, code := ctl(t, env(c.env), args...)
@@ -90,11 +91,11 @@ func TestUsageErrors(t *testing.T) {
 // The environment sets global flags; the command line wins.
 func TestEnvironment(t *testing.T) {
 	a := &app{getenv: env(map[string]string{
-		"KVDIRCTL_DIRECTORY": "10.0.0.1:7001,10.0.0.2:7001",
-		"KVDIRCTL_TIMEOUT":   "750ms",
-		"KVDIRCTL_OUTPUT":    "yaml",
-		"KVDIRCTL_ROUTER":    "http://router:8080",
-		"KVDIRCTL_PREFIX":    "ignored: local flags without markEnv have no variable",
+		"KVDIR_CTL_DIRECTORY": "10.0.0.1:7001,10.0.0.2:7001",
+		"KVDIR_CTL_TIMEOUT":   "750ms",
+		"KVDIR_CTL_OUTPUT":    "yaml",
+		"KVDIR_CTL_ROUTER":    "http://router:8080",
+		"KVDIR_CTL_PREFIX":    "ignored: local flags without markEnv have no variable",
 	}), out: io.Discard, errOut: io.Discard, now: time.Now}
 	root := a.rootCommand()
 	var ran bool
@@ -116,7 +117,7 @@ func TestEnvironment(t *testing.T) {
 		t.Fatalf("directory %v timeout %v", a.directory, a.timeout)
 	}
 	if a.format != "json" {
-		t.Fatalf("format %q: the -o flag must win over KVDIRCTL_OUTPUT", a.format)
+		t.Fatalf("format %q: the -o flag must win over KVDIR_CTL_OUTPUT", a.format)
 	}
 	if router != "http://router:8080" {
 		t.Fatalf("router %q", router)
@@ -210,8 +211,7 @@ func TestPromptInput(t *testing.T) {
 		"role.json":    `{"messages":[],"prompt":{"a":1}}`,
 	} {
 		_, err := (&promptInput{messagesFile: write(name, body)}).parse()
-		var ue *usageError
-		if !errors.As(err, &ue) {
+		if !cli.IsUsage(err) {
 			t.Errorf("%s: %v, want a usage error", name, err)
 		}
 	}
@@ -313,7 +313,7 @@ func TestExplainAgainstRouter(t *testing.T) {
 	// An unreachable router is named, with what to check.
 	srv.Close()
 	_, errOut, code = ctl(t, nil, "explain", "--router", srv.URL, "--model", "m", "--prompt", "hi", "--timeout", "2s")
-	if code != exitError || !strings.Contains(errOut, "the router at "+srv.URL+" did not answer") || !strings.Contains(errOut, "KVDIRCTL_ROUTER") {
+	if code != exitError || !strings.Contains(errOut, "the router at "+srv.URL+" did not answer") || !strings.Contains(errOut, "KVDIR_CTL_ROUTER") {
 		t.Errorf("unreachable router: exit %d, %q", code, errOut)
 	}
 }
@@ -382,7 +382,7 @@ func TestHelpListsCommands(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	for _, c := range []string{"status", "workers", "sessions", "who-holds", "match", "explain", "drain", "expire", "members", "snapshot", "leader", "KVDIRCTL_DIRECTORY"} {
+	for _, c := range []string{"status", "workers", "sessions", "who-holds", "match", "explain", "drain", "expire", "members", "snapshot", "leader", "KVDIR_CTL_DIRECTORY"} {
 		if !strings.Contains(out, c) {
 			t.Errorf("--help lacks %q", c)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/tokenize"
 )
 
@@ -112,7 +113,7 @@ func (p *promptInput) parse() (*prompt, error) {
 	case p.tokens != "":
 		ids, err := parseTokenIDs(p.tokens)
 		if err != nil {
-			return nil, &usageError{fmt.Errorf("--tokens: %w", err)}
+			return nil, cli.Usage(fmt.Errorf("--tokens: %w", err))
 		}
 		out.tokens, out.isTokens = ids, true
 	default:
@@ -149,7 +150,7 @@ func (p *promptInput) readMessages(out *prompt) error {
 	}
 	data = bytes.TrimSpace(data)
 	bad := func(err error) error {
-		return &usageError{fmt.Errorf("--messages %s: %w (want a JSON array of {\"role\",\"content\"} messages, or a request body with \"messages\" or \"prompt\")", name, err)}
+		return cli.Usage(fmt.Errorf("--messages %s: %w (want a JSON array of {\"role\",\"content\"} messages, or a request body with \"messages\" or \"prompt\")", name, err))
 	}
 	if len(data) == 0 {
 		return bad(errors.New("empty"))
@@ -248,7 +249,7 @@ func (p *prompt) tokenIDs() ([]uint32, error) {
 	}
 	ids, err := tmpl.RenderChat(p.messages, p.addGenerate)
 	if err != nil {
-		return nil, &usageError{fmt.Errorf("render the chat messages: %w", err)}
+		return nil, cli.Usage(fmt.Errorf("render the chat messages: %w", err))
 	}
 	return ids, nil
 }

@@ -15,22 +15,16 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/clitable"
 	"github.com/kvdir/kvdir/internal/dirclient"
 )
 
-// envPrefix prefixes the environment equivalents of the flags.
-const envPrefix = "KVDIRCTL_"
-
-// envAnnotation marks a command's local flag as having an environment
-// variable (global flags all have one).
-const envAnnotation = "kvdirctl-env"
-
 // Exit codes.
 const (
-	exitOK    = 0
-	exitError = 1
-	exitUsage = 2
+	exitOK    = cli.ExitOK
+	exitError = cli.ExitError
+	exitUsage = cli.ExitUsage
 )
 
 // app is one invocation: the global options and the directory client.
@@ -38,6 +32,7 @@ type app struct {
 	out, errOut io.Writer
 	getenv      func(string) string
 	now         func() time.Time
+	prog        *cli.Program
 
 	directory     []string
 	token         string
@@ -57,38 +52,22 @@ type app struct {
 	client *dirclient.Client
 }
 
-// usageError is a mistake on the command line: exit status 2 and a pointer
-// to --help.
-type usageError struct{ err error }
-
-func (e *usageError) Error() string { return e.err.Error() }
-func (e *usageError) Unwrap() error { return e.err }
-
-func usageErrorf(format string, args ...any) error {
-	return &usageError{fmt.Errorf(format, args...)}
-}
+// usageErrorf returns a mistake on the command line: exit status 2 and a
+// pointer to --help.
+func usageErrorf(format string, args ...any) error { return cli.Usagef(format, args...) }
 
 // run executes kvdirctl with args and returns the exit status.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	a := &app{out: stdout, errOut: stderr, getenv: getenv, now: time.Now}
 	root := a.rootCommand()
-	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	cmd, err := root.ExecuteContextC(ctx)
+	_, err := a.prog.ExecuteC(ctx, root, args)
 	if a.client != nil {
 		a.client.Close()
 	}
-	if err == nil {
-		return exitOK
+	if err != nil && !cli.IsUsage(err) {
+		err = errors.New(describe(err, a))
 	}
-	var ue *usageError
-	if errors.As(err, &ue) {
-		fmt.Fprintf(stderr, "kvdirctl: %v\nRun '%s --help' for usage.\n", err, cmd.CommandPath())
-		return exitUsage
-	}
-	fmt.Fprintf(stderr, "kvdirctl: %s\n", describe(err, a))
-	return exitError
+	return a.prog.Exit(err)
 }
 
 const rootLong = `kvdirctl is the operator CLI of kvdir, a KV-cache-aware routing control plane.
@@ -104,26 +83,38 @@ takes snapshots.
 Output is an aligned table by default; -o json and -o yaml are for scripts
 (the same keys in both). status, workers and sessions refresh with --watch.
 
-Every global flag has an environment variable: KVDIRCTL_ and the flag's name
-in capitals with '-' as '_' (--directory is KVDIRCTL_DIRECTORY, --tls-ca is
-KVDIRCTL_TLS_CA). A flag on the command line wins over the environment.`
+Every global flag has an environment variable: KVDIR_CTL_ and the flag's name
+in capitals with '-' as '_' (--directory is KVDIR_CTL_DIRECTORY, --tls-ca is
+KVDIR_CTL_TLS_CA); so do a few flags of commands (--router of explain). A
+flag on the command line wins over the environment; each command's --help
+lists its variables.
+
+Exit status: 0 on success, 1 when the work fails (the directory or the
+router unreachable, a refused change), 2 on a usage error.`
 
 func (a *app) rootCommand() *cobra.Command {
+	if a.prog == nil {
+		a.prog = &cli.Program{Name: "kvdirctl", Env: "CTL", Getenv: a.getenv, Stdout: a.out, Stderr: a.errOut,
+			// Before KVDIR_CTL_<FLAG>, kvdirctl read KVDIRCTL_<FLAG>.
+			OldEnv: func(flag string) string { return "KVDIRCTL_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_")) }}
+	}
 	root := &cobra.Command{
-		Use:           "kvdirctl",
-		Short:         "Operate a kvdir directory cluster and see where sessions' KV caches live",
-		Long:          rootLong,
+		Use:   "kvdirctl",
+		Short: "Operate a kvdir directory cluster and see where sessions' KV caches live",
+		Long:  rootLong,
+		Example: `  kvdirctl --directory 127.0.0.1:7001,127.0.0.1:7011,127.0.0.1:7021 status
+  KVDIR_CTL_DIRECTORY=dir-0:7001 KVDIR_CTL_TOKEN_FILE=/etc/kvdir/router kvdirctl who-holds chat-7f3a
+  kvdirctl workers -o json | jq '.workers[].id'`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			return a.setup(cmd)
 		},
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringSliceVarP(&a.directory, "directory", "d", []string{"127.0.0.1:7001"},
 		"gRPC addresses of directory nodes (host:port), comma-separated; tried in turn when one does not answer")
-	pf.StringVar(&a.token, "token", "", "bearer token (router role for reads, admin role for changes); prefer --token-file or KVDIRCTL_TOKEN, flags show in ps")
+	pf.StringVar(&a.token, "token", "", "bearer token (router role for reads, admin role for changes); prefer --token-file or KVDIR_CTL_TOKEN, flags show in ps")
 	pf.StringVar(&a.tokenFile, "token-file", "", "file holding the bearer token")
 	pf.BoolVar(&a.tlsOn, "tls", false, "use TLS with the system's root certificates (implied by --tls-ca and --tls-cert)")
 	pf.StringVar(&a.tlsCA, "tls-ca", "", "PEM file of the CA that signed the directory's certificates (enables TLS)")
@@ -134,7 +125,7 @@ func (a *app) rootCommand() *cobra.Command {
 	pf.DurationVar(&a.dialTimeout, "dial-timeout", dirclient.DefaultDialTimeout, "time allowed to connect to one node")
 	pf.DurationVar(&a.timeout, "timeout", dirclient.DefaultCallTimeout, "time allowed for each call, failover to other nodes included")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
-	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log failovers and retries to stderr")
+	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log failovers and retries to stderr (as --log-level debug)")
 
 	root.AddCommand(
 		a.statusCommand(),
@@ -149,55 +140,18 @@ func (a *app) rootCommand() *cobra.Command {
 		a.snapshotCommand(),
 		a.leaderCommand(),
 	)
+	a.prog.SetupCobra(root)
 	return root
 }
 
-// envName returns the environment variable of a flag.
-func envName(flag string) string {
-	return envPrefix + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
-}
-
 // markEnv gives a command's local flag an environment variable.
-func markEnv(fs *pflag.FlagSet, name string) {
-	if err := fs.SetAnnotation(name, envAnnotation, []string{"true"}); err != nil {
-		panic(err) // a programming error: the flag does not exist
-	}
-}
+func markEnv(fs *pflag.FlagSet, name string) { cli.MarkEnv(fs, name) }
 
-// applyEnv sets, from the environment, every global flag (and every local
-// flag marked with markEnv) that the command line did not set.
-func (a *app) applyEnv(cmd *cobra.Command) error {
-	var errs []error
-	global := cmd.Root().PersistentFlags()
-	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if f.Changed || (global.Lookup(f.Name) == nil && f.Annotations[envAnnotation] == nil) {
-			return
-		}
-		name := envName(f.Name)
-		v := a.getenv(name)
-		if v == "" {
-			return
-		}
-		if err := f.Value.Set(v); err != nil {
-			errs = append(errs, fmt.Errorf("environment variable %s=%q: %w", name, v, err))
-			return
-		}
-		f.Changed = true
-	})
-	if len(errs) > 0 {
-		return &usageError{errors.Join(errs...)}
-	}
-	return nil
-}
-
-// setup applies the environment and checks the global flags.
-func (a *app) setup(cmd *cobra.Command) error {
-	if err := a.applyEnv(cmd); err != nil {
-		return err
-	}
+// setup checks the global flags (the environment is applied before it).
+func (a *app) setup(*cobra.Command) error {
 	f, err := clitable.ParseFormat(a.output)
 	if err != nil {
-		return &usageError{fmt.Errorf("--output: %w", err)}
+		return cli.Usage(fmt.Errorf("--output: %w", err))
 	}
 	a.format = f
 	var addrs []string
@@ -236,11 +190,14 @@ func (a *app) dir() (*dirclient.Client, error) {
 		return a.client, nil
 	}
 	cfg := dirclient.Config{Addrs: a.directory, DialTimeout: a.dialTimeout, CallTimeout: a.timeout}
-	level := slog.LevelError + 4 // silent: errors are reported by the command
-	if a.verbose {
+	level := slog.LevelError + 4 // silent unless asked: errors are reported by the command
+	switch {
+	case a.prog.Source(cli.FlagLogLevel) != cli.FromDefault:
+		level = a.prog.LogLevel()
+	case a.verbose:
 		level = slog.LevelDebug
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(a.errOut, &slog.HandlerOptions{Level: level}))
+	cfg.Logger = cli.NewLogger(a.errOut, level, a.prog.JSONLogs())
 	cfg.Token = a.token
 	if a.tokenFile != "" {
 		b, err := os.ReadFile(a.tokenFile)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/clitable"
 	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/placement"
@@ -99,7 +100,7 @@ asks the router itself.`,
 			}
 			prof, err := costmodel.ResolveProfile(profileName)
 			if err != nil {
-				return &usageError{fmt.Errorf("--profile: %w", err)}
+				return cli.Usage(fmt.Errorf("--profile: %w", err))
 			}
 			return a.whoHolds(cmd.Context(), args[0], prefix, limit, prof, promptTokens)
 		},

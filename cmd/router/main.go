@@ -3,60 +3,58 @@
 // its KV cache, unless that replica is so busy that recomputing elsewhere is
 // faster (see internal/router and internal/placement).
 //
-// Every flag can also be set by an environment variable KVDIR_ROUTER_<NAME>,
+// Every flag can also be set by an environment variable KVDIR_ROUTER_<FLAG>,
 // the flag name upper-cased with dashes as underscores (a flag given on the
-// command line wins). SIGTERM or SIGINT stops accepting requests, lets those
-// in flight finish (up to --shutdown-timeout) and exits 0.
+// command line wins; see internal/cli). The defaults and checks of the
+// router's settings are internal/router's (router.DefaultConfig,
+// router.Config.Validate). SIGTERM or SIGINT stops accepting requests, lets
+// those in flight finish (up to --shutdown-timeout) and exits 0; a second
+// signal exits 130 at once. A usage error exits 2, a failure 1.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/dirclient"
-	"github.com/kvdir/kvdir/internal/envflag"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/router"
 	"github.com/kvdir/kvdir/internal/tokenize"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr, nil); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return
-		}
-		fmt.Fprintln(os.Stderr, "router:", err)
-		os.Exit(1)
-	}
+	ctx, stop := cli.SignalContext(context.Background(), "router", os.Stderr)
+	code := runMain(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-// options are the parsed flags.
+// options are the parsed flags: the router's config (without the parts
+// run builds: policies, renderer, directory client) and what only the
+// command knows.
 type options struct {
-	addr, directory, workers, policy, fallback, sessionHeader string
-	profile, tokenizer, tokenizeURL, tokenizeModel            string
-	token, logLevel                                           string
-	hashBalance, maxAttempts, blockSize, seed                 int
-	sessionCacheSessions, sessionCacheTokens                  int
-	maxBody                                                   int64
-	matchTimeout, scrapeInterval, specTTL, downFor            time.Duration
-	shutdownTimeout                                           time.Duration
+	cfg                                            router.Config
+	addr, workers, policy, fallback                string
+	profile, tokenizer, tokenizeURL, tokenizeModel string
+	token                                          string
+	directory                                      []string
+	hashBalance, seed                              int
+	sessionCacheSessions, sessionCacheTokens       int
+	shutdownTimeout                                time.Duration
+	log                                            *slog.Logger
 }
 
-const usageHead = `router: kvdir's OpenAI-compatible router.
+const summary = `router is kvdir's OpenAI-compatible router.
 
 Put it in front of vLLM, SGLang or enginesim replicas instead of a plain load
 balancer: it tokenizes and hashes each prompt, asks the kvdir directory which
@@ -64,61 +62,76 @@ replica holds the longest prefix of it, weighs that against each replica's
 load, and proxies the request there (streaming passes through as it arrives).
 
 Workers are discovered from the directory (the agents register them) or
-given as a static list. Examples:
+given as a static list.`
 
+const examples = `  # Discover the workers from a three-node directory:
   router --directory 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
+
+  # Two static workers, placed by session hash:
   router --workers a=http://127.0.0.1:8001,b=http://127.0.0.1:8002 --policy session-hash
 
-Every flag can also be set as KVDIR_ROUTER_<NAME> (e.g. KVDIR_ROUTER_POLICY=kvdir).
+  # From the environment, with vLLM's own tokenizer:
+  KVDIR_ROUTER_DIRECTORY=dir:7001 KVDIR_ROUTER_TOKENIZER=remote \
+  KVDIR_ROUTER_TOKENIZE_URL=http://vllm:8000/tokenize router --addr 0.0.0.0:8080`
 
-Flags:
-`
+const notes = `SIGTERM or SIGINT stops accepting requests and lets those in flight finish
+(up to --shutdown-timeout); a second signal, a second or more later, exits
+130 at once. Exit status: 0 after a clean stop, 1 on an error, 2 on a usage
+error.`
 
-func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
-	fs := flag.NewFlagSet("router", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usageHead)
-		fs.PrintDefaults()
+// newProgram declares the flags, with the router library's defaults.
+func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Program, *options) {
+	p := &cli.Program{Name: "router", Env: "ROUTER", Summary: summary, Examples: examples, Notes: notes,
+		Usage: "router (--directory HOST:PORT,... | --workers ID=URL,...) [flags]", Getenv: getenv, Stdout: stdout, Stderr: stderr}
+	o := &options{cfg: router.DefaultConfig(), addr: "127.0.0.1:8080", policy: "kvdir", fallback: "session-hash", profile: costmodel.DefaultProfileName,
+		hashBalance: 150, tokenizer: "chatml-cl100k", sessionCacheSessions: 100000, sessionCacheTokens: 64 << 20, shutdownTimeout: 30 * time.Second}
+	c := &o.cfg
+	fs := p.Flags()
+	p.Group("Serving and workers")
+	fs.StringVar(&o.addr, "addr", o.addr, "HTTP `HOST:PORT` to serve the OpenAI API, /metrics, /healthz and /readyz on")
+	fs.Var(cli.StringList(&o.directory), "directory", "comma-separated gRPC addresses (`HOST:PORT,...`) of directory nodes")
+	fs.StringVar(&o.workers, "workers", o.workers, "static workers instead of discovery: `id=url[@model],...` (model learned from the engine's metrics if omitted); with --directory, prefixes are still matched there")
+	fs.StringVar(&o.token, "token", o.token, "bearer `TOKEN` for the directory (prefer "+p.EnvVar("token")+": flags show in ps)")
+	fs.StringVar(&c.SessionHeader, "session-header", c.SessionHeader, "request header that carries the session id (optional in requests)")
+	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest request body accepted")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", o.shutdownTimeout, "on SIGTERM, how long requests in flight may take to finish")
+	p.Group("Placement")
+	fs.StringVar(&o.policy, "policy", o.policy, "placement policy: "+strings.Join(placement.Names(), ", "))
+	fs.StringVar(&o.fallback, "fallback-policy", o.fallback, "policy used when the directory cannot answer in time")
+	fs.StringVar(&o.profile, "profile", o.profile, "kvdir cost model timing profile: a built-in `name` ("+strings.Join(costmodel.ProfileNames(), ", ")+") or a JSON file")
+	fs.IntVar(&o.hashBalance, "hash-balance-factor", o.hashBalance, "session-hash load bound, percent of the mean load (HAProxy's hash-balance-factor; 0 disables)")
+	fs.DurationVar(&c.MatchTimeout, "match-timeout", c.MatchTimeout, "directory look-up deadline; past it the fallback policy places the request")
+	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", c.ScrapeInterval, "how often each engine's /metrics is read for its load")
+	fs.DurationVar(&c.SpecTTL, "speculative-ttl", c.SpecTTL, "how long a placed prompt counts as cached on its worker after its first response byte (it counts from placement on; negative disables)")
+	fs.IntVar(&c.MaxAttempts, "max-attempts", c.MaxAttempts, "workers tried for a request whose worker fails before the first response byte")
+	fs.DurationVar(&c.DownFor, "down-for", c.DownFor, "how long a worker that refused a connection is avoided")
+	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "KV block size assumed for workers that do not register one")
+	fs.IntVar(&o.seed, "seed", o.seed, "seed of the policies' random choices (0: from the clock)")
+	p.Group("Tokenization")
+	fs.StringVar(&o.tokenizer, "tokenizer", o.tokenizer, "prompt rendering: chatml-cl100k (built in, as enginesim) or remote (POST to --tokenize-url)")
+	fs.StringVar(&o.tokenizeURL, "tokenize-url", o.tokenizeURL, "engine /tokenize `URL` for --tokenizer remote, e.g. http://vllm:8000/tokenize")
+	fs.StringVar(&o.tokenizeModel, "tokenize-model", o.tokenizeModel, "model `name` sent to --tokenize-url")
+	fs.IntVar(&o.sessionCacheSessions, "session-cache-sessions", o.sessionCacheSessions, "sessions whose rendered tokens are kept for incremental tokenization")
+	fs.IntVar(&o.sessionCacheTokens, "session-cache-tokens", o.sessionCacheTokens, "tokens kept over all cached sessions (4 bytes each)")
+	return p, o
+}
+
+// parseFlags parses the command line and the environment; its errors are
+// usage errors (or cli.ErrHelp, cli.ErrVersion).
+func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Writer) (*cli.Program, *options, error) {
+	p, o := newProgram(getenv, stdout, stderr)
+	if err := p.Parse(args); err != nil {
+		return p, nil, err
 	}
-	o := &options{}
-	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "HTTP address to serve the OpenAI API, /metrics, /healthz and /readyz on")
-	fs.StringVar(&o.directory, "directory", "", "comma-separated gRPC addresses of directory nodes")
-	fs.StringVar(&o.workers, "workers", "", "static workers instead of discovery: `id=url[@model],...` (model learned from the engine's metrics if omitted); with --directory, prefixes are still matched there")
-	fs.StringVar(&o.policy, "policy", "kvdir", "placement policy: "+strings.Join(placement.Names(), ", "))
-	fs.StringVar(&o.fallback, "fallback-policy", "session-hash", "policy used when the directory cannot answer in time")
-	fs.StringVar(&o.sessionHeader, "session-header", router.DefaultSessionHeader, "request header that carries the session id (optional in requests)")
-	fs.StringVar(&o.profile, "profile", costmodel.DefaultProfileName, "kvdir cost model timing profile: a built-in `name` ("+strings.Join(costmodel.ProfileNames(), ", ")+") or a JSON file")
-	fs.IntVar(&o.hashBalance, "hash-balance-factor", 150, "session-hash load bound, percent of the mean load (HAProxy's hash-balance-factor; 0 disables)")
-	fs.StringVar(&o.tokenizer, "tokenizer", "chatml-cl100k", "prompt rendering: chatml-cl100k (built in, as enginesim) or remote (POST to --tokenize-url)")
-	fs.StringVar(&o.tokenizeURL, "tokenize-url", "", "engine /tokenize URL for --tokenizer remote, e.g. http://vllm:8000/tokenize")
-	fs.StringVar(&o.tokenizeModel, "tokenize-model", "", "model name sent to --tokenize-url")
-	fs.IntVar(&o.sessionCacheSessions, "session-cache-sessions", 100000, "sessions whose rendered tokens are kept for incremental tokenization")
-	fs.IntVar(&o.sessionCacheTokens, "session-cache-tokens", 64<<20, "tokens kept over all cached sessions (4 bytes each)")
-	fs.DurationVar(&o.matchTimeout, "match-timeout", router.DefaultMatchTimeout, "directory look-up deadline; past it the fallback policy places the request")
-	fs.DurationVar(&o.scrapeInterval, "scrape-interval", router.DefaultScrapeInterval, "how often each engine's /metrics is read for its load")
-	fs.DurationVar(&o.specTTL, "speculative-ttl", router.DefaultSpecTTL, "how long a placed prompt counts as cached on its worker after its first response byte (it counts from placement on; negative disables)")
-	fs.IntVar(&o.maxAttempts, "max-attempts", router.DefaultMaxAttempts, "workers tried for a request whose worker fails before the first response byte")
-	fs.DurationVar(&o.downFor, "down-for", router.DefaultDownFor, "how long a worker that refused a connection is avoided")
-	fs.Int64Var(&o.maxBody, "max-body-bytes", router.DefaultMaxBodyBytes, "largest request body accepted")
-	fs.IntVar(&o.blockSize, "block-size", router.DefaultBlockSize, "KV block size assumed for workers that do not register one")
-	fs.IntVar(&o.seed, "seed", 0, "seed of the policies' random choices (0: from the clock)")
-	fs.StringVar(&o.token, "token", "", "bearer token for the directory")
-	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long requests in flight may take to finish")
-	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
-		return nil, err
+	if len(o.directory) == 0 && o.workers == "" {
+		return p, nil, cli.Usagef("give --directory (discover workers from the kvdir directory) or --workers (a static list)")
 	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q (flags only; see --help)", fs.Args())
+	o.log = p.Logger()
+	for _, w := range p.Warnings() {
+		o.log.Warn(w)
 	}
-	if err := envflag.Apply(fs, "KVDIR_ROUTER_", getenv); err != nil {
-		return nil, err
-	}
-	if o.directory == "" && o.workers == "" {
-		return nil, errors.New("give --directory (discover workers from the kvdir directory) or --workers (a static list); see --help")
-	}
-	return o, nil
+	o.cfg.Logger = o.log
+	return p, o, nil
 }
 
 // parseWorkers parses --workers.
@@ -150,22 +163,32 @@ func parseWorkers(s string) ([]router.StaticWorker, error) {
 	return out, nil
 }
 
-// run runs the router until ctx ends. ready, if not nil, receives the
-// listening address.
+// runMain runs the command and returns its exit status.
+func runMain(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	p, o, err := parseFlags(args, getenv, stdout, stderr)
+	if err != nil {
+		return p.Exit(err)
+	}
+	return p.Exit(serve(ctx, o, nil))
+}
+
+// run runs the router until ctx ends; help goes nowhere. ready, if not
+// nil, receives the listening address.
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer, ready chan<- string) error {
-	o, err := parseFlags(args, getenv, stderr)
+	_, o, err := parseFlags(args, getenv, io.Discard, stderr)
 	if err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	return serve(ctx, o, ready)
+}
 
+// configure builds the router's config: policies, renderer and workers
+// from the flags. Its errors are usage errors.
+func configure(o *options) (router.Config, error) {
+	cfg := o.cfg
 	prof, err := costmodel.ResolveProfile(o.profile)
 	if err != nil {
-		return fmt.Errorf("--profile: %w", err)
+		return cfg, cli.Usagef("--profile: %w", err)
 	}
 	seed := int64(o.seed)
 	if seed == 0 {
@@ -176,54 +199,61 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		hbf = -1
 	}
 	popts := placement.Options{Seed: seed, Profile: prof, HashBalanceFactor: hbf}
-	pol, err := placement.New(o.policy, popts)
-	if err != nil {
-		return fmt.Errorf("--policy: %w", err)
+	if cfg.Policy, err = placement.New(o.policy, popts); err != nil {
+		return cfg, cli.Usagef("--policy: %w", err)
 	}
-	fb, err := placement.New(o.fallback, popts)
-	if err != nil {
-		return fmt.Errorf("--fallback-policy: %w", err)
+	if cfg.Fallback, err = placement.New(o.fallback, popts); err != nil {
+		return cfg, cli.Usagef("--fallback-policy: %w", err)
 	}
-
-	var rend router.Renderer
 	switch o.tokenizer {
 	case "chatml-cl100k":
 		tmpl, err := tokenize.ChatMLCL100K()
 		if err != nil {
-			return fmt.Errorf("tokenizer: %w", err)
+			return cfg, fmt.Errorf("tokenizer: %w", err)
 		}
-		if rend, err = router.NewLocalRenderer(tmpl, o.sessionCacheSessions, o.sessionCacheTokens); err != nil {
-			return err
+		if cfg.Renderer, err = router.NewLocalRenderer(tmpl, o.sessionCacheSessions, o.sessionCacheTokens); err != nil {
+			return cfg, cli.Usagef("--session-cache-sessions, --session-cache-tokens: %w", err)
 		}
 	case "remote":
 		if o.tokenizeURL == "" {
-			return errors.New("--tokenizer remote needs --tokenize-url")
+			return cfg, cli.Usagef("--tokenizer remote needs --tokenize-url")
 		}
-		rend = router.NewRemoteRenderer(o.tokenizeURL, o.tokenizeModel, 10*time.Second)
+		cfg.Renderer = router.NewRemoteRenderer(o.tokenizeURL, o.tokenizeModel, 10*time.Second)
 	default:
-		return fmt.Errorf("--tokenizer %q: want chatml-cl100k or remote", o.tokenizer)
+		return cfg, cli.Usagef("--tokenizer %q: want chatml-cl100k or remote", o.tokenizer)
 	}
-
-	cfg := router.Config{Policy: pol, Fallback: fb, Renderer: rend, SessionHeader: o.sessionHeader,
-		MaxBodyBytes: o.maxBody, MatchTimeout: o.matchTimeout, ScrapeInterval: o.scrapeInterval, SpecTTL: o.specTTL,
-		MaxAttempts: o.maxAttempts, DownFor: o.downFor, BlockSize: o.blockSize, Logger: log}
 	if o.workers != "" {
 		if cfg.Static, err = parseWorkers(o.workers); err != nil {
-			return err
+			return cfg, cli.Usage(err)
 		}
 	}
-	if o.directory != "" {
-		dir, err := dirclient.New(dirclient.Config{Addrs: strings.Split(o.directory, ","), Token: o.token, Logger: log})
+	return cfg, nil
+}
+
+// serve runs the router until ctx ends. ready, if not nil, receives the
+// listening address.
+func serve(ctx context.Context, o *options, ready chan<- string) error {
+	log := o.log
+	cfg, err := configure(o)
+	if err != nil {
+		return err
+	}
+	if len(o.directory) > 0 {
+		dir, err := dirclient.New(dirclient.Config{Addrs: o.directory, Token: o.token, Logger: log})
 		if err != nil {
 			return fmt.Errorf("directory client: %w", err)
 		}
 		defer dir.Close()
 		cfg.Directory = dir
 	}
+	if err := cfg.Validate(); err != nil {
+		return cli.Usage(err)
+	}
 	srv, err := router.New(cfg)
 	if err != nil {
 		return err
 	}
+	pol, fb := cfg.Policy, cfg.Fallback
 
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
@@ -237,7 +267,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
 	log.Info("router: serving", "addr", ln.Addr().String(), "policy", pol.Name(), "fallback", fb.Name(),
-		"directory", o.directory, "static_workers", len(cfg.Static))
+		"directory", strings.Join(o.directory, ","), "static_workers", len(cfg.Static))
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}

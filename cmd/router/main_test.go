@@ -3,20 +3,21 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/kvdir/kvdir/internal/cli"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
 func TestParseFlags(t *testing.T) {
-	o, err := parseFlags([]string{"--directory", "a:1,b:2"}, env(map[string]string{"KVDIR_ROUTER_POLICY": "prefix", "KVDIR_ROUTER_DIRECTORY": "ignored:9"}), io.Discard)
+	_, o, err := parseFlags([]string{"--directory", "a:1,b:2"}, env(map[string]string{"KVDIR_ROUTER_POLICY": "prefix", "KVDIR_ROUTER_DIRECTORY": "ignored:9"}), io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.directory != "a:1,b:2" || o.policy != "prefix" {
+	if strings.Join(o.directory, ",") != "a:1,b:2" || o.policy != "prefix" {
 		t.Fatalf("flags %+v: the command line must win over the environment, which fills the rest", o)
 	}
 	for _, c := range []struct {
@@ -24,14 +25,14 @@ func TestParseFlags(t *testing.T) {
 		want string
 	}{
 		{nil, "give --directory"},
-		{[]string{"--directory", "a:1", "extra"}, "unexpected arguments"},
-		{[]string{"--nope"}, "flag provided but not defined"},
+		{[]string{"--directory", "a:1", "extra"}, `unexpected argument "extra"`},
+		{[]string{"--nope"}, "unknown flag: --nope"},
 	} {
-		if _, err := parseFlags(c.args, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("parseFlags(%q) = %v, want an error with %q", c.args, err, c.want)
+		if _, _, err := parseFlags(c.args, env(nil), io.Discard, io.Discard); err == nil || !cli.IsUsage(err) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("parseFlags(%q) = %v, want a usage error with %q", c.args, err, c.want)
 		}
 	}
-	if _, err := parseFlags([]string{"--help"}, env(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
+	if _, _, err := parseFlags([]string{"--help"}, env(nil), io.Discard, io.Discard); !errors.Is(err, cli.ErrHelp) {
 		t.Errorf("--help: %v", err)
 	}
 }

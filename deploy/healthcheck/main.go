@@ -8,8 +8,8 @@
 //
 // The URL may also come from the environment variable HEALTHCHECK_URL,
 // so that one image can be probed on a port chosen at run time (it has no
-// KVDIR_ prefix because the directory warns about KVDIR_ variables it does
-// not know).
+// KVDIR_ prefix: the binaries read KVDIR_<BINARY>_<FLAG>, and the directory
+// warns about variables of its prefix it does not know).
 package main
 
 import (

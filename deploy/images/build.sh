@@ -27,6 +27,7 @@ prefix="${KVDIR_IMAGE_PREFIX:-kvdir/}"
 tag="${KVDIR_IMAGE_TAG:-dev}"
 version="${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}"
 revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+cli=github.com/kvdir/kvdir/internal/cli # --version prints its version and commit
 created="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 all=(directory router agent enginesim kvdirctl)
 bins=("$@")
@@ -37,7 +38,7 @@ mkdir -p "$stage"
 
 build_go() { # build_go <package> <output>
   CGO_ENABLED=0 GOOS=linux "$GO" build -trimpath \
-    -ldflags "-s -w -X main.version=$version" -o "$2" "$1"
+    -ldflags "-s -w -X $cli.version=$version -X $cli.commit=${revision:0:12}" -o "$2" "$1"
 }
 
 echo "== healthcheck probe"

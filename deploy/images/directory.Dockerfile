@@ -14,12 +14,12 @@ LABEL org.opencontainers.image.title="kvdir-directory" \
 COPY passwd group /etc/
 COPY --chown=65532:65532 data /data
 COPY directory healthcheck /usr/local/bin/
-# Listen on every interface; --raft-advertise (KVDIR_RAFT_ADVERTISE) and
-# --api-advertise must name this container as the others reach it.
-ENV KVDIR_RAFT_ADDR=0.0.0.0:7000 \
-    KVDIR_API_ADDR=0.0.0.0:7001 \
-    KVDIR_HTTP_ADDR=0.0.0.0:7002 \
-    KVDIR_DATA_DIR=/data \
+# Listen on every interface; --raft-advertise (KVDIR_DIRECTORY_RAFT_ADVERTISE)
+# and --api-advertise must name this container as the others reach it.
+ENV KVDIR_DIRECTORY_RAFT_ADDR=0.0.0.0:7000 \
+    KVDIR_DIRECTORY_API_ADDR=0.0.0.0:7001 \
+    KVDIR_DIRECTORY_HTTP_ADDR=0.0.0.0:7002 \
+    KVDIR_DIRECTORY_DATA_DIR=/data \
     HEALTHCHECK_URL=http://127.0.0.1:7002/readyz
 EXPOSE 7000 7001 7002
 VOLUME ["/data"]

@@ -58,7 +58,8 @@ func containers(spec *corev1.PodSpec) []*corev1.Container {
 // that select or target nothing; Service target ports and probe ports that
 // no container declares; $(VAR) references to variables not defined before
 // them; the directory StatefulSet's Raft membership; the directory
-// addresses agents and routers dial; and the vLLM flags the agent relies on.
+// addresses agents and routers dial; the vLLM flags the agent relies on; and
+// that kvdir containers set only their own binary's KVDIR_<NAME>_ variables.
 func Check(objs []Object) error {
 	var errs []error
 	add := func(o Object, format string, args ...any) {
@@ -96,7 +97,66 @@ func Check(objs []Object) error {
 	errs = append(errs, checkDirectoryClients(objs, ws)...)
 	errs = append(errs, checkEngines(ws)...)
 	errs = append(errs, checkTokenizeURLs(objs, ws)...)
+	errs = append(errs, checkEnvNames(objs)...)
 	return errors.Join(errs...)
+}
+
+// BinaryEnv names, for each kvdir image (kvdir/<binary>), the NAME of its
+// binary's variables KVDIR_<NAME>_<FLAG> (internal/cli).
+var BinaryEnv = map[string]string{
+	"directory": "DIRECTORY", "agent": "AGENT", "router": "ROUTER", "enginesim": "ENGINESIM", "kvdirctl": "CTL",
+}
+
+// KVDIRVars returns, for every container running a kvdir image, its binary
+// and the KVDIR_ variables the manifests set on it.
+func KVDIRVars(objs []Object) []ContainerVars {
+	var out []ContainerVars
+	for _, w := range workloads(objs) {
+		for _, c := range containers(&w.template.Spec) {
+			name, _, _ := strings.Cut(c.Image, ":")
+			bin, ok := strings.CutPrefix(name, "kvdir/")
+			if !ok {
+				continue
+			}
+			cv := ContainerVars{Obj: w.obj, Container: c.Name, Binary: bin}
+			for _, e := range c.Env {
+				if strings.HasPrefix(e.Name, "KVDIR_") {
+					cv.Vars = append(cv.Vars, e.Name)
+				}
+			}
+			out = append(out, cv)
+		}
+	}
+	return out
+}
+
+// ContainerVars is one container's kvdir binary and KVDIR_ variables.
+type ContainerVars struct {
+	Obj       Object
+	Container string
+	Binary    string
+	Vars      []string
+}
+
+// checkEnvNames checks that every KVDIR_ variable of a kvdir container is
+// one of its own binary's (KVDIR_<NAME>_...): a variable of another scheme
+// is ignored by the binary (the directory only warns about it).
+func checkEnvNames(objs []Object) []error {
+	var errs []error
+	for _, cv := range KVDIRVars(objs) {
+		name, ok := BinaryEnv[cv.Binary]
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s: container %s runs kvdir/%s, which has no environment scheme here", cv.Obj, cv.Container, cv.Binary))
+			continue
+		}
+		prefix := "KVDIR_" + name + "_"
+		for _, v := range cv.Vars {
+			if !strings.HasPrefix(v, prefix) {
+				errs = append(errs, fmt.Errorf("%s: container %s: %s is not read by %s, whose variables are %s<FLAG>", cv.Obj, cv.Container, v, cv.Binary, prefix))
+			}
+		}
+	}
+	return errs
 }
 
 // selected returns the workloads whose pod templates sel matches.
@@ -272,10 +332,10 @@ func portOf(hostport string) int32 {
 }
 
 // directoryContainer finds the StatefulSet container running the directory
-// (the one configured with KVDIR_INITIAL_CLUSTER).
+// (the one configured with KVDIR_DIRECTORY_INITIAL_CLUSTER).
 func directoryContainer(s *appsv1.StatefulSet) *corev1.Container {
 	for _, c := range containers(&s.Spec.Template.Spec) {
-		if _, ok := env(c, "KVDIR_INITIAL_CLUSTER"); ok {
+		if _, ok := env(c, "KVDIR_DIRECTORY_INITIAL_CLUSTER"); ok {
 			return c
 		}
 	}
@@ -319,34 +379,34 @@ func checkStatefulSet(o Object, s *appsv1.StatefulSet, objs []Object, add func(O
 	}
 	raftPort, apiPort := containerPort(c, "raft"), containerPort(c, "api")
 	want := map[string]string{
-		"KVDIR_NODE_ID":        "$(" + podName + ")",
-		"KVDIR_RAFT_ADVERTISE": fmt.Sprintf("$(%s).%s:%d", podName, s.Spec.ServiceName, raftPort),
-		"KVDIR_API_ADVERTISE":  fmt.Sprintf("$(%s).%s:%d", podName, s.Spec.ServiceName, apiPort),
+		"KVDIR_DIRECTORY_NODE_ID":        "$(" + podName + ")",
+		"KVDIR_DIRECTORY_RAFT_ADVERTISE": fmt.Sprintf("$(%s).%s:%d", podName, s.Spec.ServiceName, raftPort),
+		"KVDIR_DIRECTORY_API_ADVERTISE":  fmt.Sprintf("$(%s).%s:%d", podName, s.Spec.ServiceName, apiPort),
 	}
 	for k, v := range want {
 		if got, _ := env(c, k); got != v {
 			add(o, "container %s: %s is %q, want %q", c.Name, k, got, v)
 		}
 	}
-	if got, _ := env(c, "KVDIR_RAFT_ADDR"); portOf(got) != raftPort {
-		add(o, "container %s: KVDIR_RAFT_ADDR %q is not on the raft port %d", c.Name, got, raftPort)
+	if got, _ := env(c, "KVDIR_DIRECTORY_RAFT_ADDR"); portOf(got) != raftPort {
+		add(o, "container %s: KVDIR_DIRECTORY_RAFT_ADDR %q is not on the raft port %d", c.Name, got, raftPort)
 	}
-	if got, _ := env(c, "KVDIR_API_ADDR"); portOf(got) != apiPort {
-		add(o, "container %s: KVDIR_API_ADDR %q is not on the api port %d", c.Name, got, apiPort)
+	if got, _ := env(c, "KVDIR_DIRECTORY_API_ADDR"); portOf(got) != apiPort {
+		add(o, "container %s: KVDIR_DIRECTORY_API_ADDR %q is not on the api port %d", c.Name, got, apiPort)
 	}
-	if got, _ := env(c, "KVDIR_HTTP_ADDR"); portOf(got) != containerPort(c, "http") {
-		add(o, "container %s: KVDIR_HTTP_ADDR %q is not on the http port %d", c.Name, got, containerPort(c, "http"))
+	if got, _ := env(c, "KVDIR_DIRECTORY_HTTP_ADDR"); portOf(got) != containerPort(c, "http") {
+		add(o, "container %s: KVDIR_DIRECTORY_HTTP_ADDR %q is not on the http port %d", c.Name, got, containerPort(c, "http"))
 	}
 	var members []string
 	for i := range replicas {
 		pod := fmt.Sprintf("%s-%d", s.Name, i)
 		members = append(members, fmt.Sprintf("%s=%s.%s:%d", pod, pod, s.Spec.ServiceName, raftPort))
 	}
-	if got, _ := env(c, "KVDIR_INITIAL_CLUSTER"); got != strings.Join(members, ",") {
-		add(o, "container %s: KVDIR_INITIAL_CLUSTER is %q, want every replica: %q", c.Name, got, strings.Join(members, ","))
+	if got, _ := env(c, "KVDIR_DIRECTORY_INITIAL_CLUSTER"); got != strings.Join(members, ",") {
+		add(o, "container %s: KVDIR_DIRECTORY_INITIAL_CLUSTER is %q, want every replica: %q", c.Name, got, strings.Join(members, ","))
 	}
 	// Data on the claim template's volume.
-	dataDir, _ := env(c, "KVDIR_DATA_DIR")
+	dataDir, _ := env(c, "KVDIR_DIRECTORY_DATA_DIR")
 	mounted := false
 	for _, m := range c.VolumeMounts {
 		for _, t := range s.Spec.VolumeClaimTemplates {
@@ -356,14 +416,14 @@ func checkStatefulSet(o Object, s *appsv1.StatefulSet, objs []Object, add func(O
 		}
 	}
 	if !mounted {
-		add(o, "container %s: KVDIR_DATA_DIR %q is not a volumeClaimTemplate's mount", c.Name, dataDir)
+		add(o, "container %s: KVDIR_DIRECTORY_DATA_DIR %q is not a volumeClaimTemplate's mount", c.Name, dataDir)
 	}
 	// Leadership hand-over fits in the grace period.
-	if v, ok := env(c, "KVDIR_SHUTDOWN_TIMEOUT"); ok {
+	if v, ok := env(c, "KVDIR_DIRECTORY_SHUTDOWN_TIMEOUT"); ok {
 		d, err := time.ParseDuration(v)
 		grace := s.Spec.Template.Spec.TerminationGracePeriodSeconds
 		if err != nil || grace == nil || time.Duration(*grace)*time.Second <= d {
-			add(o, "terminationGracePeriodSeconds must exceed KVDIR_SHUTDOWN_TIMEOUT %s", v)
+			add(o, "terminationGracePeriodSeconds must exceed KVDIR_DIRECTORY_SHUTDOWN_TIMEOUT %s", v)
 		}
 	}
 	// One member per node.
@@ -386,7 +446,7 @@ func checkStatefulSet(o Object, s *appsv1.StatefulSet, objs []Object, add func(O
 }
 
 // directoryClientVars are the variables that list directory API addresses.
-var directoryClientVars = []string{"KVDIR_AGENT_DIRECTORY", "KVDIR_ROUTER_DIRECTORY", "KVDIRCTL_DIRECTORY"}
+var directoryClientVars = []string{"KVDIR_AGENT_DIRECTORY", "KVDIR_ROUTER_DIRECTORY", "KVDIR_CTL_DIRECTORY"}
 
 // checkDirectoryClients checks that every directory address list names each
 // member of the directory StatefulSet by its headless-Service DNS name and

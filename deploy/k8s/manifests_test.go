@@ -152,7 +152,7 @@ func TestChecksCatchMistakes(t *testing.T) {
 		{"probe port", "router.yaml", "path: /readyz\n              port: http", "path: /readyz\n              port: htp", "readinessProbe port htp"},
 		{"undefined variable", "directory.yaml", "value: $(POD_NAME).kvdir-directory-headless:7000", "value: $(POD_NAM).kvdir-directory-headless:7000", "uses $(POD_NAM)"},
 		{"ordered pods", "directory.yaml", "podManagementPolicy: Parallel", "podManagementPolicy: OrderedReady", "must be Parallel"},
-		{"initial cluster", "directory.yaml", "kvdir-directory-2=kvdir-directory-2.kvdir-directory-headless:7000", "kvdir-directory-2=kvdir-directory-2.kvdir-directory:7000", "KVDIR_INITIAL_CLUSTER"},
+		{"initial cluster", "directory.yaml", "kvdir-directory-2=kvdir-directory-2.kvdir-directory-headless:7000", "kvdir-directory-2=kvdir-directory-2.kvdir-directory:7000", "KVDIR_DIRECTORY_INITIAL_CLUSTER"},
 		{"not headless", "directory.yaml", "clusterIP: None", "clusterIP: \"\"", "is not headless"},
 		{"agent dials a non-member", "vllm.yaml", "kvdir-directory-2.kvdir-directory-headless:7001", "kvdir-directory-3.kvdir-directory-headless:7001", `"kvdir-directory-3.kvdir-directory-headless:7001", which is not a directory member`},
 		{"router dials the client Service", "router.yaml", "kvdir-directory-0.kvdir-directory-headless:7001,", "kvdir-directory:7001,", "leaves out member kvdir-directory-0"},
@@ -164,6 +164,8 @@ func TestChecksCatchMistakes(t *testing.T) {
 		{"served model", "vllm.yaml", "--served-model-name=llama3-8b", "--served-model-name=llama-3-8b", "--served-model-name"},
 		{"hpa target", "router.yaml", "    kind: Deployment\n    name: kvdir-router", "    kind: Deployment\n    name: kvdir-routr", "scaleTargetRef Deployment/kvdir-routr does not exist"},
 		{"tokenize url", "router.yaml", "http://vllm:8000/tokenize", "http://vllm:8001/tokenize", "has no port 8001"},
+		{"variable of the old scheme", "directory.yaml", "name: KVDIR_DIRECTORY_LOG_FORMAT", "name: KVDIR_LOG_FORMAT", "KVDIR_LOG_FORMAT is not read by directory"},
+		{"variable of another binary", "router.yaml", "name: KVDIR_ROUTER_POLICY", "name: KVDIR_AGENT_POLICY", "KVDIR_AGENT_POLICY is not read by router"},
 	}
 	files, err := filepath.Glob("*.yaml")
 	if err != nil {

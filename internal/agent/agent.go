@@ -71,11 +71,8 @@ type Config struct {
 }
 
 func (c *Config) defaults() error {
-	if c.WorkerID == "" {
-		return errors.New("agent: worker id is required")
-	}
-	if c.Endpoint == "" {
-		return errors.New("agent: kv-events endpoint is required")
+	if err := c.Validate(); err != nil {
+		return err
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {

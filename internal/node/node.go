@@ -103,40 +103,6 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
-func (c *Config) setDefaults() {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	def(&c.Lease, 10*time.Second)
-	def(&c.LoadInterval, time.Second)
-	def(&c.MaxStaleness, 15*time.Second)
-	def(&c.SessionTTL, 24*time.Hour)
-	def(&c.SnapshotInterval, 30*time.Second)
-	def(&c.HeartbeatTimeout, time.Second)
-	def(&c.ElectionTimeout, time.Second)
-	def(&c.ApplyTimeout, 10*time.Second)
-	if c.SnapshotThreshold == 0 {
-		c.SnapshotThreshold = 8192
-	}
-	if c.TrailingLogs == 0 {
-		c.TrailingLogs = 10240
-	}
-	if c.RaftAdvertise == "" {
-		c.RaftAdvertise = c.RaftAddr
-	}
-	if c.APIAdvertise == "" {
-		c.APIAdvertise = c.APIAddr
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Registerer == nil {
-		c.Registerer = prometheus.NewRegistry()
-	}
-}
-
 // Node is a running directory node.
 type Node struct {
 	cfg  Config
@@ -168,10 +134,10 @@ type Node struct {
 // and the HTTP server. It returns once everything listens; it does not wait
 // for a leader.
 func New(cfg Config) (*Node, error) {
-	cfg.setDefaults()
-	if cfg.ID == "" {
-		return nil, errors.New("node: an id is required")
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("node: invalid config: %w", err)
 	}
+	cfg.setDefaults()
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), stop: make(chan struct{})}
 	n.metrics = newMetrics(cfg.Registerer)
 	n.watch = newWatchHub()

@@ -80,11 +80,8 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
-	if c.Policy == nil || c.Renderer == nil {
-		return errors.New("router: Config.Policy and Config.Renderer are required")
-	}
-	if c.Directory == nil && len(c.Static) == 0 {
-		return errors.New("router: give a directory to discover workers from, or a static worker list")
+	if err := c.Validate(); err != nil {
+		return err
 	}
 	if c.Fallback == nil {
 		p, err := placement.New("session-hash", placement.Options{})
@@ -103,7 +100,7 @@ func (c *Config) setDefaults() error {
 	def(&c.SpecTTL, DefaultSpecTTL)
 	def(&c.DownFor, DefaultDownFor)
 	def(&c.ConnectTimeout, DefaultConnectTimeout)
-	def(&c.SessionInterval, 250*time.Millisecond)
+	def(&c.SessionInterval, DefaultSessionInterval)
 	if c.SessionHeader == "" {
 		c.SessionHeader = DefaultSessionHeader
 	}

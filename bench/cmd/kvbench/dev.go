@@ -91,7 +91,7 @@ func runDev(ctx context.Context, out io.Writer, f devFlags) error {
 		fmt.Fprintf(&b, "%-13s %s\n", "engine "+e.WorkerID, e.URL)
 	}
 	fmt.Fprintf(&b, "%-13s %s\n\n", "data", dir)
-	fmt.Fprintf(&b, "In another shell:\n\n  export ROUTER=%s KVDIRCTL_DIRECTORY=%s KVDIRCTL_ROUTER=%s\n",
+	fmt.Fprintf(&b, "In another shell:\n\n  export ROUTER=%s KVDIR_CTL_DIRECTORY=%s KVDIR_CTL_ROUTER=%s\n",
 		fl.Routers[0].URL, fl.DirectoryAddrs(), fl.Routers[0].URL)
 	b.WriteString("  ./bin/kvdirctl status\n")
 	b.WriteString("  curl -s -D - $ROUTER/v1/chat/completions -H 'Content-Type: application/json' \\\n")

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/cli"
 )
 
 func newGenSessions() *cobra.Command {
@@ -37,7 +38,7 @@ Presets (--preset) set every parameter; flags given explicitly override them:
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, ok := workload.SessionPresets[preset]
 			if !ok {
-				return fmt.Errorf("unknown preset %q (known: %s)", preset, strings.Join(slices.Sorted(maps.Keys(workload.SessionPresets)), ", "))
+				return cli.Usagef("unknown preset %q (known: %s)", preset, strings.Join(slices.Sorted(maps.Keys(workload.SessionPresets)), ", "))
 			}
 			overrideSessions(cmd, &c, &cfg)
 			recs, err := workload.GenerateSessions(c)

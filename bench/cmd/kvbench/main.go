@@ -10,28 +10,38 @@
 //
 // sim and replay fill the same report schema (bench/report), so report and
 // the charts work on either.
+//
+// Every flag has an environment variable KVDIR_BENCH_<FLAG> (see
+// internal/cli); a flag on the command line beats it. Exit status: 0 on
+// success, 1 when a run fails, 2 on a usage error; SIGINT or SIGTERM stops
+// a run, a second one exits 130 at once.
 package main
 
 import (
 	"context"
-	"fmt"
+	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kvdir/kvdir/internal/cli"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	root := newRoot(log)
-	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "kvbench:", err)
-		os.Exit(1)
-	}
+	ctx, stop := cli.SignalContext(context.Background(), "kvbench", os.Stderr)
+	code := runMain(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// runMain runs kvbench with args and returns the exit status.
+func runMain(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	p := &cli.Program{Name: "kvbench", Env: "BENCH", Getenv: getenv, Stdout: stdout, Stderr: stderr}
+	root := newRoot(p.DeferredLogger())
+	cli.MarkEnvAll(root)
+	_, err := p.ExecuteC(ctx, root, args)
+	return p.Exit(err)
 }
 
 func newRoot(log *slog.Logger) *cobra.Command {
@@ -40,7 +50,17 @@ func newRoot(log *slog.Logger) *cobra.Command {
 		Short: "Compare kvdir's placement with the alternatives on request traces",
 		Long: `kvbench generates request traces in the Mooncake format, runs them through the real
 placement policies in front of simulated engines (kvbench sim), and writes the comparison
-as JSON, a Markdown table and PNG charts (bench/results/ by convention).`,
+as JSON, a Markdown table and PNG charts (bench/results/ by convention).
+
+Every flag has an environment variable: KVDIR_BENCH_ and the flag's name in capitals
+with '-' as '_' (--log-level is KVDIR_BENCH_LOG_LEVEL, sim's --replicas is
+KVDIR_BENCH_REPLICAS); each command's --help lists its variables. A flag on the
+command line beats the environment.
+
+Exit status: 0 on success, 1 when a run fails, 2 on a usage error.`,
+		Example: `  kvbench demo
+  kvbench gen sessions --preset seed-example --sessions 200 -o /tmp/sessions.jsonl
+  KVDIR_BENCH_REPLICAS=8 kvbench sim --trace /tmp/sessions.jsonl --policies all --out /tmp/sim.json`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}

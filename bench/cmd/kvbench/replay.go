@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -14,6 +13,7 @@ import (
 	"github.com/kvdir/kvdir/bench/replay"
 	"github.com/kvdir/kvdir/bench/sim"
 	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/simengine"
 )
@@ -51,7 +51,7 @@ Writes the same schema as kvbench sim: --out (JSON), .md next to it, and the cha
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.trace == "" {
-				return errors.New("--trace is required")
+				return cli.Usagef("--trace is required")
 			}
 			return runReplay(cmd, &f, log)
 		},
@@ -114,13 +114,13 @@ func replayEndpoint(cmd *cobra.Command, f *replayFlags, recs []workload.Record, 
 		f.timeScale = 1
 	}
 	if f.timeScale <= 0 || f.timeScale > 10 {
-		return fmt.Errorf("--time-scale %v: want a value in (0, 10]", f.timeScale)
+		return cli.Usagef("--time-scale %v: want a value in (0, 10]", f.timeScale)
 	}
 	if f.model == "" {
-		return errors.New("--url needs --model, the model name the endpoint serves")
+		return cli.Usagef("--url needs --model, the model name the endpoint serves")
 	}
 	if u, err := url.Parse(f.url); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("--url %q: want http(s)://host:port", f.url)
+		return cli.Usagef("--url %q: want http(s)://host:port", f.url)
 	}
 	var workers []string
 	for _, w := range strings.Split(f.urlWorkers, ",") {
@@ -141,7 +141,7 @@ func replayEndpoint(cmd *cobra.Command, f *replayFlags, recs []workload.Record, 
 func replayAndReport(cmd *cobra.Command, f *replayFlags, pols []string, recs []workload.Record, trace, out string, log *slog.Logger) error {
 	prof, err := costmodel.ResolveProfile(f.profile)
 	if err != nil {
-		return fmt.Errorf("--profile: %w", err)
+		return cli.Usagef("--profile: %w", err)
 	}
 	if f.kvBlocks == 0 {
 		a, ok := sim.DefaultKVBlocks(prof.Name, simengine.DefaultBlockSize)
@@ -151,7 +151,7 @@ func replayAndReport(cmd *cobra.Command, f *replayFlags, pols []string, recs []w
 		f.kvBlocks = a.Blocks
 	}
 	if f.timeScale <= 0 || f.timeScale > 10 {
-		return fmt.Errorf("--time-scale %v: want a value in (0, 10]", f.timeScale)
+		return cli.Usagef("--time-scale %v: want a value in (0, 10]", f.timeScale)
 	}
 	dir := f.dir
 	if dir == "" {

@@ -15,6 +15,7 @@ import (
 	"github.com/kvdir/kvdir/bench/report"
 	"github.com/kvdir/kvdir/bench/sim"
 	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/simengine"
@@ -39,7 +40,7 @@ func newSim(log *slog.Logger) *cobra.Command {
 		Use:   "sim",
 		Short: "Simulate a trace under each placement policy in virtual time",
 		Long: `Runs the trace through each placement policy (the router's internal/placement code)
-in front of --replicas copies of the engine model (internal/simengine: paged prefix cache,
+in front of --replicas copies of the engine model (internal/engine: paged prefix cache,
 continuous batching, calibrated H200 timing), in virtual time. The directory's view is
 built from the engines' own KV events, through the agent's translator into the
 directory's radix index; the router's load view is the engines' gauges plus its own
@@ -52,7 +53,7 @@ PNG charts next to it: -ttft-cdf.png, -replica-hit-rate.png, -queue-depth.png.
 H200 (see docs/benchmarks.md):
   ` + kvLine("llama3-8b") + `
   ` + kvLine("llama3-70b"),
-		Example: `  kvbench sim --trace bench/testdata/mooncake_synthetic_trace.jsonl --replicas 8 \
+		Example: `  kvbench sim --trace ../shared/traces/mooncake_synthetic_trace.jsonl --replicas 8 \
     --profile llama3-70b --policies all --out bench/results/sim-mooncake.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -103,13 +104,13 @@ func parsePolicies(s string, extra ...string) ([]string, error) {
 			continue
 		}
 		if !contains(known, p) {
-			return nil, fmt.Errorf("unknown policy %q (known: %s, or all)", p, strings.Join(known, ", "))
+			return nil, cli.Usagef("unknown policy %q (known: %s, or all)", p, strings.Join(known, ", "))
 		}
 		seen[p] = true
 		out = append(out, p)
 	}
 	if len(out) == 0 {
-		return nil, errors.New("--policies is empty")
+		return nil, cli.Usagef("--policies is empty")
 	}
 	return out, nil
 }
@@ -125,10 +126,10 @@ func contains(list []string, s string) bool {
 
 func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	if f.trace == "" {
-		return errors.New("--trace is required")
+		return cli.Usagef("--trace is required")
 	}
 	if f.parallel < 1 {
-		return fmt.Errorf("--parallel %d, want >= 1", f.parallel)
+		return cli.Usagef("--parallel %d, want >= 1", f.parallel)
 	}
 	prof, err := costmodel.ResolveProfile(f.profile)
 	if err != nil {

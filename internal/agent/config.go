@@ -1,0 +1,78 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/kvdir/kvdir/internal/dirclient"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// Defaults of Config that have no constant of their own above.
+const (
+	// DefaultEndpoint is vLLM's default KV-events publisher address.
+	DefaultEndpoint = "tcp://127.0.0.1:5557"
+	// DefaultBlockSize is vLLM's default block size, registered when the
+	// engine's is not given.
+	DefaultBlockSize = 16
+)
+
+// DefaultConfig returns an agent's configuration with every default
+// filled in: a vLLM engine publishing on DefaultEndpoint, and the default
+// batching, map, queue and timing limits. WorkerID and the engine's
+// addresses are left for the caller; a zero field of a Config passed to
+// New also means its default.
+func DefaultConfig() Config {
+	return Config{
+		BlockSize:       DefaultBlockSize,
+		Engine:          kvdirv1.EngineKind_ENGINE_KIND_VLLM,
+		Endpoint:        DefaultEndpoint,
+		BatchInterval:   DefaultBatchInterval,
+		BatchBlocks:     DefaultBatchBlocks,
+		MapCapacity:     DefaultMapCapacity,
+		QueueLimit:      dirclient.DefaultQueueLimit,
+		ReplayTimeout:   DefaultReplayTimeout,
+		RegisterRetry:   DefaultRegisterRetry,
+		ShutdownTimeout: DefaultShutdownTimeout,
+	}
+}
+
+// Validate reports the first problem of c: a missing worker id or events
+// endpoint, engine URLs that are not http(s), negative sizes or durations.
+func (c Config) Validate() error {
+	if c.WorkerID == "" {
+		return errors.New("agent: worker id is required")
+	}
+	if c.Endpoint == "" {
+		return errors.New("agent: kv-events endpoint is required")
+	}
+	for _, u := range []struct{ name, v string }{{"worker address", c.WorkerAddress}, {"metrics URL", c.MetricsURL}} {
+		if u.v == "" {
+			continue
+		}
+		p, err := url.Parse(u.v)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return fmt.Errorf("agent: %s %q: want an http(s) URL such as http://10.0.0.7:8000", u.name, u.v)
+		}
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"block size", c.BlockSize}, {"batch blocks", c.BatchBlocks}, {"map capacity", c.MapCapacity}, {"queue limit", c.QueueLimit}} {
+		if n.v < 0 {
+			return fmt.Errorf("agent: %s %d is negative (0 means the default)", n.name, n.v)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"batch interval", c.BatchInterval}, {"heartbeat interval", c.HeartbeatInterval}, {"replay timeout", c.ReplayTimeout},
+		{"register retry", c.RegisterRetry}, {"shutdown timeout", c.ShutdownTimeout}} {
+		if d.v < 0 {
+			return fmt.Errorf("agent: %s %v is negative (0 means the default)", d.name, d.v)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,42 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaultConfigValidate(t *testing.T) {
+	d := DefaultConfig()
+	if d.Endpoint != DefaultEndpoint || d.BatchBlocks != DefaultBatchBlocks || d.MapCapacity != DefaultMapCapacity || d.BlockSize != 16 {
+		t.Errorf("defaults %+v", d)
+	}
+	if err := d.Validate(); err == nil || !strings.Contains(err.Error(), "worker id is required") {
+		t.Errorf("defaults without a worker id: %v", err)
+	}
+	d.WorkerID, d.WorkerAddress = "w", "http://10.0.0.7:8000"
+	if err := d.Validate(); err != nil {
+		t.Errorf("defaults with a worker id: %v", err)
+	}
+	for _, c := range []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"no endpoint", func(c *Config) { c.Endpoint = "" }, "kv-events endpoint is required"},
+		{"worker address not a URL", func(c *Config) { c.WorkerAddress = "10.0.0.7:8000" }, "worker address"},
+		{"metrics URL scheme", func(c *Config) { c.MetricsURL = "ftp://h/metrics" }, "metrics URL"},
+		{"negative batch blocks", func(c *Config) { c.BatchBlocks = -1 }, "batch blocks"},
+		{"negative map capacity", func(c *Config) { c.MapCapacity = -1 }, "map capacity"},
+		{"negative heartbeat", func(c *Config) { c.HeartbeatInterval = -time.Second }, "heartbeat interval"},
+	} {
+		cfg := d
+		c.edit(&cfg)
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error with %q", c.name, err, c.want)
+		}
+		if _, err := New(cfg, nil); err == nil {
+			t.Errorf("%s: New accepted it", c.name)
+		}
+	}
+}

@@ -1,0 +1,68 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// DefaultSessionInterval is how often session records are written.
+const DefaultSessionInterval = 250 * time.Millisecond
+
+// DefaultConfig returns a router's configuration with every default
+// filled in. Policy, Renderer and the workers (Directory or Static) are
+// left for the caller; a zero field of a Config passed to New also means
+// its default.
+func DefaultConfig() Config {
+	return Config{
+		SessionHeader:   DefaultSessionHeader,
+		MaxBodyBytes:    DefaultMaxBodyBytes,
+		MatchTimeout:    DefaultMatchTimeout,
+		ScrapeInterval:  DefaultScrapeInterval,
+		SpecTTL:         DefaultSpecTTL,
+		MaxAttempts:     DefaultMaxAttempts,
+		DownFor:         DefaultDownFor,
+		BlockSize:       DefaultBlockSize,
+		ConnectTimeout:  DefaultConnectTimeout,
+		SessionInterval: DefaultSessionInterval,
+	}
+}
+
+// Validate reports the first problem of c: no policy or renderer, no way
+// to find workers, a static worker without an id, given twice or at an
+// address that is not an http(s) URL, negative sizes or durations (but
+// SpecTTL, which a negative value disables).
+func (c Config) Validate() error {
+	if c.Policy == nil || c.Renderer == nil {
+		return errors.New("router: Config.Policy and Config.Renderer are required")
+	}
+	if c.Directory == nil && len(c.Static) == 0 {
+		return errors.New("router: give a directory to discover workers from, or a static worker list")
+	}
+	seen := map[string]bool{}
+	for _, w := range c.Static {
+		if w.ID == "" {
+			return fmt.Errorf("router: static worker at %q has no id", w.Address)
+		}
+		if seen[w.ID] {
+			return fmt.Errorf("router: static worker id %q given twice", w.ID)
+		}
+		seen[w.ID] = true
+		if _, err := validateAddress(w.Address); err != nil {
+			return fmt.Errorf("router: static worker %s: %w", w.ID, err)
+		}
+	}
+	if c.MaxBodyBytes < 0 || c.MaxAttempts < 0 || c.BlockSize < 0 {
+		return fmt.Errorf("router: negative size (max body %d, max attempts %d, block size %d; 0 means the default)", c.MaxBodyBytes, c.MaxAttempts, c.BlockSize)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"match timeout", c.MatchTimeout}, {"scrape interval", c.ScrapeInterval}, {"down-for", c.DownFor},
+		{"connect timeout", c.ConnectTimeout}, {"session interval", c.SessionInterval}} {
+		if d.v < 0 {
+			return fmt.Errorf("router: %s %v is negative (0 means the default)", d.name, d.v)
+		}
+	}
+	return nil
+}
