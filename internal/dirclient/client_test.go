@@ -51,6 +51,7 @@ func TestNewNeedsAnAddress(t *testing.T) {
 }
 
 func TestFailoverFromDeadAddress(t *testing.T) {
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
 	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
 	c.WaitMembers()
 	dead := deadAddr(t)

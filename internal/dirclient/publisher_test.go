@@ -103,6 +103,7 @@ func TestPublisherDeliversEveryBatchOnce(t *testing.T) {
 }
 
 func TestPublisherSurvivesLeaderShutdown(t *testing.T) {
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
 	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
 	c.WaitMembers()
 	cl := newClient(t, Config{Addrs: c.APIAddrs()})

@@ -20,6 +20,7 @@ import (
 )
 
 func TestLeaderLossWhilePublishing(t *testing.T) {
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
 	c := dirtest.New(t, 3, nil)
 	c.Leader()
 	pubs := []*dirtest.Publisher{c.NewPublisher("w1", 1), c.NewPublisher("w2", 2)}
@@ -70,6 +71,7 @@ func TestLeaderLossWhilePublishing(t *testing.T) {
 }
 
 func TestMinorityPartitionAndHeal(t *testing.T) {
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
 	c := dirtest.New(t, 3, nil)
 	p := c.NewPublisher("w1", 1)
 	for range 10 {
@@ -185,6 +187,7 @@ func TestSnapshotInstalledOnLaggingFollower(t *testing.T) {
 }
 
 func TestRestartFromStores(t *testing.T) {
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
 	c := dirtest.New(t, 3, nil)
 	p := c.NewPublisher("w1", 1)
 	for range 20 {
@@ -209,6 +212,7 @@ func TestRestartFromStores(t *testing.T) {
 }
 
 func TestWipedNodeRejoins(t *testing.T) {
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
 	c := dirtest.New(t, 3, nil)
 	p := c.NewPublisher("w1", 1)
 	for range 20 {
@@ -285,6 +289,7 @@ func TestDuplicateDroppedAndStaleEpochFenced(t *testing.T) {
 }
 
 func TestLeaseExpiryAndLeaderChange(t *testing.T) {
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
 	const lease = 600 * time.Millisecond
 	c := dirtest.New(t, 3, func(_ int, cfg *node.Config) {
 		cfg.Lease = lease
@@ -357,6 +362,7 @@ func TestLeaseExpiryAndLeaderChange(t *testing.T) {
 }
 
 func TestMembershipChange(t *testing.T) {
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
 	c := dirtest.New(t, 3, nil)
 	p := c.NewPublisher("w1", 1)
 	for range 10 {
