@@ -5,9 +5,9 @@ import (
 	"os/exec"
 	"testing"
 
-	"github.com/kvdir/kvdir/bench/workload"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/testkit/fleet"
+	"github.com/kvdir/kvdir/internal/workload"
 )
 
 // TestCompareLive replays a small generated session trace through real

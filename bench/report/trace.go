@@ -1,8 +1,8 @@
 package report
 
 import (
-	"github.com/kvdir/kvdir/bench/benchjson"
-	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/benchjson"
+	"github.com/kvdir/kvdir/internal/workload"
 )
 
 // ForTrace returns a report of mode ("sim" or "replay") for recs, with the

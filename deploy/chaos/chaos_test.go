@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
 	"github.com/kvdir/kvdir/internal/testkit"
 )
 
@@ -57,7 +57,7 @@ func TestChaos(t *testing.T) {
 		Machine: benchjson.ThisMachine(),
 		Command: "make test-chaos",
 		Notes: []string{
-			"Each fault runs under steady load (bench/replay chat sessions, open loop, through both routers) and ends with the checks described in deploy/README.md (Chaos tests).",
+			"Each fault runs under steady load (internal/loadgen chat sessions, open loop, through both routers) and ends with the checks described in deploy/README.md (Chaos tests).",
 			"leader_recovery_seconds: from the fault to a leader all reachable directory nodes agree on (for rolling-restart, the longest of the three restarts).",
 			"view_converged_seconds: from the repair (container started, network reconnected) until the directory's view of every probe prompt on every worker equals what the engine holds.",
 		},

@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/replay"
-	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/loadgen"
 	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/workload"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -510,10 +510,10 @@ func (h *harness) workers() (map[string]*kvdirv1.Worker, error) {
 // loadConfig is the load of one fault.
 func (h *harness) loadConfig() LoadConfig {
 	h.seed++
-	var engines []replay.Engine
+	var engines []loadgen.Engine
 	for _, e := range engineNames {
 		u, _ := h.engine(e, false)
-		engines = append(engines, replay.Engine{ID: e, URL: u})
+		engines = append(engines, loadgen.Engine{ID: e, URL: u})
 	}
 	return LoadConfig{URLs: h.lb.Fronts(), Engines: engines, Model: model, BlockSize: blockSize, ChunkSec: 6, Seed: h.seed * 1000}
 }

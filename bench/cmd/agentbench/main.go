@@ -20,7 +20,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 func main() {

@@ -24,7 +24,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
 	"github.com/kvdir/kvdir/internal/radix"
 	"github.com/kvdir/kvdir/internal/radix/radixtest"
 	"github.com/kvdir/kvdir/internal/testkit"

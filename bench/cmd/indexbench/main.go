@@ -24,7 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/radix"
 	"github.com/kvdir/kvdir/internal/radix/radixtest"

@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/kvdir/kvdir/bench/report"
-	"github.com/kvdir/kvdir/bench/workload"
 	"github.com/kvdir/kvdir/internal/placement"
+	"github.com/kvdir/kvdir/internal/workload"
 )
 
 func run(t *testing.T, args ...string) error {

@@ -23,7 +23,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 // config holds the flags.

@@ -19,8 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
 	"github.com/kvdir/kvdir/bench/replay"
+	"github.com/kvdir/kvdir/internal/benchjson"
 	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/router"
 	"github.com/kvdir/kvdir/internal/testkit"
