@@ -116,27 +116,28 @@ bench-sim: ## kvbench sim: every policy on TRACE, 8 x llama3-70b, KV 2x and 0.7x
 	$(GO) run ./bench/cmd/kvbench sim --trace $(TRACE) --replicas 8 --profile llama3-70b --kv-blocks 101200 --time-scale 2 --policies all --parallel 2 --out bench/results/sim-mooncake-70b-kv2x-halfrate.json
 
 .PHONY: bench
-bench: bench-index bench-directory bench-agent bench-router bench-sim demo ## Every benchmark; refreshes bench/results/
+bench: bench-index bench-directory bench-agent bench-router bench-sim demo ## Every benchmark; refreshes bench/results/ and the figure tables quoting them
+	$(GO) run ./bench/cmd/kvbench docs
 
 .PHONY: bench-index
 bench-index: ## Index and hashing figures at full scale -> bench/results/index.json
 	@mkdir -p $(dir $(BENCH_OUT))
-	$(GO) run ./bench/cmd/indexbench -out $(BENCH_OUT)
+	$(GO) run ./bench/cmd/kvbench index --out $(BENCH_OUT)
 
 .PHONY: bench-directory
 bench-directory: ## 3 directory processes, 64 publishing workers -> bench/results/directory.json
 	@mkdir -p bench/results
-	$(GO) run ./bench/cmd/dirbench -out bench/results/directory.json
+	$(GO) run ./bench/cmd/kvbench directory --out bench/results/directory.json
 
 .PHONY: bench-agent
 bench-agent: ## Agent decode+hash rate, end-to-end event lag (directory, enginesim, agent processes) -> bench/results/agent.json
 	@mkdir -p bench/results
-	$(GO) run ./bench/cmd/agentbench -out bench/results/agent.json
+	$(GO) run ./bench/cmd/kvbench agent --out bench/results/agent.json
 
 .PHONY: bench-router
 bench-router: haproxy-dep ## Router decision time, proxy overhead vs HAProxy, throughput (real processes) -> bench/results/router.json
 	@mkdir -p bench/results
-	$(GO) run ./bench/cmd/routerbench -out bench/results/router.json
+	$(GO) run ./bench/cmd/kvbench router --out bench/results/router.json
 
 .PHONY: haproxy-dep
 haproxy-dep: ## Install Debian's HAProxy if missing (the router benchmark's baseline)
@@ -145,6 +146,14 @@ haproxy-dep: ## Install Debian's HAProxy if missing (the router benchmark's base
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy; \
 	  else echo "run as root, or: sudo apt-get install haproxy" >&2; exit 1; fi; \
 	fi
+
+.PHONY: docs
+docs: ## Rewrite the generated figure tables in the Markdown files from bench/results (after a benchmark run)
+	$(GO) run ./bench/cmd/kvbench docs
+
+.PHONY: docs-check
+docs-check: ## Fail if a generated figure table in a Markdown file differs from bench/results
+	$(GO) run ./bench/cmd/kvbench docs --check
 
 .PHONY: bench-go
 bench-go: ## Go micro-benchmarks of the index and hashing (for benchstat)

@@ -30,7 +30,7 @@ type Options struct {
 	Routers        int      // routers per policy
 	RouterArgs     []string // extra router flags
 	Dir            string   // binaries and data
-	Command        string   // the command line, for the report
+	Command        []string // the argv, for the report
 	Log            *slog.Logger
 	// Progress receives a progress bar (nil: none).
 	Progress io.Writer

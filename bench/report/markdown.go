@@ -1,19 +1,21 @@
 package report
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
+
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 // Markdown writes r as a Markdown section: the settings, then one table row
 // per policy in r's order.
 func Markdown(w io.Writer, r *Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "`%s`\n\n", r.Command)
+	fmt.Fprintf(&b, "`%s`\n\n", CommandLine(r.Command))
 	fmt.Fprintf(&b, "Mode %s; trace `%s` (%d requests over %.1f min, ideal hit rate %.1f %%, hot working set %s tokens); "+
 		"%d replicas of `%s`, %d KV blocks of %d tokens each (cluster KV %s tokens = %.2fx the working set); seed %d.\n\n",
 		r.Mode, r.Trace, r.TraceStats.Requests, r.TraceStats.DurationSec/60, 100*r.TraceStats.IdealHitRate,
@@ -58,16 +60,49 @@ func human(v float64) string {
 	return fmt.Sprintf("%.0f", v)
 }
 
-// ReadFile reads a report written as JSON.
+// CommandLine joins argv for display, quoting the arguments a shell would
+// split or expand.
+func CommandLine(argv []string) string {
+	args := slices.Clone(argv)
+	for i, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t\"'$") {
+			args[i] = fmt.Sprintf("%q", a)
+		}
+	}
+	return strings.Join(args, " ")
+}
+
+// Figures are r's headline numbers, per policy (named policy.field).
+func (r *Report) Figures() []benchjson.Figure {
+	var out []benchjson.Figure
+	for _, p := range r.Policies {
+		add := func(field, unit string, v float64, note string) {
+			out = append(out, benchjson.Figure{Name: p.Name + "." + field, Unit: unit, Measured: v, Note: note})
+		}
+		add("hit_rate", "fraction", p.HitRate, "prompt tokens served from the engines' prefix caches")
+		add("reuse_captured", "fraction", p.ReuseCaptured, "hit tokens / what one unlimited cache would have hit")
+		add("ttft_p50_ms", "ms", p.TTFTP50Ms, "time to first token, p50")
+		add("ttft_p90_ms", "ms", p.TTFTP90Ms, "time to first token, p90")
+		add("ttft_p99_ms", "ms", p.TTFTP99Ms, "time to first token, p99")
+		add("e2e_p90_ms", "ms", p.E2EP90Ms, "end-to-end latency, p90")
+		add("throughput_tokens_per_sec", "tokens/s", p.ThroughputTokensPerSec, "(prompt + output tokens) / (last finish - first arrival)")
+		add("prefill_tokens_computed", "tokens", float64(p.PrefillTokensComputed), "prompt tokens the engines computed")
+		add("rejected", "requests", float64(p.Rejected), "requests the engines refused")
+	}
+	return out
+}
+
+// ReadFile reads a report written by WriteJSON.
 func ReadFile(path string) (*Report, error) {
-	b, err := os.ReadFile(path)
+	res, err := benchjson.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("report: %w", err)
 	}
 	var r Report
-	if err := json.Unmarshal(b, &r); err != nil {
+	if err := res.DecodeDetails(&r); err != nil {
 		return nil, fmt.Errorf("report: %s: %w", path, err)
 	}
+	r.Tool, r.Command, r.Machine, r.Started = res.Tool, res.Command, res.Machine, res.Started
 	return &r, nil
 }
 
@@ -76,17 +111,24 @@ var spaces = regexp.MustCompile(`\s+`)
 // numberArray matches a JSON array of numbers spread over several lines.
 var numberArray = regexp.MustCompile(`\[\s*-?[0-9][0-9.eE+-]*(?:,\s*-?[0-9][0-9.eE+-]*)*\s*\]`)
 
-// WriteJSON writes r as indented JSON with arrays of numbers kept on one
-// line (the CDFs and queue series would otherwise take a line per value).
+// WriteJSON writes r as a results envelope, indented, with arrays of numbers
+// kept on one line (the CDFs and queue series would otherwise take a line
+// per value).
 func WriteJSON(path string, r *Report) error {
-	b, err := json.MarshalIndent(r, "", "  ")
+	res := &benchjson.Results{Tool: r.Tool, Command: r.Command, Machine: r.Machine, Started: r.Started, Figures: r.Figures()}
+	if err := res.SetDetails(r); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	if err := res.Validate(); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	b, err := benchjson.Encode(res)
 	if err != nil {
-		return fmt.Errorf("report: encode: %w", err)
+		return fmt.Errorf("report: %w", err)
 	}
 	b = numberArray.ReplaceAllFunc(b, func(m []byte) []byte {
 		return spaces.ReplaceAll(m, nil)
 	})
-	b = append(b, '\n')
 	if err := os.WriteFile(path, b, 0o644); err != nil {
 		return fmt.Errorf("report: %w", err)
 	}

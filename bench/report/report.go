@@ -21,20 +21,25 @@ import (
 )
 
 // Report is one comparison: a trace run under several policies with the same
-// cluster. The JSON field names are a fixed schema: tools that read
+// cluster. On disk it is a results envelope (internal/benchjson): Tool,
+// Command, Machine and Started are the envelope's, each policy's headline
+// numbers its figures (Figures), and the rest of the report its details.
+// The details' field names are a fixed schema: tools that read
 // bench/results/ depend on them.
 type Report struct {
-	Tool      string            `json:"tool"`    // "kvbench"
-	Mode      string            `json:"mode"`    // "sim" or "replay"
-	Command   string            `json:"command"` // the command line that produced it
-	Machine   benchjson.Machine `json:"machine"`
-	Trace     string            `json:"trace"` // trace file
-	Replicas  int               `json:"replicas"`
-	Profile   string            `json:"profile"`   // engine timing profile
-	KVBlocks  int               `json:"kv_blocks"` // KV-cache blocks per replica
-	BlockSize int               `json:"block_size"`
-	TimeScale float64           `json:"time_scale"` // trace timestamps were multiplied by this
-	Seed      int64             `json:"seed"`
+	Tool    string            `json:"-"` // "sim" or "replay"
+	Command []string          `json:"-"` // the argv that produced it
+	Machine benchjson.Machine `json:"-"`
+	Started time.Time         `json:"-"`
+
+	Mode      string  `json:"mode"`  // "sim" or "replay"
+	Trace     string  `json:"trace"` // trace file
+	Replicas  int     `json:"replicas"`
+	Profile   string  `json:"profile"`   // engine timing profile
+	KVBlocks  int     `json:"kv_blocks"` // KV-cache blocks per replica
+	BlockSize int     `json:"block_size"`
+	TimeScale float64 `json:"time_scale"` // trace timestamps were multiplied by this
+	Seed      int64   `json:"seed"`
 	// Settings holds mode-specific parameters (event lag, speculative TTL, ...).
 	Settings map[string]any `json:"settings,omitempty"`
 	// TraceStats describes the trace (see workload.Stats).

@@ -5,9 +5,13 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 func sample(rep, prompt, cached, ideal int, arrive, first, finish time.Duration) Sample {
@@ -58,7 +62,8 @@ func testReport(t *testing.T) *Report {
 	p.Finish()
 	q := p
 	q.Name = "round-robin"
-	return &Report{Tool: "kvbench", Mode: "sim", Command: "kvbench sim", Trace: "t.jsonl", Replicas: 2,
+	return &Report{Tool: "sim", Mode: "sim", Command: []string{"kvbench", "sim", "--trace=t.jsonl"}, Machine: benchjson.ThisMachine(),
+		Started: time.Date(2026, 11, 30, 5, 0, 0, 0, time.UTC), Trace: "t.jsonl", Replicas: 2,
 		Profile: "llama3-70b", KVBlocks: 100, BlockSize: 16, Policies: []Policy{p, q}}
 }
 
@@ -94,6 +99,53 @@ func TestSchema(t *testing.T) {
 	r.Policies[1].Name = "kvdir"
 	if err := r.Validate(); err == nil {
 		t.Fatal("duplicate policy accepted")
+	}
+}
+
+// TestEnvelope writes a report and reads it back: a results envelope with
+// each policy's headline figures, the report as its details.
+func TestEnvelope(t *testing.T) {
+	r := testReport(t)
+	path := filepath.Join(t.TempDir(), "r.json")
+	if err := WriteJSON(path, r); err != nil {
+		t.Fatal(err)
+	}
+	res, err := benchjson.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if res.Tool != "sim" || !slices.Equal(res.Command, r.Command) || !res.Started.Equal(r.Started) {
+		t.Fatalf("envelope %s %q %v", res.Tool, res.Command, res.Started)
+	}
+	if f, ok := res.Figure("kvdir.hit_rate"); !ok || f.Measured != r.Policies[0].HitRate || f.Unit != "fraction" {
+		t.Fatalf("kvdir.hit_rate %+v, present %v", f, ok)
+	}
+	if f, ok := res.Figure("round-robin.ttft_p90_ms"); !ok || f.Measured != r.Policies[1].TTFTP90Ms {
+		t.Fatalf("round-robin.ttft_p90_ms %+v, present %v", f, ok)
+	}
+	back, err := ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := back.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if back.Tool != r.Tool || !slices.Equal(back.Command, r.Command) || back.Machine != r.Machine ||
+		len(back.Policies) != 2 || !slices.Equal(back.Policies[0].TTFTCDFMs, r.Policies[0].TTFTCDFMs) {
+		t.Fatalf("read back %+v", back)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte(`"ttft_cdf_ms": [`)) || bytes.Count(b, []byte("\n")) > 400 {
+		t.Fatalf("number arrays not kept on one line:\n%s", b)
+	}
+	if got := CommandLine([]string{"kvbench", "sim", "--trace=a b.jsonl", ""}); got != `kvbench sim "--trace=a b.jsonl" ""` {
+		t.Fatalf("CommandLine: %s", got)
 	}
 }
 

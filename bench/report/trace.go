@@ -1,6 +1,8 @@
 package report
 
 import (
+	"time"
+
 	"github.com/kvdir/kvdir/internal/benchjson"
 	"github.com/kvdir/kvdir/internal/workload"
 )
@@ -16,7 +18,7 @@ func ForTrace(mode, trace string, recs []workload.Record, ideal []int, traceBloc
 		idealSum += int64(v)
 	}
 	rep := &Report{
-		Tool: "kvbench", Mode: mode, Machine: benchjson.ThisMachine(), Trace: trace, Replicas: replicas, Profile: profile,
+		Tool: mode, Mode: mode, Machine: benchjson.ThisMachine(), Started: time.Now().UTC().Truncate(time.Second), Trace: trace, Replicas: replicas, Profile: profile,
 		KVBlocks: kvBlocks, BlockSize: blockSize, TimeScale: timeScale,
 		TraceStats: TraceStats{Requests: ts.Requests, DurationSec: ts.DurationSec * timeScale, InputTokens: ts.InputTokens,
 			OutputTokens: ts.OutputTokens, UniqueBlocks: ts.UniqueBlocks, HotWorkingSetTokens: ts.HotWorkingSetTokens,

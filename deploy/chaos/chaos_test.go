@@ -13,12 +13,29 @@ import (
 	"github.com/kvdir/kvdir/internal/testkit"
 )
 
-// Results is bench/results/chaos.json.
+// Results are the details of bench/results/chaos.json, a results envelope
+// (internal/benchjson) whose figures are each fault's headline numbers
+// (figures).
 type Results struct {
-	Machine benchjson.Machine `json:"machine"`
-	Command string            `json:"command"`
-	Faults  []FaultResult     `json:"faults"`
-	Notes   []string          `json:"notes"`
+	Faults []FaultResult `json:"faults"`
+	Notes  []string      `json:"notes"`
+}
+
+// figures are the faults' headline numbers, named fault.field.
+func (r *Results) figures() []benchjson.Figure {
+	var out []benchjson.Figure
+	for _, f := range r.Faults {
+		out = append(out,
+			benchjson.Figure{Name: f.Name + ".failed_requests", Unit: "requests", Measured: float64(f.FailedRequests),
+				Note: "requests that failed during the fault (one in flight at a killed router is allowed)"},
+			benchjson.Figure{Name: f.Name + ".lost_acknowledged_batches", Unit: "batches", Target: benchjson.Max(0),
+				Measured: float64(f.LostAcknowledgedBatches), Note: "acknowledged event batches missing from the directory afterwards"},
+			benchjson.Figure{Name: f.Name + ".leader_recovery_seconds", Unit: "s", Measured: f.LeaderRecoverySeconds,
+				Note: "from the fault to a leader every reachable node agrees on"},
+			benchjson.Figure{Name: f.Name + ".view_converged_seconds", Unit: "s", Measured: f.ViewConvergedSeconds,
+				Note: "from the repair until the directory's view equals what the engines hold"})
+	}
+	return out
 }
 
 // fault is one fault of the chaos suite (deploy/README.md, "Chaos tests"): inject breaks something and repairs it;
@@ -53,9 +70,9 @@ func TestChaos(t *testing.T) {
 	h := newHarness(t, ctx)
 	t.Logf("cluster up in %.1f s", time.Since(start).Seconds())
 
+	results := benchjson.New("chaos")
+	results.Command = []string{"make", "test-chaos"}
 	res := Results{
-		Machine: benchjson.ThisMachine(),
-		Command: "make test-chaos",
 		Notes: []string{
 			"Each fault runs under steady load (internal/loadgen chat sessions, open loop, through both routers) and ends with the checks described in deploy/README.md (Chaos tests).",
 			"leader_recovery_seconds: from the fault to a leader all reachable directory nodes agree on (for rolling-restart, the longest of the three restarts).",
@@ -77,7 +94,10 @@ func TestChaos(t *testing.T) {
 		}
 	}
 	out := env("KVDIR_CHAOS_OUT", filepath.Join(h.root, "bench/results/chaos.json"))
-	if err := benchjson.Write(out, res); err != nil {
+	results.Figures = res.figures()
+	if err := results.SetDetails(res); err != nil {
+		t.Error(err)
+	} else if err := benchjson.Write(out, results); err != nil {
 		t.Errorf("write %s: %v", out, err)
 	}
 	for _, r := range res.Faults {

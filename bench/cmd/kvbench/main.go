@@ -7,6 +7,11 @@
 //	kvbench demo              the main job: a bundled agent-session trace under round-robin, session-hash and kvdir
 //	kvbench dev               a local fleet (directory, enginesims with agents, router) until Ctrl-C
 //	kvbench report            re-render the Markdown table and charts of a result JSON
+//	kvbench index             the block-prefix index and content hash figures
+//	kvbench directory         a 3-process directory cluster's figures
+//	kvbench agent             the agent's event path and the engine model's figures
+//	kvbench router            the router's decision time, overhead against HAProxy, throughput
+//	kvbench docs              rewrite (or --check) the figure tables in the Markdown files from bench/results
 //
 // sim and replay fill the same report schema (bench/report), so report and
 // the charts work on either.
@@ -70,5 +75,6 @@ Exit status: 0 on success, 1 when a run fails, 2 on a usage error.`,
 	}
 	gen.AddCommand(newGenSessions(), newGenSharedPrefix())
 	root.AddCommand(gen, newSim(log), newReplay(log), newDemo(log), newDev(), newReport())
+	root.AddCommand(newIndex(log), newDirectory(log), newAgent(log), newRouter(log), newDocs(log))
 	return root
 }

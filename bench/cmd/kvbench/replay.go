@@ -129,7 +129,7 @@ func replayEndpoint(cmd *cobra.Command, f *replayFlags, recs []workload.Record, 
 		}
 	}
 	rep, err := replay.RunEndpoint(cmd.Context(), replay.Options{Trace: f.trace, Records: recs, TraceBlockSize: f.traceBlockSize,
-		TimeScale: f.timeScale, Model: f.model, Command: commandLine(), Log: log, Progress: os.Stderr},
+		TimeScale: f.timeScale, Model: f.model, Command: argvOf(cmd, nil), Log: log, Progress: os.Stderr},
 		strings.TrimRight(f.url, "/"), workers)
 	if err != nil {
 		return err
@@ -167,7 +167,7 @@ func replayAndReport(cmd *cobra.Command, f *replayFlags, pols []string, recs []w
 	rep, err := replay.RunComparison(cmd.Context(), replay.Options{
 		Trace: trace, Records: recs, TraceBlockSize: f.traceBlockSize, Replicas: f.replicasOr(4), Profile: f.profile,
 		KVBlocks: f.kvBlocks, TimeScale: f.timeScale, Model: f.model, Policies: pols, Routers: f.routers,
-		RouterArgs: []string{"--match-timeout", f.matchTimeout, "--profile", f.profile}, Dir: dir, Command: commandLine(),
+		RouterArgs: []string{"--match-timeout", f.matchTimeout, "--profile", f.profile}, Dir: dir, Command: argvOf(cmd, nil),
 		Log: log, Progress: os.Stderr})
 	if err != nil {
 		return err

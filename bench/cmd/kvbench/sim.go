@@ -157,7 +157,7 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	workload.SortByTime(recs)
 	ideal := workload.IdealHits(recs, f.traceBlockSize, f.blockSize)
 	rep := report.ForTrace("sim", f.trace, recs, ideal, f.traceBlockSize, f.blockSize, f.replicas, prof.Name, f.kvBlocks, f.timeScale)
-	rep.Command, rep.Seed = commandLine(), f.seed
+	rep.Command, rep.Seed = argvOf(cmd, nil), f.seed
 	rep.Settings = map[string]any{
 		"event_lag_ms":          f.eventLag.Milliseconds(),
 		"speculative_ttl_ms":    f.specTTL.Milliseconds(),
@@ -243,16 +243,6 @@ func writeReport(rep *report.Report, out string, charts bool, log *slog.Logger) 
 	}
 	log.Info("wrote", "files", strings.Join(files, " "))
 	return nil
-}
-
-func commandLine() string {
-	args := append([]string{"kvbench"}, os.Args[1:]...)
-	for i, a := range args {
-		if strings.ContainsAny(a, " \t\"'$") {
-			args[i] = fmt.Sprintf("%q", a)
-		}
-	}
-	return strings.Join(args, " ")
 }
 
 func newReport() *cobra.Command {

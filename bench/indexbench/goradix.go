@@ -1,4 +1,4 @@
-package main
+package indexbench
 
 import (
 	"encoding/binary"
@@ -42,7 +42,7 @@ func compareGoRadix(shape radixtest.Shape, chainBlocks int) (*GoRadixComparison,
 	start := time.Now()
 	x := radix.New(radix.Options{})
 	if _, err := wl.Populate(x); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("go-radix comparison: build the tree: %w", err)
 	}
 	cmp.TreeBuildSeconds = time.Since(start).Seconds()
 	st := x.Stats()

@@ -1,4 +1,4 @@
-package main
+package agentbench
 
 import (
 	"fmt"
@@ -105,10 +105,10 @@ func corpus(n int) ([][]byte, int, error) {
 
 // benchDecode times DecodeBatch + Translator.Translate (content hashing and
 // the engine-hash map) over the corpus, on one goroutine.
-func benchDecode(log *slog.Logger, d time.Duration, res *Results) error {
+func benchDecode(log *slog.Logger, d time.Duration, res *Measures) error {
 	payloads, blocks, err := corpus(4000)
 	if err != nil {
-		return err
+		return fmt.Errorf("corpus: %w", err)
 	}
 	size := 0
 	for _, p := range payloads {
@@ -162,7 +162,7 @@ func benchDecode(log *slog.Logger, d time.Duration, res *Results) error {
 
 // benchEngine runs the engine model on a virtual clock (time scale 0) and
 // reports requests per second of wall time: the scheduler's own overhead.
-func benchEngine(log *slog.Logger, n int, res *Results) error {
+func benchEngine(log *slog.Logger, n int, res *Measures) error {
 	e, err := newEngine(nil)
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package main
+package agentbench
 
 import (
 	"bufio"
@@ -24,7 +24,7 @@ import (
 
 const workerID = "enginesim-0"
 
-func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error) {
+func benchE2E(ctx context.Context, log *slog.Logger, cfg Options, dir string, res *Measures) (err error) {
 	bins, err := testkit.Build(dir, "directory", "enginesim", "agent")
 	if err != nil {
 		return fmt.Errorf("build: %w", err)
@@ -56,11 +56,11 @@ func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error
 
 	ports, err := testkit.LoopbackPorts(4)
 	if err != nil {
-		return err
+		return fmt.Errorf("free ports: %w", err)
 	}
 	simAddr := fmt.Sprintf("127.0.0.1:%d", ports[0])
 	sim, err := fleet.StartProc("enginesim", simBin, "--addr", simAddr, "--model", benchModel,
-		"--time-scale", fmt.Sprint(cfg.timeScale),
+		"--time-scale", fmt.Sprint(cfg.TimeScale),
 		"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", ports[1]),
 		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", ports[2]))
 	if err != nil {
@@ -112,7 +112,7 @@ func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error
 	)
 	next := make(chan int)
 	var wg sync.WaitGroup
-	for w := range cfg.concurrency {
+	for w := range cfg.Concurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -136,7 +136,10 @@ func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error
 			}
 		}()
 	}
-	for i := range cfg.requests {
+	for i := range cfg.Requests {
+		if ctx.Err() != nil {
+			break
+		}
 		next <- i
 	}
 	close(next)
@@ -144,20 +147,23 @@ func benchE2E(log *slog.Logger, cfg config, dir string, res *Results) (err error
 	if firstErr != nil {
 		return firstErr
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if len(lags) == 0 {
 		return errors.New("no request became visible")
 	}
 	slices.Sort(lags)
-	res.E2ERequests, res.E2EConcurrency, res.E2ETimeScale, res.E2ETimeouts = len(lags), cfg.concurrency, cfg.timeScale, timeouts
+	res.E2ERequests, res.E2EConcurrency, res.E2ETimeScale, res.E2ETimeouts = len(lags), cfg.Concurrency, cfg.TimeScale, timeouts
 	res.E2EPromptTokens = float64(tokens) / float64(len(lags))
 	res.E2ELagP50ms = pct(lags, 0.50)
 	res.E2ELagP99ms = pct(lags, 0.99)
 	res.E2ELagMaxms = float64(lags[len(lags)-1]) / 1e6
-	res.E2EMethod = fmt.Sprintf("3 cmd/directory processes (internal/testkit/fleet), one cmd/enginesim (--time-scale %g, llama3-8b profile) and one cmd/agent (default 10 ms batch interval) on loopback; "+
+	res.E2EMethod = fmt.Sprintf("3 cmd/directory processes (dircluster), one cmd/enginesim (--time-scale %g, llama3-8b profile) and one cmd/agent (default 10 ms batch interval) on loopback; "+
 		"%d clients send streaming chat requests (shared ~200-token system prompt, unique 150-450-word user message, max_tokens 16); "+
 		"t0 = arrival of the first content chunk (the engine publishes the prefill step's events just before it delivers that token); "+
 		"then DirectoryService.Match (TokenQuery: locally rendered ChatML/cl100k prompt, namespace model=%s block_size=16) is polled on a follower every 0.5 ms "+
-		"until the worker holds every full prompt block; lag = return time of that Match - t0", cfg.timeScale, cfg.concurrency, benchModel)
+		"until the worker holds every full prompt block; lag = return time of that Match - t0", cfg.TimeScale, cfg.Concurrency, benchModel)
 	log.Info("end to end", "requests", len(lags), "p50_ms", res.E2ELagP50ms, "p99_ms", res.E2ELagP99ms, "max_ms", res.E2ELagMaxms, "timeouts", timeouts)
 	return nil
 }

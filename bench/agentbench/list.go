@@ -1,4 +1,4 @@
-package main
+package agentbench
 
 import (
 	"context"
@@ -14,16 +14,27 @@ import (
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
-// listMode prints the directory's workers and a Match for a chat prompt
+// ListOptions say which directory node to ask, and about which prompt.
+type ListOptions struct {
+	// Directory is a directory node's gRPC address.
+	Directory string
+	// Model is the served model (the namespace of the match).
+	Model string
+	// System is an optional system message; User the user message.
+	System, User string
+}
+
+// List prints the directory's workers and a Match for a chat prompt
 // (rendered with ChatML over cl100k, as the enginesim renders it).
-func listMode(w io.Writer, addr, model, system, user string) error {
+func List(ctx context.Context, w io.Writer, o ListOptions) error {
+	addr, model, system, user := o.Directory, o.Model, o.System, o.User
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return fmt.Errorf("dial %s: %w", addr, err)
 	}
 	defer conn.Close()
 	dirc := kvdirv1.NewDirectoryServiceClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	lw, err := dirc.ListWorkers(ctx, &kvdirv1.ListWorkersRequest{})
 	if err != nil {

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"log/slog"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvdir/kvdir/bench/dirbench"
+)
+
+func newDirectory(log *slog.Logger) *cobra.Command {
+	var (
+		o         = dirbench.Defaults
+		out       string
+		nodeFlags string
+	)
+	cmd := &cobra.Command{
+		Use:   "directory",
+		Short: "Measure a 3-process directory cluster under 64 publishing workers (make bench-directory)",
+		Long: `Starts three directory processes on loopback (BoltDB on disk), publishes the index
+benchmark's shape through them as 64 workers, and measures commit throughput and latency,
+match latency against a follower, snapshot time and size, and a follower's restart
+catch-up. Writes the figures as JSON.`,
+		Example: `  kvbench directory --out bench/results/directory.json
+  kvbench directory --scale 0.5 --latency-rate 500000 --out -`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.Log, o.NodeFlags = log, strings.Fields(nodeFlags)
+			res, err := dirbench.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			return writeResults(cmd, args, log, res, out)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&out, "out", "o", "bench/results/directory.json", "where to write the JSON results (- for standard output)")
+	fl.Float64Var(&o.Scale, "scale", o.Scale, "fraction of the full shape's 10 M entries to publish")
+	fl.IntVar(&o.BatchBlocks, "batch-blocks", o.BatchBlocks, "blocks per published batch (at most)")
+	fl.IntVar(&o.Inflight, "inflight", o.Inflight, "batches in flight per worker stream")
+	fl.IntVar(&o.Matches, "matches", o.Matches, "match queries to time against a follower")
+	fl.IntVar(&o.ChainBlocks, "chain", o.ChainBlocks, "blocks per matched chain")
+	fl.IntVar(&o.LatencyRate, "latency-rate", o.LatencyRate, "block events per second offered while commit latency is measured")
+	fl.DurationVar(&o.LatencyFor, "latency-for", o.LatencyFor, "how long commit latency is measured")
+	fl.StringVar(&nodeFlags, "node-flags", "", "extra flags for every directory process, space-separated")
+	fl.StringVar(&o.Dir, "dir", "", "directory for the binary and data (default: a temporary one, removed after)")
+	fl.BoolVar(&o.Logs, "logs", false, "print the nodes' logs at the end")
+	return cmd
+}

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"log/slog"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvdir/kvdir/bench/routerbench"
+)
+
+func newRouter(log *slog.Logger) *cobra.Command {
+	var (
+		o   = routerbench.Defaults
+		out string
+	)
+	cmd := &cobra.Command{
+		Use:   "router",
+		Short: "Measure the router's decision time, its overhead against HAProxy and its throughput (make bench-router)",
+		Long: `Starts a fleet (3 directory nodes, 4 enginesims with agents, a kvdir router) and measures
+the router's placement decision for a turn of a long session, warm and cold, as the router
+times it (POST /v1/kvdir/explain); its proxy overhead on small requests next to HAProxy's
+(Debian's package) in front of the same upstream; and requests per second through it.
+Writes the figures as JSON.`,
+		Example: `  kvbench router --out bench/results/router.json
+  kvbench router --skip-overhead --sessions 2 --out -`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.Log = log
+			res, err := routerbench.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			return writeResults(cmd, args, log, res, out)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&out, "out", "o", "bench/results/router.json", "where to write the JSON results (- for standard output)")
+	fl.IntVar(&o.Sessions, "sessions", o.Sessions, "long sessions built for the decision phase")
+	fl.IntVar(&o.SessionTokens, "session-tokens", o.SessionTokens, "prompt tokens of each session when the decision is timed")
+	fl.IntVar(&o.TurnTokens, "turn-tokens", o.TurnTokens, "tokens added per turn while a session is built")
+	fl.IntVar(&o.Warm, "warm", o.Warm, "warm decisions timed per session")
+	fl.IntVar(&o.Cold, "cold", o.Cold, "cold decisions timed per session")
+	fl.IntVar(&o.LatencyRequests, "latency-requests", o.LatencyRequests, "sequential small requests per path (direct, router, HAProxy) for the overhead")
+	fl.DurationVar(&o.RPSDuration, "rps-duration", o.RPSDuration, "how long each throughput run lasts")
+	fl.IntVar(&o.RPSClients, "rps-clients", o.RPSClients, "concurrent clients of the throughput runs")
+	fl.StringVar(&o.HAProxy, "haproxy", o.HAProxy, "HAProxy binary (Debian: apt-get install haproxy)")
+	fl.BoolVar(&o.SkipDecision, "skip-decision", false, "skip the decision phase")
+	fl.BoolVar(&o.SkipOverhead, "skip-overhead", false, "skip the overhead and throughput phases")
+	fl.StringVar(&o.Dir, "dir", "", "directory for binaries and data (default: a temporary one, removed after)")
+	return cmd
+}

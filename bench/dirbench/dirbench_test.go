@@ -1,0 +1,42 @@
+package dirbench
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvdir/kvdir/internal/benchjson"
+)
+
+// TestRunTiny runs the whole benchmark (three directory processes) at a
+// tiny size and checks the envelope.
+func TestRunTiny(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three directory processes; skipped with -short")
+	}
+	res, err := Run(context.Background(), Options{Scale: 0.001, Matches: 50, ChainBlocks: 64,
+		LatencyRate: 20_000, LatencyFor: time.Second, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Command = []string{"kvbench", "directory"}
+	if err := res.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"events_per_sec", "publish_commit_p99_ms", "match_p99_us", "rpc_baseline_p99_us",
+		"snapshot_seconds", "snapshot_bytes", "restart_catchup_seconds"} {
+		if f, ok := res.Figure(name); !ok || f.Measured <= 0 {
+			t.Errorf("figure %s: %+v, present %v", name, f, ok)
+		}
+	}
+	var d Details
+	if err := res.DecodeDetails(&d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Nodes != Nodes || !d.DigestsAgree || d.Entries <= 0 || d.Events != d.Entries {
+		t.Fatalf("details %+v", d)
+	}
+	if f, _ := res.Figure("match_p99_us"); f.Target == nil || f.Target.Direction != benchjson.AtMost {
+		t.Fatalf("match_p99_us target %+v", f.Target)
+	}
+}

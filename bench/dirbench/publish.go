@@ -1,0 +1,147 @@
+package dirbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvdir/kvdir/internal/radix"
+	"github.com/kvdir/kvdir/internal/radix/radixtest"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// batches turns the workload into each worker's event batches: its system
+// prompts, then its sessions turn by turn, packed up to max blocks a batch.
+func batches(wl *radixtest.Workload, max int) [][]*kvdirv1.EventBatch {
+	pieces := make([][]*kvdirv1.StoredBlocks, wl.Shape.Workers)
+	for i, sys := range wl.Systems {
+		for _, h := range wl.SystemHolders[i] {
+			pieces[h] = append(pieces[h], &kvdirv1.StoredBlocks{Parent: radix.Root, Hashes: sys})
+		}
+	}
+	for _, s := range wl.Sessions {
+		sys := wl.Systems[s.System]
+		for _, h := range s.Holders {
+			parent := sys[len(sys)-1]
+			for start := 0; start < len(s.Hashes); start += wl.Shape.TurnBlocks {
+				end := min(start+wl.Shape.TurnBlocks, len(s.Hashes))
+				pieces[h] = append(pieces[h], &kvdirv1.StoredBlocks{Parent: parent, Hashes: s.Hashes[start:end]})
+				parent = s.Hashes[end-1]
+			}
+		}
+	}
+	out := make([][]*kvdirv1.EventBatch, wl.Shape.Workers)
+	for w, ps := range pieces {
+		var cur *kvdirv1.EventBatch
+		n := 0
+		for _, p := range ps {
+			if cur == nil || n+len(p.Hashes) > max {
+				cur = &kvdirv1.EventBatch{WorkerId: radixtest.WorkerName(w)}
+				out[w] = append(out[w], cur)
+				n = 0
+			}
+			cur.Events = append(cur.Events, &kvdirv1.Event{Kind: &kvdirv1.Event_Stored{Stored: p}})
+			n += len(p.Hashes)
+		}
+	}
+	return out
+}
+
+// publishAll registers every worker on the leader and publishes their
+// batches on one stream each, inflight batches at a time.
+func publishAll(ctx context.Context, leader *fleet.DirNode, work [][]*kvdirv1.EventBatch, inflight int, res *Measures) error {
+	agent := kvdirv1.NewAgentServiceClient(leader.Conn())
+	for w, bs := range work {
+		reg, err := agent.Register(ctx, &kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{
+			Id: radixtest.WorkerName(w), BlockSize: 16, Model: "bench", Address: "http://127.0.0.1:1",
+		}})
+		if err != nil {
+			return fmt.Errorf("register %s: %w", radixtest.WorkerName(w), err)
+		}
+		for i, b := range bs {
+			b.Epoch, b.FirstSeq, b.LastSeq = reg.Epoch, uint64(i+1), uint64(i+1)
+		}
+	}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		lat     []time.Duration
+		events  atomic.Int64
+		firstEr error
+	)
+	start := time.Now()
+	for _, bs := range work {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, n, err := publishWorker(ctx, agent, bs, inflight)
+			mu.Lock()
+			lat = append(lat, l...)
+			if err != nil && firstEr == nil {
+				firstEr = err
+			}
+			mu.Unlock()
+			events.Add(n)
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if firstEr != nil {
+		return firstEr
+	}
+	res.Events = events.Load()
+	res.EventsPerSec = float64(res.Events) / elapsed.Seconds()
+	res.BurstCommitP99ms = pct(lat, 0.99) / 1e3
+	return nil
+}
+
+// publishWorker sends one worker's batches on one stream and returns each
+// batch's publish-to-acknowledgement latency and the events acknowledged.
+func publishWorker(ctx context.Context, agent kvdirv1.AgentServiceClient, bs []*kvdirv1.EventBatch, inflight int) ([]time.Duration, int64, error) {
+	stream, err := agent.Publish(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("open a publish stream: %w", err)
+	}
+	sent := make([]atomic.Int64, len(bs)) // send times, Unix nanoseconds
+	slots := make(chan struct{}, inflight)
+	sendErr := make(chan error, 1)
+	go func() {
+		for i, b := range bs {
+			slots <- struct{}{}
+			sent[i].Store(time.Now().UnixNano())
+			if err := stream.Send(&kvdirv1.PublishRequest{Batch: b}); err != nil {
+				sendErr <- fmt.Errorf("send batch %d of %s: %w", i+1, b.WorkerId, err)
+				return
+			}
+		}
+		sendErr <- stream.CloseSend()
+	}()
+	lat := make([]time.Duration, 0, len(bs))
+	var events int64
+	for i := range bs {
+		resp, err := stream.Recv()
+		if err != nil {
+			return lat, events, fmt.Errorf("batch %d of %s: %w", i+1, bs[i].WorkerId, err)
+		}
+		if resp.Status != kvdirv1.PublishStatus_PUBLISH_STATUS_APPLIED {
+			return lat, events, fmt.Errorf("batch %d of %s: %v %s", i+1, bs[i].WorkerId, resp.Status, resp.Message)
+		}
+		lat = append(lat, time.Duration(time.Now().UnixNano()-sent[resp.FirstSeq-1].Load()))
+		for _, ev := range bs[i].Events {
+			events += int64(len(ev.GetStored().Hashes))
+		}
+		<-slots
+	}
+	if err := <-sendErr; err != nil {
+		return lat, events, err
+	}
+	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+		return lat, events, fmt.Errorf("stream end: %w", err)
+	}
+	return lat, events, nil
+}
