@@ -75,7 +75,7 @@ proto-check: tools ## Fail if the generated code in proto/ is not what buf gener
 #          comparison (haproxy), long randomised runs
 #   chaos  faults on the compose cluster under load (Docker; deploy/Makefile.inc;
 #          its own tier, so deploy/chaos is not in E2E_PKGS)
-E2E_PKGS = $(shell grep -rlE --include='*_test.go' 'testing[.]Short|testkit[.]SkipIfShort|testkit[.]Binar|testkit[.]StartProc|fleet[.]New' . \
+E2E_PKGS = $(shell grep -rlE --include='*_test.go' 'testing[.]Short|testkit[.]SkipIfShort|testkit[.]Binar|testkit[.]StartProc|fleet[.]New|clitest[.]Build' . \
 	| grep -v -e '^\./internal/testkit/' -e '^\./deploy/chaos/' | xargs -r -n1 dirname | sort -u)
 
 .PHONY: test

@@ -315,9 +315,7 @@ func (r *rig) waitConsistent(what string, subset bool) {
 }
 
 func TestAgentEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration")
-	}
+	testkit.SkipIfShort(t, "a long randomised run of the agent against an in-process directory")
 	r := newRig(t)
 	r.startAgent()
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -31,7 +32,9 @@ func ModuleRoot() (string, error) {
 
 // Build compiles cmd/<name> for every name into dir in one go build
 // (packages compile in parallel and share their dependencies) and returns
-// the binaries' paths by name.
+// the binaries' paths by name. A name with a slash is a main package's
+// folder from the module root (e.g. bench/cmd/kvbench), its binary named
+// by its last element.
 func Build(dir string, names ...string) (map[string]string, error) {
 	root, err := ModuleRoot()
 	if err != nil {
@@ -40,8 +43,12 @@ func Build(dir string, names ...string) (map[string]string, error) {
 	args := []string{"build", "-o", dir + string(filepath.Separator)}
 	bins := make(map[string]string, len(names))
 	for _, n := range names {
-		args = append(args, "./cmd/"+n)
-		bins[n] = filepath.Join(dir, n)
+		pkg := "./cmd/" + n
+		if strings.Contains(n, "/") {
+			pkg = "./" + n
+		}
+		args = append(args, pkg)
+		bins[n] = filepath.Join(dir, filepath.Base(n))
 	}
 	cmd := exec.Command("go", args...)
 	cmd.Dir = root
