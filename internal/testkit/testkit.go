@@ -3,8 +3,10 @@
 // addresses, child processes built from the repository's commands, and the
 // rule that tests needing more than Go skip under -short.
 //
-// Its helpers without a testing.TB (Poll, FreeAddrs, Proc, Build) are also
-// used by non-test code: the process fleet of the benchmarks.
+// Its helpers without a testing.TB (Poll, LoopbackAddrs, LoopbackPorts,
+// Proc, Build) are also used by non-test code: the process fleet
+// (internal/testkit/fleet) the benchmarks run on, and the chaos harness.
+// The in-process directory cluster is internal/testkit/dirtest.
 package testkit
 
 import (
