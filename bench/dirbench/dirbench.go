@@ -183,7 +183,7 @@ func measure(ctx context.Context, cfg Options) (res *Measures, err error) {
 		}
 		defer os.RemoveAll(dir)
 	}
-	c, err := startCluster(dir, cfg.NodeFlags)
+	c, err := startDirectory(dir, cfg.NodeFlags)
 	if err != nil {
 		return nil, err
 	}
@@ -250,8 +250,8 @@ func measure(ctx context.Context, cfg Options) (res *Measures, err error) {
 	return res, nil
 }
 
-// startCluster builds cmd/directory into dir and starts the nodes there.
-func startCluster(dir string, nodeFlags []string) (*fleet.Directory, error) {
+// startDirectory builds cmd/directory into dir and starts the nodes there.
+func startDirectory(dir string, nodeFlags []string) (*fleet.Directory, error) {
 	bins, err := testkit.Build(dir, "directory")
 	if err != nil {
 		return nil, fmt.Errorf("build the directory: %w", err)
