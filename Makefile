@@ -18,7 +18,7 @@ include deploy/Makefile.inc
 
 .PHONY: help
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Compile every package and command
@@ -65,17 +65,39 @@ proto-check: tools ## Fail if the generated code in proto/ is not what buf gener
 	if [ $$stale = 1 ]; then echo "proto/: generated code is not current; run make proto and commit it" >&2; exit 1; fi; \
 	echo "proto/: generated code is current"
 
-.PHONY: test
-test: test-deps vet fmt-check ## Vet, format check and all tests with the race detector
-	$(GO) test -race -count=1 ./...
+# The test tiers. `make test` runs every tier CI runs, in order; each can
+# also be run alone.
+#   unit   go test -race -short: no child process, no binary, nothing
+#          beyond Go (a test that needs more calls testkit.SkipIfShort)
+#   e2e    the tests -short skips, in full, in every package that has one:
+#          e2e/ (real processes on loopback, the live dashboard check
+#          among them), the libzmq interop test (python3), the replay
+#          comparison (haproxy), long randomised runs
+#   chaos  faults on the compose cluster under load (Docker; deploy/Makefile.inc;
+#          its own tier, so deploy/chaos is not in E2E_PKGS)
+E2E_PKGS = $(shell grep -rlE --include='*_test.go' 'testing[.]Short|testkit[.]SkipIfShort|testkit[.]Binar|testkit[.]StartProc|fleet[.]New|clitest[.]Build' . \
+	| grep -v -e '^\./internal/testkit/' -e '^\./deploy/chaos/' | xargs -r -n1 dirname | sort -u)
 
-.PHONY: test-deps
-test-deps: ## Install what the tests need beyond Go (Debian: python3-zmq, python3-msgpack for the libzmq interop test; haproxy for the replay baseline)
+.PHONY: test
+test: test-unit test-e2e test-chaos ## Every tier CI runs: vet, format check, then unit, e2e and chaos tests (race detector)
+
+.PHONY: test-unit
+test-unit: deps vet fmt-check ## Fast tier: go test -race -short ./... (no child processes; under 90 s)
+	$(GO) test -race -short -count=1 ./...
+
+.PHONY: test-e2e
+test-e2e: deps ## Process tier: the tests -short skips (e2e/, live dashboard, python3/haproxy interop, long runs)
+	$(GO) test -race -count=1 -timeout 20m $(E2E_PKGS)
+
+.PHONY: deps
+deps: ## Install what the tests need beyond Go when root (Debian: python3-zmq, python3-msgpack, haproxy, docker-compose); otherwise say what
 	@missing=""; \
 	/usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null || missing="$$missing python3-zmq python3-msgpack"; \
 	command -v haproxy >/dev/null 2>&1 || missing="$$missing haproxy"; \
+	command -v docker >/dev/null 2>&1 || missing="$$missing docker.io"; \
+	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing$$missing (Debian) for the tests"; \
+	  echo "the tests need$$missing (Debian packages): python3-zmq and python3-msgpack for the libzmq interop test, haproxy for the replay baseline, docker.io and docker-compose for the chaos tests"; \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	  else echo "run as root, or: sudo apt-get install$$missing" >&2; exit 1; fi; \
 	fi

@@ -17,7 +17,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 // Tool is the name the results carry.

@@ -5,7 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 func check(t *testing.T, res *benchjson.Results, names ...string) Details {
@@ -43,9 +44,7 @@ func TestRunInProcess(t *testing.T) {
 
 // TestRunEndToEnd runs every phase, processes included, at a tiny size.
 func TestRunEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts directory, enginesim and agent processes; skipped with -short")
-	}
+	testkit.SkipIfShort(t, "starts directory, enginesim and agent processes")
 	res, err := Run(context.Background(), Options{DecodeFor: 100 * time.Millisecond, EngineRequests: 300,
 		Requests: 12, Concurrency: 2, Dir: t.TempDir()})
 	if err != nil {

@@ -11,97 +11,40 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/dircluster"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 	"github.com/kvdir/kvdir/internal/tokenize"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
-// proc is a child process.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	out  *dircluster.Buffer
-	done chan struct{}
-}
-
-func startProc(name, bin string, args ...string) (*proc, error) {
-	p := &proc{name: name, out: &dircluster.Buffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	go func() { p.cmd.Wait(); close(p.done) }()
-	return p, nil
-}
-
-// stop sends SIGTERM, then SIGKILL after the timeout.
-func (p *proc) stop(timeout time.Duration) {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
-		p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
 const workerID = "enginesim-0"
 
 func benchE2E(ctx context.Context, log *slog.Logger, cfg Options, dir string, res *Measures) (err error) {
-	root, err := dircluster.ModuleRoot()
-	if err != nil {
-		return fmt.Errorf("module root: %w", err)
-	}
-	dirBin, err := dircluster.Build(root, dir)
+	bins, err := testkit.Build(dir, "directory", "enginesim", "agent")
 	if err != nil {
 		return fmt.Errorf("build: %w", err)
 	}
-	simBin, err := dircluster.BuildCommand(root, dir, "enginesim")
-	if err != nil {
-		return err
-	}
-	agentBin, err := dircluster.BuildCommand(root, dir, "agent")
-	if err != nil {
-		return err
-	}
-	c, err := dircluster.Start(dirBin, dir, 3, "--log-level", "warn")
+	simBin, agentBin := bins["enginesim"], bins["agent"]
+	c, err := fleet.StartDirectory(bins["directory"], dir, 3, "--log-level", "warn")
 	if err != nil {
 		return fmt.Errorf("start cluster: %w", err)
 	}
-	var procs []*proc
+	var procs []*testkit.Proc
 	defer func() {
 		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].stop(10 * time.Second)
+			_ = procs[i].Terminate(10 * time.Second)
 			if err != nil {
-				fmt.Fprintf(os.Stderr, "---- %s\n%s\n", procs[i].name, tail(procs[i].out.String(), 30))
+				fmt.Fprintf(os.Stderr, "---- %s\n%s\n", procs[i].Name, procs[i].Tail(30))
 			}
 		}
 		c.Stop()
 		if err != nil {
-			for _, n := range c.Nodes {
-				fmt.Fprintf(os.Stderr, "---- %s\n%s\n", n.ID, tail(n.Log(), 20))
-			}
+			fmt.Fprint(os.Stderr, c.Logs(20))
 		}
 	}()
 	leader, err := c.WaitLeader(30 * time.Second)
@@ -111,12 +54,12 @@ func benchE2E(ctx context.Context, log *slog.Logger, cfg Options, dir string, re
 	follower := c.Nodes[(leader+1)%3]
 	log.Info("cluster up", "leader", c.Nodes[leader].ID, "follower", follower.ID)
 
-	ports, err := dircluster.FreePorts(4)
+	ports, err := testkit.LoopbackPorts(4)
 	if err != nil {
 		return fmt.Errorf("free ports: %w", err)
 	}
 	simAddr := fmt.Sprintf("127.0.0.1:%d", ports[0])
-	sim, err := startProc("enginesim", simBin, "--addr", simAddr, "--model", benchModel,
+	sim, err := fleet.StartProc("enginesim", simBin, "--addr", simAddr, "--model", benchModel,
 		"--time-scale", fmt.Sprint(cfg.TimeScale),
 		"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", ports[1]),
 		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", ports[2]))
@@ -131,7 +74,7 @@ func benchE2E(ctx context.Context, log *slog.Logger, cfg Options, dir string, re
 	for _, n := range c.Nodes {
 		addrs = append(addrs, n.API)
 	}
-	ag, err := startProc("agent", agentBin, "--directory", strings.Join(addrs, ","), "--worker-id", workerID,
+	ag, err := fleet.StartProc("agent", agentBin, "--directory", strings.Join(addrs, ","), "--worker-id", workerID,
 		"--worker-address", "http://"+simAddr, "--model", benchModel, "--engine-kind", "enginesim",
 		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", ports[1]),
 		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", ports[2]),

@@ -10,12 +10,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/dircluster"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 )
 
 // converge waits until every running node has the same applied index and
 // digest.
-func converge(ctx context.Context, c *dircluster.Cluster, timeout time.Duration) error {
+func converge(ctx context.Context, c *fleet.Directory, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last string
 	for time.Now().Before(deadline) {
@@ -65,12 +65,12 @@ func newestSnapshotSize(dir string) int64 {
 	if len(names) == 0 {
 		return 0
 	}
-	return dircluster.DirSize(filepath.Join(dir, names[len(names)-1]))
+	return fleet.DirSize(filepath.Join(dir, names[len(names)-1]))
 }
 
 // restartCatchup kills a follower, restarts it on its data directory and
 // times how long until it has applied what the leader had committed.
-func restartCatchup(ctx context.Context, c *dircluster.Cluster, follower int) (float64, error) {
+func restartCatchup(ctx context.Context, c *fleet.Directory, follower int) (float64, error) {
 	n := c.Nodes[follower]
 	n.Kill9()
 	var target uint64
@@ -99,9 +99,4 @@ func restartCatchup(ctx context.Context, c *dircluster.Cluster, follower int) (f
 		time.Sleep(20 * time.Millisecond)
 	}
 	return 0, errors.New("restarted follower did not catch up in 5 minutes")
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

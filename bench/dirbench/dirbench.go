@@ -22,9 +22,10 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
-	"github.com/kvdir/kvdir/bench/dircluster"
-	"github.com/kvdir/kvdir/bench/indexshape"
+	"github.com/kvdir/kvdir/internal/benchjson"
+	"github.com/kvdir/kvdir/internal/radix/radixtest"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -182,7 +183,7 @@ func measure(ctx context.Context, cfg Options) (res *Measures, err error) {
 		}
 		defer os.RemoveAll(dir)
 	}
-	c, err := startCluster(dir, cfg.NodeFlags)
+	c, err := startDirectory(dir, cfg.NodeFlags)
 	if err != nil {
 		return nil, err
 	}
@@ -190,7 +191,7 @@ func measure(ctx context.Context, cfg Options) (res *Measures, err error) {
 		c.Stop()
 		if cfg.Logs || err != nil {
 			for _, n := range c.Nodes {
-				fmt.Fprintf(os.Stderr, "---- %s\n%s\n", n.ID, tail(n.Log(), 40))
+				fmt.Fprintf(os.Stderr, "---- %s\n%s\n", n.ID, n.Tail(40))
 			}
 		}
 	}()
@@ -201,7 +202,7 @@ func measure(ctx context.Context, cfg Options) (res *Measures, err error) {
 	log.Info("cluster up", "leader", c.Nodes[leader].ID)
 
 	res = &Measures{Nodes: Nodes, BatchBlocks: cfg.BatchBlocks, InflightPerWkr: cfg.Inflight, MatchChain: cfg.ChainBlocks}
-	wl := indexshape.Generate(indexshape.Full.Scaled(cfg.Scale))
+	wl := radixtest.Generate(radixtest.Full.Scaled(cfg.Scale))
 	res.Workers = wl.Shape.Workers
 	work := batches(wl, cfg.BatchBlocks)
 	for _, b := range work {
@@ -249,17 +250,13 @@ func measure(ctx context.Context, cfg Options) (res *Measures, err error) {
 	return res, nil
 }
 
-// startCluster builds cmd/directory into dir and starts the nodes there.
-func startCluster(dir string, nodeFlags []string) (*dircluster.Cluster, error) {
-	root, err := dircluster.ModuleRoot()
-	if err != nil {
-		return nil, fmt.Errorf("module root: %w", err)
-	}
-	bin, err := dircluster.Build(root, dir)
+// startDirectory builds cmd/directory into dir and starts the nodes there.
+func startDirectory(dir string, nodeFlags []string) (*fleet.Directory, error) {
+	bins, err := testkit.Build(dir, "directory")
 	if err != nil {
 		return nil, fmt.Errorf("build the directory: %w", err)
 	}
-	c, err := dircluster.Start(bin, dir, Nodes, append([]string{"--lease", "1h", "--log-level", "warn"}, nodeFlags...)...)
+	c, err := fleet.StartDirectory(bins["directory"], dir, Nodes, append([]string{"--lease", "1h", "--log-level", "warn"}, nodeFlags...)...)
 	if err != nil {
 		return nil, fmt.Errorf("start the cluster: %w", err)
 	}

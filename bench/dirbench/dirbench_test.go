@@ -5,15 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // TestRunTiny runs the whole benchmark (three directory processes) at a
 // tiny size and checks the envelope.
 func TestRunTiny(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts three directory processes; skipped with -short")
-	}
+	testkit.SkipIfShort(t, "starts three directory processes")
 	res, err := Run(context.Background(), Options{Scale: 0.001, Matches: 50, ChainBlocks: 64,
 		LatencyRate: 20_000, LatencyFor: time.Second, Dir: t.TempDir()})
 	if err != nil {

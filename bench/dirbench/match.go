@@ -9,15 +9,15 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/kvdir/kvdir/bench/dircluster"
-	"github.com/kvdir/kvdir/bench/indexshape"
+	"github.com/kvdir/kvdir/internal/radix/radixtest"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
 // timeMatches times Match of size-block chains against node n, interleaved
 // with the cheapest call there is (a gRPC health check) as the baseline of
 // what any call costs on this machine.
-func timeMatches(ctx context.Context, n *dircluster.Node, wl *indexshape.Workload, size, count int) (p50, p99, base50, base99 float64, err error) {
+func timeMatches(ctx context.Context, n *fleet.DirNode, wl *radixtest.Workload, size, count int) (p50, p99, base50, base99 float64, err error) {
 	var chains [][]uint64
 	for i := range wl.Sessions {
 		if c := wl.Chain(i, size); len(c) == size {

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/dircluster"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -17,7 +17,7 @@ import (
 // every worker in turn removes its last stored piece and stores it again,
 // one batch each, paced so that all together offer rate block events per
 // second. The index ends as it began.
-func pacedLatency(ctx context.Context, leader *dircluster.Node, work [][]*kvdirv1.EventBatch, rate int, d time.Duration, res *Measures) error {
+func pacedLatency(ctx context.Context, leader *fleet.DirNode, work [][]*kvdirv1.EventBatch, rate int, d time.Duration, res *Measures) error {
 	agent := kvdirv1.NewAgentServiceClient(leader.Conn())
 	var (
 		wg     sync.WaitGroup

@@ -9,15 +9,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/dircluster"
-	"github.com/kvdir/kvdir/bench/indexshape"
 	"github.com/kvdir/kvdir/internal/radix"
+	"github.com/kvdir/kvdir/internal/radix/radixtest"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
 // batches turns the workload into each worker's event batches: its system
 // prompts, then its sessions turn by turn, packed up to max blocks a batch.
-func batches(wl *indexshape.Workload, max int) [][]*kvdirv1.EventBatch {
+func batches(wl *radixtest.Workload, max int) [][]*kvdirv1.EventBatch {
 	pieces := make([][]*kvdirv1.StoredBlocks, wl.Shape.Workers)
 	for i, sys := range wl.Systems {
 		for _, h := range wl.SystemHolders[i] {
@@ -41,7 +41,7 @@ func batches(wl *indexshape.Workload, max int) [][]*kvdirv1.EventBatch {
 		n := 0
 		for _, p := range ps {
 			if cur == nil || n+len(p.Hashes) > max {
-				cur = &kvdirv1.EventBatch{WorkerId: indexshape.WorkerName(w)}
+				cur = &kvdirv1.EventBatch{WorkerId: radixtest.WorkerName(w)}
 				out[w] = append(out[w], cur)
 				n = 0
 			}
@@ -54,14 +54,14 @@ func batches(wl *indexshape.Workload, max int) [][]*kvdirv1.EventBatch {
 
 // publishAll registers every worker on the leader and publishes their
 // batches on one stream each, inflight batches at a time.
-func publishAll(ctx context.Context, leader *dircluster.Node, work [][]*kvdirv1.EventBatch, inflight int, res *Measures) error {
+func publishAll(ctx context.Context, leader *fleet.DirNode, work [][]*kvdirv1.EventBatch, inflight int, res *Measures) error {
 	agent := kvdirv1.NewAgentServiceClient(leader.Conn())
 	for w, bs := range work {
 		reg, err := agent.Register(ctx, &kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{
-			Id: indexshape.WorkerName(w), BlockSize: 16, Model: "bench", Address: "http://127.0.0.1:1",
+			Id: radixtest.WorkerName(w), BlockSize: 16, Model: "bench", Address: "http://127.0.0.1:1",
 		}})
 		if err != nil {
-			return fmt.Errorf("register %s: %w", indexshape.WorkerName(w), err)
+			return fmt.Errorf("register %s: %w", radixtest.WorkerName(w), err)
 		}
 		for i, b := range bs {
 			b.Epoch, b.FirstSeq, b.LastSeq = reg.Epoch, uint64(i+1), uint64(i+1)

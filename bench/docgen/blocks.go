@@ -11,7 +11,7 @@ import (
 	"strings"
 	"text/template"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 // table is a block rendered from one tool's results file by a template.

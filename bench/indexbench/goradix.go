@@ -9,8 +9,8 @@ import (
 
 	goradix "github.com/armon/go-radix"
 
-	"github.com/kvdir/kvdir/bench/indexshape"
 	"github.com/kvdir/kvdir/internal/radix"
+	"github.com/kvdir/kvdir/internal/radix/radixtest"
 )
 
 // GoRadixComparison compares the specialised tree with
@@ -30,8 +30,8 @@ type GoRadixComparison struct {
 	GoRadixBuildSeconds  float64 `json:"goradix_build_seconds"`
 }
 
-func compareGoRadix(shape indexshape.Shape, chainBlocks int) (*GoRadixComparison, error) {
-	wl := indexshape.Generate(shape)
+func compareGoRadix(shape radixtest.Shape, chainBlocks int) (*GoRadixComparison, error) {
+	wl := radixtest.Generate(shape)
 	chains := longChains(wl, chainBlocks)
 	if len(chains) == 0 {
 		return nil, errors.New("go-radix comparison: no chain long enough")

@@ -22,10 +22,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
-	"github.com/kvdir/kvdir/bench/indexshape"
+	"github.com/kvdir/kvdir/internal/benchjson"
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/radix"
+	"github.com/kvdir/kvdir/internal/radix/radixtest"
 )
 
 // Tool is the name the results carry.
@@ -199,8 +199,8 @@ func measure(ctx context.Context, cfg Options) (*Measures, error) {
 	res.Hash32kUs = hash32k()
 	log.Info("content hash", "hash_32k_tokens_us", res.Hash32kUs)
 
-	shape := indexshape.Full.Scaled(cfg.Scale)
-	wl := indexshape.Generate(shape)
+	shape := radixtest.Full.Scaled(cfg.Scale)
+	wl := radixtest.Generate(shape)
 	heapBefore := liveHeap()
 	x := radix.New(radix.Options{})
 	start := time.Now()
@@ -263,7 +263,7 @@ func measure(ctx context.Context, cfg Options) (*Measures, error) {
 		x = nil
 		wl = nil
 		runtime.GC()
-		cmp, err := compareGoRadix(indexshape.Full.Scaled(cfg.GoRadixScale), cfg.ChainBlocks)
+		cmp, err := compareGoRadix(radixtest.Full.Scaled(cfg.GoRadixScale), cfg.ChainBlocks)
 		if err != nil {
 			return nil, err
 		}
@@ -304,7 +304,7 @@ func liveHeap() uint64 {
 
 // applyRate removes sessions from a holder and inserts them back, tail first
 // as an engine evicts, and returns block events per second.
-func applyRate(wl *indexshape.Workload, x *radix.Index, target int) (float64, error) {
+func applyRate(wl *radixtest.Workload, x *radix.Index, target int) (float64, error) {
 	events := 0
 	start := time.Now()
 	for i := 0; events < target; i++ {
@@ -323,7 +323,7 @@ func applyRate(wl *indexshape.Workload, x *radix.Index, target int) (float64, er
 	return float64(events) / time.Since(start).Seconds(), nil
 }
 
-func longChains(wl *indexshape.Workload, n int) [][]uint64 {
+func longChains(wl *radixtest.Workload, n int) [][]uint64 {
 	var out [][]uint64
 	for i := range wl.Sessions {
 		if c := wl.Chain(i, n); len(c) == n {
@@ -336,7 +336,7 @@ func longChains(wl *indexshape.Workload, n int) [][]uint64 {
 // timeMatches times n matches on one goroutine while another applies
 // writeRate block events per second (none if 0). It returns the latencies and
 // the write rate achieved.
-func timeMatches(wl *indexshape.Workload, x *radix.Index, chains [][]uint64, n, writeRate int) ([]time.Duration, float64, error) {
+func timeMatches(wl *radixtest.Workload, x *radix.Index, chains [][]uint64, n, writeRate int) ([]time.Duration, float64, error) {
 	var (
 		stop    atomic.Bool
 		wg      sync.WaitGroup
@@ -362,7 +362,7 @@ func timeMatches(wl *indexshape.Workload, x *radix.Index, chains [][]uint64, n, 
 				if len(s.Hashes) <= turn {
 					continue
 				}
-				worker := indexshape.WorkerName(s.Holders[len(s.Holders)-1])
+				worker := radixtest.WorkerName(s.Holders[len(s.Holders)-1])
 				tail := s.Hashes[len(s.Hashes)-turn:]
 				if werr = x.Remove(worker, tail, radix.GPU); werr != nil {
 					return

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // TestRunTiny runs every phase at a tiny scale and checks the envelope.
 func TestRunTiny(t *testing.T) {
+	testkit.SkipIfShort(t, "runs the index benchmark, 10 s or more under -race")
 	res, err := Run(context.Background(), Options{Scale: 0.001, Matches: 400, WriteRate: 10_000, ChurnEvents: 20_000,
 		GoRadixScale: 0.0005, ChainBlocks: 64})
 	if err != nil {

@@ -15,10 +15,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/dircluster"
-	"github.com/kvdir/kvdir/bench/fleet"
 	"github.com/kvdir/kvdir/bench/report"
 	"github.com/kvdir/kvdir/internal/dirclient"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 )
 
 // HAProxy is the policy name of the HAProxy baseline: Debian's HAProxy with
@@ -155,7 +155,7 @@ func (c *Compare) reset(ctx context.Context) error {
 // function.
 func (c *Compare) start(ctx context.Context, policy string) ([]string, func(), error) {
 	n := max(c.Routers, 1)
-	ports, err := dircluster.FreePorts(n)
+	ports, err := testkit.LoopbackPorts(n)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -165,16 +165,16 @@ func (c *Compare) start(ctx context.Context, policy string) ([]string, func(), e
 			return nil, nil, err
 		}
 		if err := waitReady(ctx, url, c.Base.Model); err != nil {
-			p.Stop(5 * time.Second)
+			_ = p.Terminate(5 * time.Second)
 			return nil, nil, fmt.Errorf("haproxy: %w\n%s", err, p.Tail(20))
 		}
-		return []string{url}, func() { p.Stop(5 * time.Second) }, nil
+		return []string{url}, func() { _ = p.Terminate(5 * time.Second) }, nil
 	}
-	var procs []*fleet.Proc
+	var procs []*testkit.Proc
 	var urls []string
 	stop := func() {
 		for _, p := range procs {
-			p.Stop(10 * time.Second)
+			_ = p.Terminate(10 * time.Second)
 		}
 	}
 	for i := range n {
@@ -199,7 +199,7 @@ func (c *Compare) start(ctx context.Context, policy string) ([]string, func(), e
 
 // startHAProxy runs HAProxy in front of the fleet's engines; it names the
 // server that answered in X-Kvdir-Worker, as the router does.
-func (c *Compare) startHAProxy(port int) (*fleet.Proc, string, error) {
+func (c *Compare) startHAProxy(port int) (*testkit.Proc, string, error) {
 	name := c.HAProxyBin
 	if name == "" {
 		name = "haproxy"

@@ -2,13 +2,12 @@ package replay
 
 import (
 	"context"
-	"log/slog"
-	"os"
 	"os/exec"
 	"testing"
 
-	"github.com/kvdir/kvdir/bench/fleet"
-	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
+	"github.com/kvdir/kvdir/internal/workload"
 )
 
 // TestCompareLive replays a small generated session trace through real
@@ -16,26 +15,19 @@ import (
 // round-robin and kvdir, and checks what the engines reported: every
 // request served, kvdir capturing more of the reuse than round-robin.
 func TestCompareLive(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a fleet of processes")
-	}
 	ctx := context.Background()
-	f, err := fleet.Start(ctx, fleet.Config{Dir: t.TempDir(), Engines: 3,
+	f := fleet.New(t, fleet.Config{Engines: 3,
 		EngineArgs: []string{"--time-scale", "0.02", "--profile", "llama3-70b", "--kv-blocks", "8192"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Stop)
 	cfg := workload.SessionPresets["chat"]
 	cfg.Sessions, cfg.SessionRate, cfg.ThinkTimeSec, cfg.MaxTurns, cfg.OutputTokens = 24, 4, 4, 4, 20
 	recs, err := workload.GenerateSessions(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Compare{Fleet: f, Routers: 2, Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	c := &Compare{Fleet: f, Routers: 2, Log: testkit.Logger(t),
 		Base: Config{Records: recs, TraceBlockSize: workload.DefaultBlockSize, EngineBlockSize: 16, Model: "llama3-8b", TimeScale: 0.02}}
 	if _, err := exec.LookPath("haproxy"); err != nil {
-		t.Fatal("haproxy is not installed; the HAProxy baseline needs it (make test-deps installs Debian's package)")
+		t.Fatal("haproxy is not installed; the HAProxy baseline needs it (make deps installs Debian's package)")
 	}
 	policies := []string{"round-robin", "kvdir", HAProxy}
 	hit := map[string]float64{}
@@ -63,16 +55,9 @@ func TestCompareLive(t *testing.T) {
 // served and counted for the one "endpoint" replica, with the engine's own
 // cache hits.
 func TestRunEndpoint(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a process")
-	}
 	ctx := context.Background()
-	f, err := fleet.Start(ctx, fleet.Config{Dir: t.TempDir(), NoDirectory: true, Engines: 1,
+	f := fleet.New(t, fleet.Config{NoDirectory: true, Engines: 1,
 		EngineArgs: []string{"--time-scale", "0.02"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Stop)
 	cfg := workload.SessionPresets["chat"]
 	cfg.Sessions, cfg.SessionRate, cfg.ThinkTimeSec, cfg.MaxTurns, cfg.OutputTokens = 8, 4, 2, 3, 10
 	recs, err := workload.GenerateSessions(cfg)
@@ -80,7 +65,7 @@ func TestRunEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep, err := RunEndpoint(ctx, Options{Trace: "gen", Records: recs, TraceBlockSize: workload.DefaultBlockSize,
-		TimeScale: 0.02, Model: "llama3-8b", Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))},
+		TimeScale: 0.02, Model: "llama3-8b", Log: testkit.Logger(t)},
 		f.Engines[0].URL, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -93,3 +78,5 @@ func TestRunEndpoint(t *testing.T) {
 		t.Fatalf("summary: %d of %d requests, replicas %+v, hit rate %.3f", p.Requests, len(recs), p.Replicas, p.HitRate)
 	}
 }
+
+func TestMain(m *testing.M) { testkit.Main(m) }

@@ -10,9 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/fleet"
 	"github.com/kvdir/kvdir/bench/report"
-	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
+	"github.com/kvdir/kvdir/internal/workload"
 )
 
 // Options describe a live comparison: a fleet of real processes started for

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 // Markdown writes r as a Markdown section: the settings, then one table row

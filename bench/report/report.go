@@ -16,11 +16,12 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
+	"github.com/kvdir/kvdir/internal/loadgen"
 )
 
 // Report is one comparison: a trace run under several policies with the same
-// cluster. On disk it is a results envelope (bench/benchjson): Tool,
+// cluster. On disk it is a results envelope (internal/benchjson): Tool,
 // Command, Machine and Started are the envelope's, each policy's headline
 // numbers its figures (Figures), and the rest of the report its details.
 // The details' field names are a fixed schema: tools that read
@@ -126,24 +127,12 @@ type Replica struct {
 }
 
 // QueueSeries is the largest engine queue of each replica in consecutive
-// intervals of IntervalSec, starting at time 0.
-type QueueSeries struct {
-	IntervalSec float64 `json:"interval_sec"`
-	Replicas    [][]int `json:"replicas"` // [replica][interval]
-}
+// intervals (internal/loadgen measures it on live runs).
+type QueueSeries = loadgen.QueueSeries
 
-// Sample is one request as a run observed it.
-type Sample struct {
-	Replica      int           // index of the replica that served it
-	PromptTokens int           // prompt length
-	CachedTokens int           // prompt tokens served from the replica's prefix cache
-	IdealCached  int           // what one unlimited cache would have served (workload.IdealHits)
-	OutputTokens int           // generated tokens
-	Arrival      time.Duration // since the run's epoch
-	FirstToken   time.Duration
-	Finish       time.Duration
-	Rejected     bool // refused; only Replica and the token counts are meaningful
-}
+// Sample is one request as a run observed it (internal/loadgen observes
+// live runs, bench/sim simulated ones).
+type Sample = loadgen.Sample
 
 // Summarize computes a Policy from the samples of one run over replicas
 // named ids. It fills every field except PrefillTokensComputed, Preemptions,

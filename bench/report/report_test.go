@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 func sample(rep, prompt, cached, ideal int, arrive, first, finish time.Duration) Sample {

@@ -3,8 +3,8 @@ package report
 import (
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
-	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/benchjson"
+	"github.com/kvdir/kvdir/internal/workload"
 )
 
 // ForTrace returns a report of mode ("sim" or "replay") for recs, with the

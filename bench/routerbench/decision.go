@@ -13,8 +13,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/fleet"
 	"github.com/kvdir/kvdir/internal/router"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 )
 
 type msg struct {

@@ -18,11 +18,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/dircluster"
-	"github.com/kvdir/kvdir/bench/fleet"
 	"github.com/kvdir/kvdir/bench/replay"
 	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/router"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -91,7 +91,7 @@ func benchOverhead(ctx context.Context, log *slog.Logger, c Options, f *fleet.Fl
 	if err := f.WaitRouterWorkers(ctx, f.Routers[0], len(f.Engines)+2, 30*time.Second); err != nil {
 		return fmt.Errorf("kvdir router discovering the upstreams: %w", err)
 	}
-	ports, err := dircluster.FreePorts(2)
+	ports, err := testkit.LoopbackPorts(2)
 	if err != nil {
 		return fmt.Errorf("free ports: %w", err)
 	}
@@ -102,13 +102,13 @@ func benchOverhead(ctx context.Context, log *slog.Logger, c Options, f *fleet.Fl
 	if err != nil {
 		return fmt.Errorf("session-hash router: %w", err)
 	}
-	defer sh.Stop(5 * time.Second)
+	defer sh.Terminate(5 * time.Second)
 	haURL := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	ha, version, err := startHAProxy(c, f, ports[1], ups)
 	if err != nil {
 		return err
 	}
-	defer ha.Stop(5 * time.Second)
+	defer ha.Terminate(5 * time.Second)
 	res.HAProxyVersion = version
 	for _, u := range []string{shURL, haURL} {
 		if err := waitOK(ctx, u, model); err != nil {
@@ -197,7 +197,7 @@ func benchOverhead(ctx context.Context, log *slog.Logger, c Options, f *fleet.Fl
 
 // startHAProxy runs Debian's HAProxy in front of ups with HAProxy's own
 // bounded-load session hashing.
-func startHAProxy(c Options, f *fleet.Fleet, port int, ups []string) (*fleet.Proc, string, error) {
+func startHAProxy(c Options, f *fleet.Fleet, port int, ups []string) (*testkit.Proc, string, error) {
 	bin, err := exec.LookPath(c.HAProxy)
 	if err != nil {
 		return nil, "", fmt.Errorf("HAProxy not found (%w): install Debian's package, apt-get install haproxy, or pass -haproxy", err)

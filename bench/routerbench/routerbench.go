@@ -20,8 +20,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
-	"github.com/kvdir/kvdir/bench/fleet"
+	"github.com/kvdir/kvdir/internal/benchjson"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 )
 
 // Tool is the name the results carry.

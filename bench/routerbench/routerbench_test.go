@@ -5,14 +5,14 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // TestRunTiny runs both phases on a fleet of processes at a tiny size and
 // checks the envelope.
 func TestRunTiny(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a fleet of directory, enginesim, agent, router and HAProxy processes; skipped with -short")
-	}
+	testkit.SkipIfShort(t, "starts a fleet of directory, enginesim, agent, router and HAProxy processes")
 	if _, err := exec.LookPath("haproxy"); err != nil {
 		t.Skip("HAProxy, the overhead phase's baseline, is not installed (make test-deps installs it)")
 	}

@@ -45,7 +45,6 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/bench/report"
-	"github.com/kvdir/kvdir/bench/workload"
 	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/costmodel"
@@ -53,6 +52,7 @@ import (
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/radix"
 	"github.com/kvdir/kvdir/internal/simengine"
+	"github.com/kvdir/kvdir/internal/workload"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 

@@ -6,10 +6,10 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/kvdir/kvdir/bench/workload"
 	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/simengine"
+	"github.com/kvdir/kvdir/internal/workload"
 )
 
 // smallTrace is a few dozen chat sessions with shared system prompts.

@@ -54,7 +54,7 @@ func TestCLI(t *testing.T) {
 
 // TestProcessExitCodes runs the built binary.
 func TestProcessExitCodes(t *testing.T) {
-	bin := clitest.Build(t, ".", "agent")
+	bin := clitest.Build(t, "agent")
 	clitest.Version(t, "agent", clitest.Exec(t, bin, nil, "--version"))
 	clitest.Help(t, clitest.Exec(t, bin, nil, "--help"), "KVDIR_AGENT_DIRECTORY", "KVDIR_AGENT_WORKER_ID", "KVDIR_AGENT_LOG_FORMAT")
 	clitest.UsageError(t, "agent", clitest.Exec(t, bin, nil, "--nope"), "unknown flag: --nope")

@@ -4,15 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	"github.com/kvdir/kvdir/internal/kvevents"
-	"github.com/kvdir/kvdir/internal/node"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/dirtest"
 )
 
 // freeBasePort finds a port p such that p and p+1 are both free.
@@ -38,18 +36,7 @@ func freeBasePort(t *testing.T) int {
 // rank publishes on its own port (base + rank, as vLLM does), and each
 // becomes its own worker in the directory.
 func TestDataParallelRanks(t *testing.T) {
-	_, tr := raft.NewInmemTransport("")
-	store := raft.NewInmemStore()
-	dir, err := node.New(node.Config{
-		ID: "n0", APIAddr: "127.0.0.1:0", Bootstrap: true,
-		Transport: tr, LogStore: store, StableStore: store, Snapshots: raft.NewInmemSnapshotStore(),
-		HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Shutdown(context.Background())
+	dir := dirtest.New(t, 1, nil).Node(0)
 
 	base := freeBasePort(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -71,8 +58,7 @@ func TestDataParallelRanks(t *testing.T) {
 	}()
 	// Each rank stores a different block, published until the directory
 	// shows it (ZMQ drops what is sent before a subscriber is connected).
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testkit.Eventually(t, 20*time.Second, "workers eng-dp0 and eng-dp1 to hold their block", func() (bool, string) {
 		held := 0
 		for r, p := range pubs {
 			tokens := make([]uint32, 16)
@@ -86,14 +72,8 @@ func TestDataParallelRanks(t *testing.T) {
 				held++
 			}
 		}
-		if held == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("workers eng-dp0 and eng-dp1 do not both hold their block: %v", dir.FSM().Workers("", true))
-		}
-		time.Sleep(20 * time.Millisecond) // pace the publishing
-	}
+		return held == 2, fmt.Sprint(dir.FSM().Workers("", true))
+	})
 	if _, ok := dir.FSM().Worker("eng"); ok {
 		t.Fatal("a worker without a rank suffix was registered")
 	}

@@ -47,7 +47,7 @@ func TestCLI(t *testing.T) {
 
 // TestProcessExitCodes runs the built binary.
 func TestProcessExitCodes(t *testing.T) {
-	bin := clitest.Build(t, ".", "directory")
+	bin := clitest.Build(t, "directory")
 	clitest.Version(t, "directory", clitest.Exec(t, bin, nil, "--version"))
 	clitest.Help(t, clitest.Exec(t, bin, nil, "--help"), "KVDIR_DIRECTORY_NODE_ID", "KVDIR_DIRECTORY_INITIAL_CLUSTER", "KVDIR_DIRECTORY_ADMIN_TOKEN_FILE")
 	clitest.UsageError(t, "directory", clitest.Exec(t, bin, nil, "--nope"), "unknown flag: --nope")

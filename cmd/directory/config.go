@@ -38,10 +38,6 @@ type tokenRef struct {
 
 var roles = []string{"agent", "router", "admin"}
 
-// envPrefix starts the name of every environment variable the command
-// reads (cli.EnvVar("DIRECTORY", flag)).
-const envPrefix = "KVDIR_DIRECTORY_"
-
 // newSettings declares the flags, with the node's defaults, on a new
 // program.
 func newSettings(env []string, stdout, stderr io.Writer) *settings {

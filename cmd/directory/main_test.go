@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -15,7 +14,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,26 +24,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvdir/kvdir/internal/testkit"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
-
-// lockedBuffer is a bytes.Buffer safe for concurrent writers and readers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func listenLoopback(t *testing.T) net.Listener {
 	t.Helper()
@@ -54,40 +35,6 @@ func listenLoopback(t *testing.T) net.Listener {
 		t.Fatal(err)
 	}
 	return lis
-}
-
-// freeAddrs returns n distinct loopback addresses whose ports were free a
-// moment ago: each is listened on with port 0, then closed.
-func freeAddrs(t *testing.T, n int) []string {
-	t.Helper()
-	var out []string
-	var open []net.Listener
-	for range n {
-		lis := listenLoopback(t)
-		open = append(open, lis)
-		out = append(out, lis.Addr().String())
-	}
-	for _, l := range open {
-		l.Close()
-	}
-	return out
-}
-
-// waitFor polls cond every 25ms until it holds or timeout passes; cond
-// returns whether it holds and, if not, what it saw (for the failure).
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, saw := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s; last seen: %s", timeout, what, saw)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
 }
 
 // selfSigned makes a certificate for 127.0.0.1 that is its own CA.
@@ -130,13 +77,13 @@ func TestRunTLSAndTokens(t *testing.T) {
 	key := writeFile(t, dir, "key.pem", string(keyPEM), 0o600)
 	admin := writeFile(t, dir, "admin", "admin-secret\n", 0o600)
 	cfg := writeFile(t, dir, "n1.yaml", fmt.Sprintf("node-id: n1\nbootstrap: true\ntls-cert: %s\ntls-key: %s\ntls-ca: %s\n", cert, key, cert), 0o600)
-	addrs := freeAddrs(t, 3)
+	addrs := testkit.FreeAddrs(t, 3)
 	args := []string{"--config", cfg, "--data-dir", dir + "/data", "--raft-addr", addrs[0], "--api-addr", addrs[1], "--http-addr", addrs[2],
 		"--heartbeat-timeout", "100ms", "--election-timeout", "100ms", "--log-level", "debug"}
 	env := []string{"KVDIR_DIRECTORY_AGENT_TOKEN=agent-secret", "KVDIR_DIRECTORY_ROUTER_TOKEN=router-secret", "KVDIR_DIRECTORY_ADMIN_TOKEN_FILE=" + admin}
 
 	sigs := make(chan os.Signal, 2)
-	var stdout, stderr lockedBuffer
+	var stdout, stderr testkit.Buffer
 	exit := make(chan int, 1)
 	go func() { exit <- run(args, env, &stdout, &stderr, sigs) }()
 	defer func() {
@@ -156,7 +103,7 @@ func TestRunTLSAndTokens(t *testing.T) {
 	withToken := func(tok string) context.Context {
 		return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+tok)
 	}
-	waitFor(t, "the node to lead", 15*time.Second, func() (bool, string) {
+	testkit.Eventually(t, 15*time.Second, "the node to lead", func() (bool, string) {
 		select {
 		case code := <-exit:
 			t.Fatalf("run returned %d early", code)

@@ -46,7 +46,7 @@ func TestCLI(t *testing.T) {
 
 // TestProcessExitCodes runs the built binary.
 func TestProcessExitCodes(t *testing.T) {
-	bin := clitest.Build(t, ".", "enginesim")
+	bin := clitest.Build(t, "enginesim")
 	clitest.Version(t, "enginesim", clitest.Exec(t, bin, nil, "--version"))
 	clitest.Help(t, clitest.Exec(t, bin, nil, "--help"), "KVDIR_ENGINESIM_KV_BLOCKS", "KVDIR_ENGINESIM_KV_EVENTS_ENDPOINT")
 	clitest.UsageError(t, "enginesim", clitest.Exec(t, bin, nil, "--nope"), "unknown flag: --nope")

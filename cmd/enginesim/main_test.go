@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/openai"
+	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/tokenize"
 )
 
@@ -476,7 +477,7 @@ func TestClientDisconnect(t *testing.T) {
 				}
 				errc <- err
 			}()
-			waitFor(t, func() bool { return s.metric(t, "vllm:num_requests_running") == 1 })
+			testkit.Eventually(t, 5*time.Second, "vllm:num_requests_running == 1", func() (bool, string) { return s.metric(t, "vllm:num_requests_running") == 1, "" })
 			if code, body := s.post(t, "/reset_prefix_cache", ""); code != http.StatusConflict {
 				t.Errorf("reset while running: %d %s", code, body)
 			}
@@ -484,19 +485,9 @@ func TestClientDisconnect(t *testing.T) {
 			if err := <-errc; err == nil {
 				t.Fatal("request finished normally")
 			}
-			waitFor(t, func() bool { return s.metric(t, "vllm:num_requests_running") == 0 })
+			testkit.Eventually(t, 5*time.Second, "vllm:num_requests_running == 0", func() (bool, string) { return s.metric(t, "vllm:num_requests_running") == 0, "" })
 		})
 	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatal("condition not met within 5s")
 }
 
 func TestConfig(t *testing.T) {

@@ -40,7 +40,7 @@ func TestCLI(t *testing.T) {
 
 // TestProcessExitCodes runs the built binary.
 func TestProcessExitCodes(t *testing.T) {
-	bin := clitest.Build(t, ".", "kvdirctl")
+	bin := clitest.Build(t, "kvdirctl")
 	clitest.Version(t, "kvdirctl", clitest.Exec(t, bin, nil, "--version"))
 	clitest.Help(t, clitest.Exec(t, bin, nil, "--help"), "KVDIR_CTL_DIRECTORY", "KVDIR_CTL_TOKEN_FILE")
 	clitest.UsageError(t, "kvdirctl", clitest.Exec(t, bin, nil, "--nope"), "unknown flag: --nope")

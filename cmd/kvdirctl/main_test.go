@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvdir/kvdir/internal/cli"
+	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/tokenize"
 )
 
@@ -38,27 +38,9 @@ func ctlCtx(t *testing.T, ctx context.Context, getenv func(string) string, args 
 	if getenv == nil {
 		getenv = env(nil)
 	}
-	var out, errb syncBuffer
+	var out, errb testkit.Buffer
 	code := run(ctx, args, getenv, &out, &errb)
 	return out.String(), errb.String(), code
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // Bad arguments end with exit status 2, a message naming the mistake, and

@@ -48,7 +48,7 @@ func TestCLI(t *testing.T) {
 
 // TestProcessExitCodes runs the built binary.
 func TestProcessExitCodes(t *testing.T) {
-	bin := clitest.Build(t, ".", "router")
+	bin := clitest.Build(t, "router")
 	clitest.Version(t, "router", clitest.Exec(t, bin, nil, "--version"))
 	clitest.Help(t, clitest.Exec(t, bin, nil, "--help"), "KVDIR_ROUTER_DIRECTORY", "KVDIR_ROUTER_POLICY", "KVDIR_ROUTER_LOG_LEVEL")
 	clitest.UsageError(t, "router", clitest.Exec(t, bin, nil, "--nope"), "unknown flag: --nope")

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/testkit"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -115,7 +116,7 @@ func (m *SeqMonitor) observe(ws []*kvdirv1.Worker) {
 func (m *SeqMonitor) Lost(ctx context.Context, timeout time.Duration) (int, []string) {
 	var lost int
 	var why []string
-	_ = waitFor(ctx, timeout, 200*time.Millisecond, func() (bool, string) {
+	_ = testkit.Poll(ctx, timeout, "every acknowledged sequence number to be held", func() (bool, string) {
 		lost, why = m.lostNow(ctx)
 		return len(why) == 0, strings.Join(why, "; ")
 	})

@@ -9,11 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // Results are the details of bench/results/chaos.json, a results envelope
-// (bench/benchjson) whose figures are each fault's headline numbers
+// (internal/benchjson) whose figures are each fault's headline numbers
 // (figures).
 type Results struct {
 	Faults []FaultResult `json:"faults"`
@@ -59,6 +60,7 @@ var faults = []fault{
 // injects the faults below one after another and checks the invariants
 // after each; it writes bench/results/chaos.json (or $KVDIR_CHAOS_OUT).
 func TestChaos(t *testing.T) {
+	testkit.SkipIfShort(t, "drives the compose cluster on Docker")
 	if os.Getenv("KVDIR_CHAOS") != "1" {
 		t.Skip("chaos tests need Docker; run them with `make test-chaos` (KVDIR_CHAOS=1)")
 	}
@@ -72,7 +74,7 @@ func TestChaos(t *testing.T) {
 	results.Command = []string{"make", "test-chaos"}
 	res := Results{
 		Notes: []string{
-			"Each fault runs under steady load (bench/replay chat sessions, open loop, through both routers) and ends with the checks described in deploy/README.md (Chaos tests).",
+			"Each fault runs under steady load (internal/loadgen chat sessions, open loop, through both routers) and ends with the checks described in deploy/README.md (Chaos tests).",
 			"leader_recovery_seconds: from the fault to a leader all reachable directory nodes agree on (for rolling-restart, the longest of the three restarts).",
 			"view_converged_seconds: from the repair (container started, network reconnected) until the directory's view of every probe prompt on every worker equals what the engine holds.",
 		},
@@ -426,7 +428,7 @@ func restartEngine(h *harness, r *FaultResult) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	err = waitFor(h.ctx, drainBound, 100*time.Millisecond, func() (bool, string) {
+	err = testkit.Poll(h.ctx, drainBound, "the drained engine to go idle", func() (bool, string) {
 		busy := 0.0
 		for _, m := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting"} {
 			v, err := metric(h.ctx, h.hc, u+"/metrics", m)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvdir/kvdir/internal/testkit"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -210,7 +211,7 @@ func (c *Directory) Leader(ctx context.Context) LeaderView {
 // agree on a leader other than notID; it returns the view.
 func (c *Directory) WaitLeader(ctx context.Context, timeout time.Duration, need int, notID string) (LeaderView, error) {
 	var v LeaderView
-	err := waitFor(ctx, timeout, 100*time.Millisecond, func() (bool, string) {
+	err := testkit.Poll(ctx, timeout, "an agreed leader", func() (bool, string) {
 		v = c.Leader(ctx)
 		ok := v.Leader != "" && v.Reachable >= need && v.Leader != notID
 		return ok, v.Detail

@@ -1,6 +1,6 @@
 // Package chaos drives fault-injection tests against the compose cluster of
 // deploy/compose (3 directory nodes, 4 enginesim + agent pairs, 2 routers)
-// with the real Docker engine, under steady load from bench/replay, and
+// with the real Docker engine, under steady load from internal/loadgen, and
 // checks after every fault what kvdir promises under faults: no client request
 // failed except those in flight at a killed router, no acknowledged event
 // batch lost, all directory nodes' digests equal, and every worker's view in

@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // Network is the compose cluster's network (deploy/compose/docker-compose.yml).
@@ -55,7 +57,7 @@ func (d Docker) State(ctx context.Context, container string) (string, error) {
 
 // WaitHealthy waits until every container is running and healthy.
 func (d Docker) WaitHealthy(ctx context.Context, timeout time.Duration, containers ...string) error {
-	return waitFor(ctx, timeout, 250*time.Millisecond, func() (bool, string) {
+	return testkit.Poll(ctx, timeout, "healthy containers", func() (bool, string) {
 		var bad []string
 		for _, c := range containers {
 			st, err := d.State(ctx, c)
@@ -79,24 +81,4 @@ func (d Docker) Logs(ctx context.Context, container string, since time.Time) (st
 		return out.String(), fmt.Errorf("docker logs %s: %w", container, err)
 	}
 	return out.String(), nil
-}
-
-// waitFor polls cond every interval until it holds, the timeout passes or
-// ctx ends; the error then carries cond's last explanation.
-func waitFor(ctx context.Context, timeout, interval time.Duration, cond func() (bool, string)) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, why := cond()
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not within %s: %s", timeout, why)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (waiting: %s)", ctx.Err(), why)
-		case <-time.After(interval):
-		}
-	}
 }

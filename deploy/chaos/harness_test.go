@@ -16,8 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/replay"
-	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/loadgen"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/workload"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -113,7 +114,7 @@ func shuffle[T any](h *harness, s []T) {
 // engineUp waits until the engine answers /health at its (possibly new)
 // address.
 func (h *harness) engineUp(name string) error {
-	return waitFor(h.ctx, rejoinBound, 100*time.Millisecond, func() (bool, string) {
+	return testkit.Poll(h.ctx, rejoinBound, "the engine to answer /health", func() (bool, string) {
 		u, err := h.engine(name, true)
 		if err != nil {
 			return false, err.Error()
@@ -270,7 +271,7 @@ func (h *harness) kvdirctlRun(args ...string) (string, error) {
 func (h *harness) digestsAgree() (uint64, error) {
 	var idx uint64
 	var agreeErr error
-	err := waitFor(h.ctx, digestBound, 300*time.Millisecond, func() (bool, string) {
+	err := testkit.Poll(h.ctx, digestBound, "the digests to agree", func() (bool, string) {
 		out, err := h.kvdirctlRun("-o", "json", "status")
 		if err != nil {
 			return false, err.Error()
@@ -312,7 +313,7 @@ func (h *harness) digestsAgree() (uint64, error) {
 // waitRequests waits until n requests that arrived at or after since have
 // completed.
 func (h *harness) waitRequests(since time.Time, n int, timeout time.Duration) error {
-	return waitFor(h.ctx, timeout, 100*time.Millisecond, func() (bool, string) {
+	return testkit.Poll(h.ctx, timeout, fmt.Sprintf("%d requests", n), func() (bool, string) {
 		done := 0
 		for _, r := range h.lb.Records(since) {
 			if !r.End.IsZero() {
@@ -350,7 +351,7 @@ func (h *harness) waitView(since, asOf, from time.Time, timeout time.Duration) (
 	var mism []Mismatch
 	var polled time.Time
 	polls := 0
-	err := waitFor(h.ctx, timeout, 200*time.Millisecond, func() (bool, string) {
+	err := testkit.Poll(h.ctx, timeout, "the directory view to match the engines", func() (bool, string) {
 		if polls > 0 && os.Getenv("KVDIR_CHAOS_DEBUG") == "1" {
 			h.t.Logf("view poll %d at +%.2fs took %.2fs", polls, polled.Sub(from).Seconds(), time.Since(polled).Seconds())
 		}
@@ -469,7 +470,7 @@ line:
 // leader and has applied what that leader had committed when asked.
 func (h *harness) rejoin(name string) error {
 	var target uint64
-	return waitFor(h.ctx, rejoinBound, 100*time.Millisecond, func() (bool, string) {
+	return testkit.Poll(h.ctx, rejoinBound, "the node to rejoin", func() (bool, string) {
 		lv := h.dir.Leader(h.ctx)
 		if lv.Leader == "" || lv.Reachable < len(dirNames) {
 			return false, lv.Detail
@@ -509,10 +510,10 @@ func (h *harness) workers() (map[string]*kvdirv1.Worker, error) {
 // loadConfig is the load of one fault.
 func (h *harness) loadConfig() LoadConfig {
 	h.seed++
-	var engines []replay.Engine
+	var engines []loadgen.Engine
 	for _, e := range engineNames {
 		u, _ := h.engine(e, false)
-		engines = append(engines, replay.Engine{ID: e, URL: u})
+		engines = append(engines, loadgen.Engine{ID: e, URL: u})
 	}
 	return LoadConfig{URLs: h.lb.Fronts(), Engines: engines, Model: model, BlockSize: blockSize, ChunkSec: 6, Seed: h.seed * 1000}
 }
@@ -543,7 +544,7 @@ func (h *harness) warmUp(engine string) error {
 func (h *harness) warmUntil(engine string, cond func() (bool, string)) (int, error) {
 	n := 0
 	noWarm := os.Getenv("KVDIR_CHAOS_WARMUP") != "1"
-	err := waitFor(h.ctx, viewBound, 300*time.Millisecond, func() (bool, string) {
+	err := testkit.Poll(h.ctx, viewBound, "the directory view after warm-up", func() (bool, string) {
 		if ok, why := cond(); ok {
 			return true, why
 		}

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // These tests run in `go test ./...` (no Docker needed).
@@ -182,7 +184,7 @@ func TestBalancer(t *testing.T) {
 	if r := recs[1]; r.Rerouted || !r.Failed() || !strings.Contains(r.Err, "broke") {
 		t.Fatalf("second record: %+v", r)
 	}
-	if err := waitFor(context.Background(), 5*time.Second, 50*time.Millisecond, func() (bool, string) {
+	if err := testkit.Poll(context.Background(), 5*time.Second, "router health checks", func() (bool, string) {
 		return !b.Healthy(0) && b.Healthy(1), "health checks"
 	}); err != nil {
 		t.Fatal(err)

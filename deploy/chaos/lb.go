@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // Balancer stands where a Kubernetes Service or a client-side load balancer
@@ -290,7 +292,7 @@ func (b *Balancer) front(f int) http.Handler {
 
 // waitRouters waits until every router is healthy.
 func (b *Balancer) waitRouters(ctx context.Context, timeout time.Duration) error {
-	return waitFor(ctx, timeout, HealthEvery, func() (bool, string) {
+	return testkit.Poll(ctx, timeout, "every router healthy", func() (bool, string) {
 		for i := range b.routers {
 			if !b.healthy[i].Load() {
 				return false, fmt.Sprintf("router %s not ready", b.routers[i])

@@ -6,18 +6,18 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/replay"
-	"github.com/kvdir/kvdir/bench/workload"
+	"github.com/kvdir/kvdir/internal/loadgen"
+	"github.com/kvdir/kvdir/internal/workload"
 )
 
 // LoadConfig describes the steady load: chat sessions replayed open-loop
-// with bench/replay in chunks of ChunkSec seconds, one after another, until
+// with internal/loadgen in chunks of ChunkSec seconds, one after another, until
 // stopped. Each chunk has its own sessions and content (its hash ids are
 // offset by the chunk number), with two tenants' system prompts shared
 // within the chunk.
 type LoadConfig struct {
 	URLs      []string
-	Engines   []replay.Engine
+	Engines   []loadgen.Engine
 	Model     string
 	BlockSize int // tokens per trace block and engine block
 	ChunkSec  float64
@@ -41,7 +41,7 @@ type Load struct {
 // LoadStats is what a load did.
 type LoadStats struct {
 	Chunks, Requests int
-	// Errors are the requests bench/replay counted as failed (transport
+	// Errors are the requests internal/loadgen counted as failed (transport
 	// errors, broken streams, unexpected statuses).
 	Errors   int
 	FirstErr string
@@ -87,8 +87,8 @@ func StartLoad(ctx context.Context, cfg LoadConfig) *Load {
 			}
 			recs, err := chunkTrace(cfg, n)
 			if err == nil {
-				var res *replay.Result
-				res, err = replay.Run(ctx, replay.Config{
+				var res *loadgen.Result
+				res, err = loadgen.Run(ctx, loadgen.Config{
 					Records: recs, TraceBlockSize: cfg.BlockSize, EngineBlockSize: cfg.BlockSize,
 					Model: cfg.Model, URLs: cfg.URLs, TimeScale: 1, Engines: cfg.Engines,
 					QueueEvery: time.Second,

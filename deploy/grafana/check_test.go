@@ -19,11 +19,11 @@ kvdir_raft_term 2
 # TYPE vllm:prefix_cache_hits_total counter
 vllm:prefix_cache_hits_total{engine="0",model_name="m \"q\""} 32
 `
-	fams, err := parseExposition("test", page)
+	fams, err := ParseExposition("test", page)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := fams["vllm:prefix_cache_hits_total"].labels["model_name"]; len(v) != 1 || v[0] != `m "q"` {
+	if v := fams["vllm:prefix_cache_hits_total"].Labels["model_name"]; len(v) != 1 || v[0] != `m "q"` {
 		t.Fatalf("escaped label value parsed as %q", v)
 	}
 	cases := []struct{ expr, want string }{
@@ -44,7 +44,7 @@ vllm:prefix_cache_hits_total{engine="0",model_name="m \"q\""} 32
 		if err != nil {
 			t.Fatalf("%s: %v", c.expr, err)
 		}
-		err = checkQuery(q, fams)
+		err = CheckQuery(q, fams)
 		switch {
 		case c.want == "" && err != nil:
 			t.Errorf("%s: %v", c.expr, err)

@@ -5,15 +5,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // TestVariablesAreFlags builds each kvdir binary the manifests run and
 // checks that its --help names every KVDIR_ variable the manifests set on
 // it: a variable that is no flag's would be ignored.
 func TestVariablesAreFlags(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binaries and runs their --help as child processes: skipped under -short")
-	}
+	testkit.SkipIfShort(t, "builds the binaries and runs their --help as child processes")
 	_, objs, err := LoadDir(".")
 	if err != nil {
 		t.Fatal(err)

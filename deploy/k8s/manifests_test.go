@@ -9,6 +9,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // TestManifestsDecodeStrictly decodes every manifest kustomization.yaml
@@ -103,6 +105,7 @@ func TestImagesAreBuilt(t *testing.T) {
 // kubectl is installed) and decodes and checks the result: what would be
 // applied, namespace and labels included.
 func TestKustomizeBuild(t *testing.T) {
+	testkit.SkipIfShort(t, "runs kubectl kustomize")
 	kubectl, err := exec.LookPath("kubectl")
 	if err != nil {
 		t.Skip("kubectl is not installed; the manifests were still decoded by the other tests")

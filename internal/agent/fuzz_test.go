@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"log/slog"
 	"testing"
 
 	"github.com/kvdir/kvdir/internal/kvevents"
@@ -18,7 +19,7 @@ func FuzzTranslate(f *testing.F) {
 		f.Add(kvevents.EncodeBatch(b, kvevents.FormArray))
 		f.Add(kvevents.EncodeBatch(b, kvevents.FormMap))
 	}
-	tr := NewTranslator("m", 64, quietLog())
+	tr := NewTranslator("m", 64, slog.New(slog.DiscardHandler))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, _, err := kvevents.DecodeBatch(data)
 		if err != nil {

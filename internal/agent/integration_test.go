@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/dirclient"
@@ -22,6 +20,8 @@ import (
 	"github.com/kvdir/kvdir/internal/node"
 	"github.com/kvdir/kvdir/internal/raftfsm"
 	"github.com/kvdir/kvdir/internal/simengine"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/dirtest"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -30,73 +30,6 @@ const (
 	itWorker = "w1"
 	itBS     = 16
 )
-
-// startCluster starts an in-process 3-node directory (in-memory Raft,
-// loopback gRPC), after internal/node's test harness.
-func startCluster(t *testing.T) []*node.Node {
-	t.Helper()
-	const size = 3
-	var trans []*raft.InmemTransport
-	initial := map[string]string{}
-	for i := range size {
-		addr, tr := raft.NewInmemTransport(raft.ServerAddress(fmt.Sprintf("raft-%d", i)))
-		trans = append(trans, tr)
-		initial[fmt.Sprintf("n%d", i)] = string(addr)
-	}
-	for i, a := range trans {
-		for j, b := range trans {
-			if i != j {
-				a.Connect(b.LocalAddr(), b)
-			}
-		}
-	}
-	var nodes []*node.Node
-	for i := range size {
-		store := raft.NewInmemStore()
-		n, err := node.New(node.Config{
-			ID: fmt.Sprintf("n%d", i), APIAddr: "127.0.0.1:0", InitialCluster: initial,
-			Transport: trans[i], LogStore: store, StableStore: store, Snapshots: raft.NewInmemSnapshotStore(),
-			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
-			ApplyTimeout: 5 * time.Second, Lease: time.Minute, MaxStaleness: time.Second,
-			Logger: quietLog(),
-		})
-		if err != nil {
-			t.Fatalf("start node %d: %v", i, err)
-		}
-		nodes = append(nodes, n)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		for _, n := range nodes {
-			_ = n.Shutdown(ctx)
-		}
-	})
-	waitFor(t, "a leader", 10*time.Second, func() (bool, string) {
-		for _, n := range nodes {
-			if n.IsLeader() {
-				return true, ""
-			}
-		}
-		return false, "no leader"
-	})
-	return nodes
-}
-
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, why)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // oracle records every block the engine ever stored and computes its
 // content hash directly from its prefix tokens.
@@ -262,12 +195,12 @@ type rig struct {
 }
 
 func newRig(t *testing.T) *rig {
-	r := &rig{t: t, nodes: startCluster(t), or: newOracle(t), rng: rand.New(rand.NewPCG(1, 2))}
+	r := &rig{t: t, nodes: dirtest.New(t, 3, nil).Nodes(), or: newOracle(t), rng: rand.New(rand.NewPCG(1, 2))}
 	var addrs []string
 	for _, n := range r.nodes {
 		addrs = append(addrs, n.APIAddr())
 	}
-	dir, err := dirclient.New(dirclient.Config{Addrs: addrs, Logger: quietLog()})
+	dir, err := dirclient.New(dirclient.Config{Addrs: addrs, Logger: testkit.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +249,7 @@ func (r *rig) startAgent() {
 	a, err := New(Config{
 		WorkerID: itWorker, WorkerAddress: "http://127.0.0.1:1", Model: itModel, BlockSize: itBS,
 		Endpoint: r.ep, ReplayEndpoint: r.replay, BatchInterval: 5 * time.Millisecond,
-		MapCapacity: 100000, Logger: quietLog(), HeartbeatInterval: 200 * time.Millisecond,
+		MapCapacity: 100000, Logger: testkit.Logger(r.t), HeartbeatInterval: 200 * time.Millisecond,
 		MetricsURL: r.metrics.URL + "/metrics",
 	}, r.dir)
 	if err != nil {
@@ -325,7 +258,7 @@ func (r *rig) startAgent() {
 	r.agent, r.cancel, r.done = a, cancel, make(chan error, 1)
 	go func() { r.done <- a.Run(ctx) }()
 	r.t.Cleanup(r.stopAgent)
-	waitFor(r.t, "the agent to register", 10*time.Second, func() (bool, string) { return a.Epoch() != 0, "" })
+	testkit.Eventually(r.t, 10*time.Second, "the agent to register", func() (bool, string) { return a.Epoch() != 0, "" })
 }
 
 func (r *rig) stopAgent() {
@@ -371,7 +304,7 @@ func (r *rig) traffic(waves int) {
 func (r *rig) waitConsistent(what string, subset bool) {
 	r.t.Helper()
 	want := r.or.expected(r.eng)
-	waitFor(r.t, what, 15*time.Second, func() (bool, string) {
+	testkit.Eventually(r.t, 15*time.Second, what, func() (bool, string) {
 		for _, n := range r.nodes {
 			if ok, why := r.or.compare(n.FSM(), want, subset); !ok {
 				return false, n.ID() + ": " + why
@@ -382,9 +315,7 @@ func (r *rig) waitConsistent(what string, subset bool) {
 }
 
 func TestAgentEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration")
-	}
+	testkit.SkipIfShort(t, "a long randomised run of the agent against an in-process directory")
 	r := newRig(t)
 	r.startAgent()
 
@@ -423,7 +354,7 @@ func TestAgentEndToEnd(t *testing.T) {
 	if _, err := r.dir.ExpireWorker(context.Background(), itWorker); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a new registration after expiry", 10*time.Second, func() (bool, string) {
+	testkit.Eventually(t, 10*time.Second, "a new registration after expiry", func() (bool, string) {
 		return r.agent.Epoch() > epoch0, ""
 	})
 	r.traffic(5)
@@ -495,7 +426,7 @@ func TestAgentEndToEnd(t *testing.T) {
 	}
 	// Shutdown deregisters the worker.
 	r.stopAgent()
-	waitFor(t, "the worker to be deregistered", 10*time.Second, func() (bool, string) {
+	testkit.Eventually(t, 10*time.Second, "the worker to be deregistered", func() (bool, string) {
 		w, ok := r.nodes[0].FSM().Worker(itWorker)
 		return ok && w.Blocks == 0 && w.State != kvdirv1.WorkerState_WORKER_STATE_ACTIVE, fmt.Sprint(w)
 	})

@@ -39,7 +39,7 @@ func TestTranslateHybridFullAttentionGroup(t *testing.T) {
 	mla := stored(nil, toks, 1, 2)
 	mla.GroupIdx, mla.SpecKind = pint(1), kvevents.SpecKindMLAAttention
 	for _, form := range []kvevents.Form{kvevents.FormArray, kvevents.FormMap} {
-		tr := NewTranslator("m", 0, quietLog())
+		tr := NewTranslator("m", 0, slog.New(slog.DiscardHandler))
 		evs, n := tr.Translate(nil, decodeWire(t, batch(sw, mla), form))
 		if _, hashes := storedHashes(evs); n != 2 || !slices.Equal(hashes, exp) {
 			t.Fatalf("%v: hashes %x, want %x", form, hashes, exp)
@@ -78,7 +78,7 @@ func TestTranslateSpecKinds(t *testing.T) {
 		kvevents.SpecKindChunkedLocal: false, kvevents.SpecKindCrossAttention: false,
 		kvevents.SpecKindEncoderOnlyAttention: false, kvevents.SpecKindUnknown: false, "future_kind": false,
 	} {
-		tr := NewTranslator("m", 0, quietLog())
+		tr := NewTranslator("m", 0, slog.New(slog.DiscardHandler))
 		s := stored(nil, toks, 1)
 		s.GroupIdx, s.SpecKind = pint(2), kind
 		if _, n := tr.Translate(nil, batch(s)); (n == 1) != indexed {
@@ -86,7 +86,7 @@ func TestTranslateSpecKinds(t *testing.T) {
 		}
 	}
 	// Without a kind (older vLLM) only group 0 is indexed, as before.
-	tr := NewTranslator("m", 0, quietLog())
+	tr := NewTranslator("m", 0, slog.New(slog.DiscardHandler))
 	g1 := stored(nil, toks, 1)
 	g1.GroupIdx = pint(1)
 	if _, n := tr.Translate(nil, batch(g1)); n != 0 || tr.Stats().Problems[ProblemOtherGroup] != 1 {
@@ -105,7 +105,7 @@ func TestTranslateSGLangBigrams(t *testing.T) {
 	s0.Bigram, s0.BigramNext, s0.Medium = true, toks[testBS], "GPU"
 	s1 := stored(ptr(eh(7)), toks[testBS:2*testBS], 8)
 	s1.Bigram, s1.BigramNext = true, toks[2*testBS]
-	tr := NewTranslator("m", 0, quietLog())
+	tr := NewTranslator("m", 0, slog.New(slog.DiscardHandler))
 	evs, n := tr.Translate(nil, decodeWire(t, batch(s0, s1), kvevents.FormArray))
 	if _, hashes := storedHashes(evs); n != 2 || !slices.Equal(hashes, exp) {
 		t.Fatalf("bigram hashes %x, want %x", hashes, exp)
@@ -129,14 +129,14 @@ func TestTranslateSGLangCacheSalt(t *testing.T) {
 		{"sglang array", decodeWire(t, batch(sg), kvevents.FormArray)},
 		{"sglang map", decodeWire(t, batch(sg), kvevents.FormMap)},
 	} {
-		tr := NewTranslator("m", 0, quietLog())
+		tr := NewTranslator("m", 0, slog.New(slog.DiscardHandler))
 		evs, _ := tr.Translate(nil, tc.b)
 		if _, hashes := storedHashes(evs); !slices.Equal(hashes, salted) {
 			t.Fatalf("%s: hashes %x, want the salted chain %x", tc.name, hashes, salted)
 		}
 	}
 	// Unsalted, the same tokens land elsewhere.
-	tr := NewTranslator("m", 0, quietLog())
+	tr := NewTranslator("m", 0, slog.New(slog.DiscardHandler))
 	evs, _ := tr.Translate(nil, batch(stored(nil, toks, 5, 6)))
 	if _, hashes := storedHashes(evs); slices.Equal(hashes, salted) {
 		t.Fatal("unsalted chain equals the salted one")
@@ -149,7 +149,7 @@ func TestTranslateReportModeFull(t *testing.T) {
 	rm := batch(&kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{eh(7)}, Medium: "GPU"})
 	// kv_cache_report_mode="full": the reused block is announced again, in
 	// an identical event, and removed once.
-	tr := NewTranslator("m", 0, quietLog())
+	tr := NewTranslator("m", 0, slog.New(slog.DiscardHandler))
 	tr.SetReportMode(ReportFull)
 	tr.Translate(nil, batch(stored(nil, toks, 7)))
 	if evs, n := tr.Translate(nil, batch(stored(nil, toks, 7))); n != 1 || len(evs) != 1 {
@@ -190,7 +190,7 @@ func TestParseMediumEngineNames(t *testing.T) {
 
 func TestTranslateRemoteLocality(t *testing.T) {
 	toks := tokens(testBS, 1)
-	tr := NewTranslator("m", 0, quietLog())
+	tr := NewTranslator("m", 0, slog.New(slog.DiscardHandler))
 	remote := stored(nil, toks, 7)
 	remote.Medium, remote.Locality = "STORAGE", "REMOTE"
 	local := stored(nil, toks, 8)
@@ -226,7 +226,7 @@ func TestTranslateBlockSizeMismatch(t *testing.T) {
 		t.Fatalf("layout %+v", l)
 	}
 	// A matching size is no problem; the layout survives a clear.
-	ok := NewTranslator("m", 0, quietLog())
+	ok := NewTranslator("m", 0, slog.New(slog.DiscardHandler))
 	ok.SetBlockSize(testBS)
 	ok.Translate(nil, batch(s, &kvevents.AllBlocksCleared{}))
 	if p := ok.Stats().Problems[ProblemBlockSizeMismatch]; p != 0 || len(ok.Layout().BlockSizes) != 1 {
@@ -243,7 +243,7 @@ func TestTranslateStringTokens(t *testing.T) {
 	s := stored(nil, slices.Clone(toks), 1, 2, 3)
 	s.TokenIDs[testBS+1] = 0
 	s.StrTokens = []kvevents.StrToken{{Index: testBS + 1, Value: "<mm:9f2c>"}}
-	tr := NewTranslator("m", 0, quietLog())
+	tr := NewTranslator("m", 0, slog.New(slog.DiscardHandler))
 	evs, n := tr.Translate(nil, decodeWire(t, batch(s), kvevents.FormMap))
 	if _, hashes := storedHashes(evs); n != 1 || !slices.Equal(hashes, exp) {
 		t.Fatalf("hashes %x, want %x", hashes, exp)

@@ -2,19 +2,17 @@ package agent
 
 import (
 	"io"
-	"log/slog"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/kvevents"
+	"github.com/kvdir/kvdir/internal/testkit"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
 const testBS = 4
-
-func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func tokens(n int, base uint32) []uint32 {
 	out := make([]uint32, n)
@@ -73,7 +71,7 @@ func TestTranslateChainsAcrossEvents(t *testing.T) {
 	ns := blockhash.Namespace{Model: "m", BlockSize: testBS}
 	toks := tokens(5*testBS, 100)
 	exp := want(t, ns, toks)
-	tr := NewTranslator("m", 0, quietLog())
+	tr := NewTranslator("m", 0, testkit.Logger(t))
 	evs, n := tr.Translate(nil, batch(stored(nil, toks[:2*testBS], 11, 12)))
 	evs, n2 := tr.Translate(evs, batch(stored(ptr(eh(12)), toks[2*testBS:], 13, 14, 15)))
 	if n+n2 != 5 {
@@ -95,7 +93,7 @@ func TestTranslateNamespaceLoRAAndSalt(t *testing.T) {
 	toks := tokens(2*testBS, 5)
 	ns := blockhash.Namespace{Model: "m", LoRA: "ad", CacheSalt: "tenant-a", BlockSize: testBS}
 	exp := want(t, ns, toks)
-	tr := NewTranslator("m", 0, quietLog())
+	tr := NewTranslator("m", 0, testkit.Logger(t))
 	s := stored(nil, toks, 1, 2)
 	s.LoRAName = "ad"
 	s.ExtraKeys = [][]any{{"ad", "tenant-a"}, {"ad"}}
@@ -115,7 +113,7 @@ func TestTranslateMultimodalExtraKeys(t *testing.T) {
 	items := []blockhash.MMItem{{ID: "img", Offset: 2, Length: 4}}
 	h, _ := blockhash.New(blockhash.Namespace{Model: "m", BlockSize: testBS})
 	exp := h.Chain(nil, toks, items)
-	tr := NewTranslator("m", 0, quietLog())
+	tr := NewTranslator("m", 0, testkit.Logger(t))
 	s := stored(nil, toks, 1, 2)
 	s.ExtraKeys = [][]any{{[]any{"img", int64(2)}}, {[]any{"img", int64(-2)}}}
 	evs, _ := tr.Translate(nil, batch(s))
@@ -135,7 +133,7 @@ func TestTranslateMultimodalExtraKeys(t *testing.T) {
 func TestTranslateDuplicatesAndRemovals(t *testing.T) {
 	toks := tokens(testBS, 1)
 	exp := want(t, blockhash.Namespace{Model: "m", BlockSize: testBS}, toks)
-	tr := NewTranslator("m", 0, quietLog())
+	tr := NewTranslator("m", 0, testkit.Logger(t))
 	tr.Translate(nil, batch(stored(nil, toks, 7)))
 	tr.Translate(nil, batch(stored(nil, toks, 7)))
 	rm := &kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{eh(7)}, Medium: "GPU"}
@@ -169,7 +167,7 @@ func TestTranslateDuplicatesAndRemovals(t *testing.T) {
 }
 
 func TestTranslateClear(t *testing.T) {
-	tr := NewTranslator("m", 0, quietLog())
+	tr := NewTranslator("m", 0, testkit.Logger(t))
 	tr.Translate(nil, batch(stored(nil, tokens(testBS, 1), 7)))
 	evs, _ := tr.Translate(nil, batch(&kvevents.AllBlocksCleared{}))
 	if len(evs) != 1 || evs[0].GetCleared() == nil || tr.Len() != 0 {
@@ -182,7 +180,7 @@ func TestTranslateClear(t *testing.T) {
 }
 
 func TestTranslateBadInput(t *testing.T) {
-	tr := NewTranslator("m", 0, quietLog())
+	tr := NewTranslator("m", 0, testkit.Logger(t))
 	short := stored(nil, tokens(testBS-1, 1), 1)
 	badMedium := stored(nil, tokens(testBS, 1), 2)
 	badMedium.Medium = "TAPE"
@@ -219,7 +217,7 @@ func TestTranslateBadInput(t *testing.T) {
 }
 
 func TestTranslateMapBounded(t *testing.T) {
-	tr := NewTranslator("m", 2, quietLog())
+	tr := NewTranslator("m", 2, testkit.Logger(t))
 	var all []*kvdirv1.Event
 	for i := range 3 {
 		all, _ = tr.Translate(all, batch(stored(nil, tokens(testBS, uint32(i*100)), uint64(i+1))))

@@ -3,6 +3,7 @@ package dirclient
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/node"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/dirtest"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -48,12 +51,14 @@ func TestNewNeedsAnAddress(t *testing.T) {
 }
 
 func TestFailoverFromDeadAddress(t *testing.T) {
-	c := newCluster(t, 3, node.Tokens{})
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
+	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
 	dead := deadAddr(t)
 	ctx := testCtx(t, 20*time.Second)
 
 	// A read: the dead address is preferred at first, then skipped.
-	rc := newClient(t, Config{Addrs: append([]string{dead}, c.addrs...)})
+	rc := newClient(t, Config{Addrs: append([]string{dead}, c.APIAddrs()...)})
 	var at attempts
 	rc.onAttempt = at.hook
 	if _, err := rc.ListWorkers(ctx, "", false); err != nil {
@@ -71,7 +76,7 @@ func TestFailoverFromDeadAddress(t *testing.T) {
 	}
 
 	// A write from a fresh client, which knows no leader yet.
-	wc := newClient(t, Config{Addrs: append([]string{dead}, c.addrs...)})
+	wc := newClient(t, Config{Addrs: append([]string{dead}, c.APIAddrs()...)})
 	wc.onAttempt = at.hook
 	reg, err := wc.Register(ctx, spec("w1"))
 	if err != nil {
@@ -111,25 +116,26 @@ func TestFailoverFromDeadAddress(t *testing.T) {
 
 // learnLeader waits until the client's leader hint names the cluster's
 // leader, and returns the leader's index.
-func learnLeader(t *testing.T, c *cluster, cl *Client) int {
+func learnLeader(t *testing.T, c *dirtest.Cluster, cl *Client) int {
 	t.Helper()
 	ctx := testCtx(t, 10*time.Second)
 	l := -1
-	waitFor(t, "the client to learn the leader", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the client to learn the leader", func() (bool, string) {
 		if _, err := cl.Status(ctx); err != nil {
 			t.Fatal(err)
 		}
-		l = c.leader()
-		return cl.Leader() == c.addrs[l]
+		l = c.Leader()
+		return cl.Leader() == c.APIAddr(l), ""
 	})
 	return l
 }
 
 func TestWritesPreferLeader(t *testing.T) {
-	c := newCluster(t, 3, node.Tokens{})
-	l := c.leader()
-	fs := c.followers()
-	addrs := []string{c.addrs[fs[0]], c.addrs[fs[1]], c.addrs[l]}
+	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
+	l := c.Leader()
+	fs := c.Followers()
+	addrs := []string{c.APIAddr(fs[0]), c.APIAddr(fs[1]), c.APIAddr(l)}
 	cl := newClient(t, Config{Addrs: addrs})
 	var at attempts
 	cl.onAttempt = at.hook
@@ -165,7 +171,7 @@ func TestWritesPreferLeader(t *testing.T) {
 	writes()
 
 	// After the leader goes, writes find the new one.
-	c.stop(l)
+	c.Stop(l)
 	if _, err := cl.RecordSessions(ctx, []*kvdirv1.SessionRecord{{SessionId: "s1", Tail: 1, Blocks: 1, WorkerId: "w1"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -178,8 +184,9 @@ func TestWritesPreferLeader(t *testing.T) {
 }
 
 func TestDirectoryAndAdminCalls(t *testing.T) {
-	c := newCluster(t, 3, node.Tokens{})
-	cl := newClient(t, Config{Addrs: c.addrs})
+	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
+	cl := newClient(t, Config{Addrs: c.APIAddrs()})
 	ctx := testCtx(t, 30*time.Second)
 
 	ns := blockhash.Namespace{Model: "m", BlockSize: 4}
@@ -219,12 +226,12 @@ func TestDirectoryAndAdminCalls(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "sessions on the read node", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "sessions on the read node", func() (bool, string) {
 		ls, err := cl.ListSessions(ctx, "s", "w1", 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return ls.Total == 2
+		return ls.Total == 2, ""
 	})
 	wh, err := cl.WhoHolds(ctx, "s1")
 	if err != nil {
@@ -243,22 +250,22 @@ func TestDirectoryAndAdminCalls(t *testing.T) {
 	if _, err := cl.DrainWorker(ctx, "w1"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the worker to drain", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the worker to drain", func() (bool, string) {
 		gw, err := cl.GetWorker(ctx, "w1", 5)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return gw.Worker.State == kvdirv1.WorkerState_WORKER_STATE_DRAINING && len(gw.Chains) == 1
+		return gw.Worker.State == kvdirv1.WorkerState_WORKER_STATE_DRAINING && len(gw.Chains) == 1, ""
 	})
 	if _, err := cl.ExpireWorker(ctx, "w1"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the worker to expire", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the worker to expire", func() (bool, string) {
 		lw, err := cl.ListWorkers(ctx, "m", true)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return len(lw.Workers) == 1 && lw.Workers[0].State == kvdirv1.WorkerState_WORKER_STATE_EXPIRED
+		return len(lw.Workers) == 1 && lw.Workers[0].State == kvdirv1.WorkerState_WORKER_STATE_EXPIRED, ""
 	})
 	if _, err := cl.GetWorker(ctx, "nope", 0); status.Code(err) != codes.NotFound {
 		t.Fatalf("get unknown worker: %v", err)
@@ -272,85 +279,86 @@ func TestDirectoryAndAdminCalls(t *testing.T) {
 	}
 
 	// Status of each node, and of whichever answers.
-	for i, a := range c.addrs {
+	for i, a := range c.APIAddrs() {
 		st, err := cl.StatusOf(ctx, a)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.NodeId != c.nodes[i].ID() || len(st.Members) != 3 || st.State == "" {
+		if st.NodeId != c.Node(i).ID() || len(st.Members) != 3 || st.State == "" {
 			t.Fatalf("status of %s: %v", a, st)
 		}
 	}
-	if st, err := cl.Status(ctx); err != nil || !slices.Contains(c.addrs, st.LeaderAddress) {
+	if st, err := cl.Status(ctx); err != nil || !slices.Contains(c.APIAddrs(), st.LeaderAddress) {
 		t.Fatalf("status: %v %v", st, err)
 	}
-	l := c.leader()
+	l := c.Leader()
 	if _, err := cl.StatusOf(ctx, deadAddr(t)); status.Code(err) != codes.Unavailable {
 		t.Fatalf("status of a dead address: %v", err)
 	}
-	if snap, err := cl.Snapshot(ctx, c.addrs[l]); err != nil || snap.Index == 0 {
+	if snap, err := cl.Snapshot(ctx, c.APIAddr(l)); err != nil || snap.Index == 0 {
 		t.Fatalf("snapshot: %v %v", snap, err)
 	}
 
 	// Membership: a non-voter that never answers can be added and removed.
-	members := func(want int) func() bool {
-		return func() bool {
-			st, err := cl.StatusOf(ctx, c.addrs[c.leader()])
+	members := func(want int) func() (bool, string) {
+		return func() (bool, string) {
+			st, err := cl.StatusOf(ctx, c.APIAddr(c.Leader()))
 			if err != nil {
 				t.Fatal(err)
 			}
-			return len(st.Members) == want
+			return len(st.Members) == want, fmt.Sprintf("%d members", len(st.Members))
 		}
 	}
 	if _, err := cl.AddMember(ctx, &kvdirv1.AddMemberRequest{Id: "n9", RaftAddress: "raft-9", NonVoter: true}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "four members", 10*time.Second, members(4))
+	testkit.Eventually(t, 10*time.Second, "four members", members(4))
 	if _, err := cl.RemoveMember(ctx, "n9"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "three members", 10*time.Second, members(3))
+	testkit.Eventually(t, 10*time.Second, "three members", members(3))
 
 	// Leadership transfer: the client forgets the old leader, then learns
 	// the new one.
-	l = c.leader()
-	target := c.followers()[0]
-	if _, err := cl.TransferLeadership(ctx, c.nodes[target].ID()); err != nil {
+	l = c.Leader()
+	target := c.Followers()[0]
+	if _, err := cl.TransferLeadership(ctx, c.Node(target).ID()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the new leader to be learned", 10*time.Second, func() bool {
+	testkit.Eventually(t, 10*time.Second, "the new leader to be learned", func() (bool, string) {
 		if _, err := cl.RecordSessions(ctx, []*kvdirv1.SessionRecord{{SessionId: "s3", Tail: 1, Blocks: 1}}); err != nil {
 			t.Fatal(err)
 		}
-		nl := c.leader()
-		return nl != l && cl.Leader() == c.addrs[nl]
+		nl := c.Leader()
+		return nl != l && cl.Leader() == c.APIAddr(nl), ""
 	})
-	if !slices.Equal(cl.Addrs(), c.addrs) {
+	if !slices.Equal(cl.Addrs(), c.APIAddrs()) {
 		t.Fatalf("addresses: %v", cl.Addrs())
 	}
 }
 
 func TestTokens(t *testing.T) {
 	tokens := node.Tokens{Agent: "agent-secret", Router: "router-secret", Admin: "admin-secret"}
-	c := newCluster(t, 3, tokens)
+	c := dirtest.New(t, 3, dirConfig(tokens))
+	c.WaitMembers()
 	ctx := testCtx(t, 30*time.Second)
 
-	anon := newClient(t, Config{Addrs: c.addrs})
+	anon := newClient(t, Config{Addrs: c.APIAddrs()})
 	_, err := anon.Register(ctx, spec("w1"))
 	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "Config.Token") {
 		t.Fatalf("register without a token: %v", err)
 	}
-	wrong := newClient(t, Config{Addrs: c.addrs, Token: "guess"})
+	wrong := newClient(t, Config{Addrs: c.APIAddrs(), Token: "guess"})
 	if _, err := wrong.ListWorkers(ctx, "", false); status.Code(err) != codes.Unauthenticated ||
 		!strings.Contains(err.Error(), "not one of the directory's tokens") {
 		t.Fatalf("read with a wrong token: %v", err)
 	}
-	router := newClient(t, Config{Addrs: c.addrs, Token: tokens.Router})
+	router := newClient(t, Config{Addrs: c.APIAddrs(), Token: tokens.Router})
 	if _, err := router.Register(ctx, spec("w1")); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("register with the router token: %v", err)
 	}
 
-	agent := newClient(t, Config{Addrs: c.addrs, Token: tokens.Agent})
+	agent := newClient(t, Config{Addrs: c.APIAddrs(), Token: tokens.Agent})
 	reg, err := agent.Register(ctx, spec("w1"))
 	if err != nil {
 		t.Fatal(err)
@@ -377,7 +385,7 @@ func TestTokens(t *testing.T) {
 	}
 
 	// Another agent client lacks w1's worker token: refused, with a hint.
-	other := newClient(t, Config{Addrs: c.addrs, Token: tokens.Agent})
+	other := newClient(t, Config{Addrs: c.APIAddrs(), Token: tokens.Agent})
 	if _, err := other.Heartbeat(ctx, "w1", reg.Epoch, nil); status.Code(err) != codes.PermissionDenied ||
 		!strings.Contains(err.Error(), "worker token") {
 		t.Fatalf("heartbeat without the worker token: %v", err)
@@ -406,10 +414,11 @@ func TestTokens(t *testing.T) {
 }
 
 func TestWatchWorkersReconnects(t *testing.T) {
-	c := newCluster(t, 3, node.Tokens{})
-	f := c.followers()[0]
-	addrs := []string{c.addrs[f]}
-	for i, a := range c.addrs {
+	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
+	f := c.Followers()[0]
+	addrs := []string{c.APIAddr(f)}
+	for i, a := range c.APIAddrs() {
 		if i != f {
 			addrs = append(addrs, a)
 		}
@@ -449,7 +458,7 @@ func TestWatchWorkersReconnects(t *testing.T) {
 	}
 	// The node serving the watch goes: the watch moves and starts over
 	// with a snapshot.
-	c.stop(f)
+	c.Stop(f)
 	r := next()
 	if !r.Snapshot || len(r.Workers) != 1 {
 		t.Fatalf("after reconnecting: %v", r)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/node"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/dirtest"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -39,7 +41,7 @@ func sendChain(t *testing.T, ctx context.Context, p *Publisher, from, to int) {
 
 // checkDelivered checks that every running node applied exactly n batches
 // of the worker and holds the n-block chain.
-func checkDelivered(t *testing.T, c *cluster, cl *Client, p *Publisher, n int) {
+func checkDelivered(t *testing.T, c *dirtest.Cluster, cl *Client, p *Publisher, n int) {
 	t.Helper()
 	if got := p.Acked(); got != uint64(n) {
 		t.Fatalf("acked %d, want %d", got, n)
@@ -53,13 +55,14 @@ func checkDelivered(t *testing.T, c *cluster, cl *Client, p *Publisher, n int) {
 	for i := range chain {
 		chain[i] = chainHash(i)
 	}
-	for i, nd := range c.nodes {
+	for i := range c.Size() {
+		nd := c.Node(i)
 		if nd == nil {
 			continue
 		}
-		waitFor(t, "the node to apply every batch", 10*time.Second, func() bool {
+		testkit.Eventually(t, 10*time.Second, "the node to apply every batch", func() (bool, string) {
 			w, ok := nd.FSM().Worker(p.WorkerID())
-			return ok && w.AppliedSeq == uint64(n)
+			return ok && w.AppliedSeq == uint64(n), ""
 		})
 		ms, _, err := nd.FSM().Match(nil, chain)
 		if err != nil || len(ms) != 1 || ms[0].Blocks != n {
@@ -78,8 +81,9 @@ func checkDelivered(t *testing.T, c *cluster, cl *Client, p *Publisher, n int) {
 }
 
 func TestPublisherDeliversEveryBatchOnce(t *testing.T) {
-	c := newCluster(t, 3, node.Tokens{})
-	cl := newClient(t, Config{Addrs: c.addrs})
+	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
+	cl := newClient(t, Config{Addrs: c.APIAddrs()})
 	ctx := testCtx(t, 30*time.Second)
 	reg, err := cl.Register(ctx, spec("w1"))
 	if err != nil {
@@ -99,8 +103,10 @@ func TestPublisherDeliversEveryBatchOnce(t *testing.T) {
 }
 
 func TestPublisherSurvivesLeaderShutdown(t *testing.T) {
-	c := newCluster(t, 3, node.Tokens{})
-	cl := newClient(t, Config{Addrs: c.addrs})
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
+	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
+	cl := newClient(t, Config{Addrs: c.APIAddrs()})
 	ctx := testCtx(t, 40*time.Second)
 	reg, err := cl.Register(ctx, spec("w1"))
 	if err != nil {
@@ -111,7 +117,7 @@ func TestPublisherSurvivesLeaderShutdown(t *testing.T) {
 	defer p.Close()
 	const n = 1000
 	sendChain(t, ctx, p, 0, n/2)
-	waitFor(t, "some batches acknowledged", 10*time.Second, func() bool { return p.Acked() >= n/5 })
+	testkit.Eventually(t, 10*time.Second, "some batches acknowledged", func() (bool, string) { return p.Acked() >= n/5, "" })
 
 	// Shut the leader down while the rest are being sent.
 	sent := make(chan struct{})
@@ -120,7 +126,7 @@ func TestPublisherSurvivesLeaderShutdown(t *testing.T) {
 		sendChain(t, ctx, p, n/2, n)
 	}()
 	t.Logf("shutting the leader down at acked=%d", p.Acked())
-	c.stop(l)
+	c.Stop(l)
 	<-sent
 	if err := p.Flush(ctx); err != nil {
 		t.Fatal(err)
@@ -129,14 +135,15 @@ func TestPublisherSurvivesLeaderShutdown(t *testing.T) {
 	if st := p.Stats(); st.Streams < 2 {
 		t.Fatalf("the publisher did not reconnect: %+v", st)
 	}
-	if cl.Leader() == c.addrs[l] || cl.Leader() == "" {
+	if cl.Leader() == c.APIAddr(l) || cl.Leader() == "" {
 		t.Fatalf("leader after shutdown: %q", cl.Leader())
 	}
 }
 
 func TestPublisherStaleEpoch(t *testing.T) {
-	c := newCluster(t, 3, node.Tokens{})
-	cl := newClient(t, Config{Addrs: c.addrs})
+	c := dirtest.New(t, 3, dirConfig(node.Tokens{}))
+	c.WaitMembers()
+	cl := newClient(t, Config{Addrs: c.APIAddrs()})
 	ctx := testCtx(t, 30*time.Second)
 	reg1, err := cl.Register(ctx, spec("w1"))
 	if err != nil {

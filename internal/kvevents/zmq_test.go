@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 func TestEndpointRules(t *testing.T) {
@@ -93,17 +95,6 @@ func TestParseFrames(t *testing.T) {
 			t.Errorf("startSeq(%x) = %d, %v", tc.b, v, ok)
 		}
 	}
-}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func portOf(t *testing.T, a net.Addr) int {
@@ -215,7 +206,7 @@ func checkStream(t *testing.T, p *Publisher, s *Subscriber, topic string, n int)
 // The engine binds (tcp://*:port): the subscriber connects, and may start
 // first, since connecting is asynchronous and retried.
 func TestPubSubPublisherBinds(t *testing.T) {
-	port := freePort(t)
+	port := testkit.Port(testkit.FreeAddrs(t, 1)[0])
 	sub := newSub(t, SubscriberConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port), Topic: "kv@"})
 	if sub.Addr() != nil {
 		t.Fatal("subscriber bound, want connect")
@@ -507,7 +498,7 @@ func TestReplayRequestFraming(t *testing.T) {
 // same port with its sequence back at 0; the connecting subscriber
 // reconnects by itself.
 func TestSubscriberReconnectsAfterEngineRestart(t *testing.T) {
-	port := freePort(t)
+	port := testkit.Port(testkit.FreeAddrs(t, 1)[0])
 	ep := fmt.Sprintf("tcp://*:%d", port)
 	sub := newSub(t, SubscriberConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port)})
 	pub := newPub(t, PublisherConfig{Endpoint: ep})

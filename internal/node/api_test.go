@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/node"
+	"github.com/kvdir/kvdir/internal/testkit/dirtest"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -22,9 +24,9 @@ func withToken(ctx context.Context, tok string) context.Context {
 }
 
 func TestRolesAreEnforced(t *testing.T) {
-	tokens := Tokens{Agent: "agent-secret", Router: "router-secret", Admin: "admin-secret"}
-	c := newTestCluster(t, 3, func(_ int, cfg *Config) { cfg.Tokens = tokens })
-	cc := c.conn(c.follower())
+	tokens := node.Tokens{Agent: "agent-secret", Router: "router-secret", Admin: "admin-secret"}
+	c := dirtest.New(t, 3, func(_ int, cfg *node.Config) { cfg.Tokens = tokens })
+	cc := c.Conn(c.Follower())
 	agent, dir, admin := kvdirv1.NewAgentServiceClient(cc), kvdirv1.NewDirectoryServiceClient(cc), kvdirv1.NewAdminServiceClient(cc)
 	bg := context.Background()
 	spec := &kvdirv1.WorkerSpec{Id: "w1", BlockSize: 16, Model: "m"}
@@ -46,7 +48,7 @@ func TestRolesAreEnforced(t *testing.T) {
 	if _, err := agent.Heartbeat(actx, &kvdirv1.HeartbeatRequest{WorkerId: "w1", Epoch: reg.Epoch}); code(err) != codes.PermissionDenied {
 		t.Fatalf("heartbeat without the worker token: %v", err)
 	}
-	wctx := metadata.AppendToOutgoingContext(actx, MDWorkerToken, reg.WorkerToken)
+	wctx := metadata.AppendToOutgoingContext(actx, node.MDWorkerToken, reg.WorkerToken)
 	if hb, err := agent.Heartbeat(wctx, &kvdirv1.HeartbeatRequest{WorkerId: "w1", Epoch: reg.Epoch}); err != nil || !hb.Known {
 		t.Fatalf("heartbeat with the worker token: %v %v", hb, err)
 	}
@@ -111,9 +113,9 @@ func TestRolesAreEnforced(t *testing.T) {
 }
 
 func TestDirectoryReadsAndWatch(t *testing.T) {
-	c := newTestCluster(t, 3, func(_ int, cfg *Config) { cfg.HTTPAddr = "127.0.0.1:0" })
-	f := c.follower()
-	cc := c.conn(f)
+	c := dirtest.New(t, 3, func(_ int, cfg *node.Config) { cfg.HTTPAddr = "127.0.0.1:0" })
+	f := c.Follower()
+	cc := c.Conn(f)
 	dir := kvdirv1.NewDirectoryServiceClient(cc)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -137,13 +139,12 @@ func TestDirectoryReadsAndWatch(t *testing.T) {
 		tokens[i] = uint32(i * 7)
 	}
 	chain := h.Chain(nil, tokens, nil)
-	p := newTestPublisher(c, "w1", 1)
-	p.seq++
+	epoch := c.Register("w1")
 	s, err := kvdirv1.NewAgentServiceClient(cc).Publish(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Send(&kvdirv1.PublishRequest{Batch: &kvdirv1.EventBatch{WorkerId: "w1", Epoch: p.epoch, FirstSeq: 1, LastSeq: 1,
+	s.Send(&kvdirv1.PublishRequest{Batch: &kvdirv1.EventBatch{WorkerId: "w1", Epoch: epoch, FirstSeq: 1, LastSeq: 1,
 		Events: []*kvdirv1.Event{{Kind: &kvdirv1.Event_Stored{Stored: &kvdirv1.StoredBlocks{Hashes: chain[:6]}}}}}})
 	if r, err := s.Recv(); err != nil || r.Status != kvdirv1.PublishStatus_PUBLISH_STATUS_APPLIED {
 		t.Fatalf("publish: %v %v", r, err)
@@ -173,7 +174,7 @@ func TestDirectoryReadsAndWatch(t *testing.T) {
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	c.converged()
+	c.Converged()
 	who, err := dir.WhoHolds(ctx, &kvdirv1.WhoHoldsRequest{Target: &kvdirv1.WhoHoldsRequest_SessionId{SessionId: "chat-1"}})
 	if err != nil || len(who.Sessions) != 1 || len(who.Sessions[0].Holders) != 1 || who.Sessions[0].Holders[0].Tokens != 96 {
 		t.Fatalf("who-holds: %v %v", who, err)
@@ -211,11 +212,11 @@ func TestDirectoryReadsAndWatch(t *testing.T) {
 	}
 	// Responses name the leader's API for clients.
 	var hdr metadata.MD
-	if _, err := dir.ListWorkers(ctx, &kvdirv1.ListWorkersRequest{}, grpc.Header(&hdr)); err != nil || len(hdr.Get(MDLeader)) != 1 {
+	if _, err := dir.ListWorkers(ctx, &kvdirv1.ListWorkersRequest{}, grpc.Header(&hdr)); err != nil || len(hdr.Get(node.MDLeader)) != 1 {
 		t.Fatalf("leader header: %v %v", hdr, err)
 	}
 	// HTTP: metrics with the project's names, health and readiness.
-	body := httpGet(t, "http://"+c.nodes[f].HTTPAddr()+"/metrics")
+	body := httpGet(t, "http://"+c.Node(f).HTTPAddr()+"/metrics")
 	for _, name := range []string{"kvdir_raft_leader", "kvdir_raft_term", "kvdir_raft_applied_index", "kvdir_fsm_apply_seconds",
 		"kvdir_fsm_events_applied_total", "kvdir_index_entries", "kvdir_index_bytes", "kvdir_workers", "kvdir_match_seconds",
 		"kvdir_match_depth_blocks", "kvdir_grpc_server_handled_total"} {
@@ -223,7 +224,7 @@ func TestDirectoryReadsAndWatch(t *testing.T) {
 			t.Errorf("metrics lack %s", name)
 		}
 	}
-	if b := httpGet(t, "http://"+c.nodes[f].HTTPAddr()+"/readyz"); !strings.Contains(b, "ready") {
+	if b := httpGet(t, "http://"+c.Node(f).HTTPAddr()+"/readyz"); !strings.Contains(b, "ready") {
 		t.Fatalf("readyz: %q", b)
 	}
 }

@@ -1,10 +1,8 @@
-package node
+package node_test
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,141 +13,17 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvdir/kvdir/internal/node"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/dirtest"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
-// testPublisher publishes one worker's batches one at a time, moving to the
-// next running node and re-sending the batch whenever a node fails it, as a
-// real agent does. It records what was acknowledged.
-type testPublisher struct {
-	t      *testing.T
-	c      *testCluster
-	worker string
-	epoch  uint64
-	seq    uint64
-	next   uint64 // hash generator
-
-	mu     sync.Mutex
-	acked  [][]uint64 // chains of acknowledged batches
-	stream kvdirv1.AgentService_PublishClient
-	at     int
-}
-
-func (c *testCluster) register(worker string) uint64 {
-	c.t.Helper()
-	var epoch uint64
-	waitFor(c.t, "registration", 10*time.Second, func() bool {
-		for i, n := range c.nodes {
-			if n == nil {
-				continue
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			resp, err := kvdirv1.NewAgentServiceClient(c.conn(i)).Register(ctx,
-				&kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{Id: worker, BlockSize: 16, Model: "m"}})
-			cancel()
-			if err == nil {
-				epoch = resp.Epoch
-				return true
-			}
-		}
-		return false
-	})
-	return epoch
-}
-
-func newTestPublisher(c *testCluster, worker string, seed uint64) *testPublisher {
-	return &testPublisher{t: c.t, c: c, worker: worker, epoch: c.register(worker), next: seed << 32}
-}
-
-// publish sends one batch storing a fresh 8-block chain and returns once a
-// node acknowledged it (APPLIED or DUPLICATE).
-func (p *testPublisher) publish() error {
-	p.seq++
-	chain := make([]uint64, 8)
-	for i := range chain {
-		p.next++
-		chain[i] = p.next
-	}
-	batch := &kvdirv1.EventBatch{
-		WorkerId: p.worker, Epoch: p.epoch, FirstSeq: p.seq, LastSeq: p.seq,
-		Events: []*kvdirv1.Event{{Kind: &kvdirv1.Event_Stored{Stored: &kvdirv1.StoredBlocks{Hashes: chain}}}},
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := p.sendOnce(batch)
-		if err != nil {
-			p.stream = nil
-			p.at++
-			time.Sleep(20 * time.Millisecond) // back off before trying the next node
-			continue
-		}
-		switch resp.Status {
-		case kvdirv1.PublishStatus_PUBLISH_STATUS_APPLIED, kvdirv1.PublishStatus_PUBLISH_STATUS_DUPLICATE:
-			p.mu.Lock()
-			p.acked = append(p.acked, chain)
-			p.mu.Unlock()
-			return nil
-		default:
-			return fmt.Errorf("batch %d refused: %v %s", p.seq, resp.Status, resp.Message)
-		}
-	}
-	return fmt.Errorf("batch %d not acknowledged in time", p.seq)
-}
-
-func (p *testPublisher) sendOnce(b *kvdirv1.EventBatch) (*kvdirv1.PublishResponse, error) {
-	if p.stream == nil {
-		i := p.at % len(p.c.nodes)
-		if p.c.node(i) == nil {
-			return nil, errors.New("node down")
-		}
-		s, err := kvdirv1.NewAgentServiceClient(p.c.conn(i)).Publish(context.Background())
-		if err != nil {
-			return nil, err
-		}
-		p.stream = s
-	}
-	if err := p.stream.Send(&kvdirv1.PublishRequest{Batch: b}); err != nil {
-		return nil, err
-	}
-	return p.stream.Recv()
-}
-
-func (p *testPublisher) ackedChains() [][]uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.Clone(p.acked)
-}
-
-// checkInvariants: all running nodes converge to one state, and every
-// acknowledged batch's blocks are held by its worker on every node.
-func (c *testCluster) checkInvariants(pubs ...*testPublisher) {
-	c.t.Helper()
-	c.converged()
-	for _, n := range c.nodes {
-		if n == nil {
-			continue
-		}
-		for _, p := range pubs {
-			for _, chain := range p.ackedChains() {
-				// Acknowledged pieces were stored under the root, so
-				// each is a chain of its own.
-				ms, _, err := n.FSM().Match(nil, chain)
-				if err != nil || len(ms) != 1 || ms[0].Worker != p.worker || ms[0].Blocks != len(chain) {
-					c.t.Fatalf("node %s lost an acknowledged batch of %s: match %v %v", n.ID(), p.worker, ms, err)
-				}
-			}
-			w, ok := n.FSM().Worker(p.worker)
-			if !ok || w.AppliedSeq < uint64(len(p.ackedChains())) {
-				c.t.Fatalf("node %s: worker %s applied seq %v, acknowledged %d", n.ID(), p.worker, w, len(p.ackedChains()))
-			}
-		}
-	}
-}
-
 func TestLeaderLossWhilePublishing(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
-	c.leader()
-	pubs := []*testPublisher{newTestPublisher(c, "w1", 1), newTestPublisher(c, "w2", 2)}
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
+	c := dirtest.New(t, 3, nil)
+	c.Leader()
+	pubs := []*dirtest.Publisher{c.NewPublisher("w1", 1), c.NewPublisher("w2", 2)}
 	var wg sync.WaitGroup
 	errs := make(chan error, len(pubs))
 	stop := make(chan struct{})
@@ -163,26 +37,26 @@ func TestLeaderLossWhilePublishing(t *testing.T) {
 					return
 				default:
 				}
-				if err := p.publish(); err != nil {
+				if err := p.Publish(); err != nil {
 					errs <- err
 					return
 				}
 			}
 		}()
 	}
-	waitFor(t, "some batches", 10*time.Second, func() bool { return len(pubs[0].ackedChains()) > 20 })
-	old := c.leader()
-	c.stop(old)
-	waitFor(t, "a new leader", 10*time.Second, func() bool {
-		for _, n := range c.nodes {
+	testkit.Eventually(t, 10*time.Second, "some batches", func() (bool, string) { return len(pubs[0].Acked()) > 20, "" })
+	old := c.Leader()
+	c.Stop(old)
+	testkit.Eventually(t, 10*time.Second, "a new leader", func() (bool, string) {
+		for _, n := range c.Nodes() {
 			if n != nil && n.IsLeader() {
-				return true
+				return true, ""
 			}
 		}
-		return false
+		return false, ""
 	})
-	before := len(pubs[0].ackedChains())
-	waitFor(t, "publishing to resume", 20*time.Second, func() bool { return len(pubs[0].ackedChains()) > before+20 })
+	before := len(pubs[0].Acked())
+	testkit.Eventually(t, 20*time.Second, "publishing to resume", func() (bool, string) { return len(pubs[0].Acked()) > before+20, "" })
 	close(stop)
 	wg.Wait()
 	select {
@@ -190,187 +64,185 @@ func TestLeaderLossWhilePublishing(t *testing.T) {
 		t.Fatal(err)
 	default:
 	}
-	c.checkInvariants(pubs...)
+	c.Check(pubs...)
 	// The old leader comes back and catches up.
-	c.restart(old)
-	c.checkInvariants(pubs...)
+	c.Restart(old)
+	c.Check(pubs...)
 }
 
 func TestMinorityPartitionAndHeal(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
-	p := newTestPublisher(c, "w1", 1)
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
+	c := dirtest.New(t, 3, nil)
+	p := c.NewPublisher("w1", 1)
 	for range 10 {
-		if err := p.publish(); err != nil {
+		if err := p.Publish(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	f := c.follower()
-	c.isolate(f)
+	f := c.Follower()
+	c.Isolate(f)
 	for range 30 {
-		if err := p.publish(); err != nil {
+		if err := p.Publish(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The isolated node cannot have seen the later writes.
-	if got := c.nodes[f].FSM().AppliedIndex(); got >= c.nodes[c.leader()].FSM().AppliedIndex() {
+	if got := c.Node(f).FSM().AppliedIndex(); got >= c.Node(c.Leader()).FSM().AppliedIndex() {
 		t.Fatalf("isolated node applied %d, as far as the leader", got)
 	}
 	// Only Raft is cut: a write sent to the isolated node is forwarded over
 	// gRPC to the leader and committed by the majority, though the isolated
 	// node itself does not see it until the partition heals.
-	if _, err := kvdirv1.NewAgentServiceClient(c.conn(f)).Register(context.Background(),
+	if _, err := kvdirv1.NewAgentServiceClient(c.Conn(f)).Register(context.Background(),
 		&kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{Id: "w9", BlockSize: 16}}); err != nil {
 		t.Fatalf("write through the isolated node: %v", err)
 	}
-	if _, ok := c.nodes[f].FSM().Worker("w9"); ok {
+	if _, ok := c.Node(f).FSM().Worker("w9"); ok {
 		t.Fatal("isolated node applied a write")
 	}
 	// Cut off for longer than MaxStaleness, it refuses reads; healed, it
 	// answers again.
 	read := func() error {
-		_, err := kvdirv1.NewDirectoryServiceClient(c.conn(f)).ListWorkers(context.Background(), &kvdirv1.ListWorkersRequest{})
+		_, err := kvdirv1.NewDirectoryServiceClient(c.Conn(f)).ListWorkers(context.Background(), &kvdirv1.ListWorkersRequest{})
 		return err
 	}
-	waitFor(t, "the isolated node to refuse reads", 10*time.Second, func() bool { return status.Code(read()) == codes.Unavailable })
-	c.connectAll()
-	waitFor(t, "the healed node to answer reads", 10*time.Second, func() bool { return read() == nil })
-	c.checkInvariants(p)
-	if _, ok := c.nodes[f].FSM().Worker("w9"); !ok {
+	testkit.Eventually(t, 10*time.Second, "the isolated node to refuse reads", func() (bool, string) { return status.Code(read()) == codes.Unavailable, "" })
+	c.Heal()
+	testkit.Eventually(t, 10*time.Second, "the healed node to answer reads", func() (bool, string) { return read() == nil, "" })
+	c.Check(p)
+	if _, ok := c.Node(f).FSM().Worker("w9"); !ok {
 		t.Fatal("healed node lacks the forwarded write")
 	}
 }
 
 func TestIsolatedLeaderStepsDown(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
-	p := newTestPublisher(c, "w1", 1)
+	c := dirtest.New(t, 3, nil)
+	p := c.NewPublisher("w1", 1)
 	for range 5 {
-		if err := p.publish(); err != nil {
+		if err := p.Publish(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	old := c.leader()
-	c.isolate(old)
+	old := c.Leader()
+	c.Isolate(old)
 	// A write sent to the cut-off leader cannot commit: it fails, it is
 	// never acknowledged.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	_, err := kvdirv1.NewAgentServiceClient(c.conn(old)).Register(ctx,
+	_, err := kvdirv1.NewAgentServiceClient(c.Conn(old)).Register(ctx,
 		&kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{Id: "lost", BlockSize: 16}})
 	cancel()
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("write to an isolated leader: %v, want Unavailable", err)
 	}
-	waitFor(t, "a leader on the majority side", 10*time.Second, func() bool {
-		for i, n := range c.nodes {
-			if i != old && n.IsLeader() {
-				return true
+	testkit.Eventually(t, 10*time.Second, "a leader on the majority side", func() (bool, string) {
+		for i := range c.Size() {
+			if i != old && c.Node(i).IsLeader() {
+				return true, ""
 			}
 		}
-		return false
+		return false, ""
 	})
-	p.at = old + 1 // publish on the majority side
-	p.stream = nil
+	p.UseNode(old + 1) // publish on the majority side
 	for range 10 {
-		if err := p.publish(); err != nil {
+		if err := p.Publish(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the old leader to step down", 10*time.Second, func() bool { return !c.nodes[old].IsLeader() })
-	c.connectAll()
-	c.checkInvariants(p)
-	if _, ok := c.nodes[old].FSM().Worker("lost"); ok {
+	testkit.Eventually(t, 10*time.Second, "the old leader to step down", func() (bool, string) { return !c.Node(old).IsLeader(), "" })
+	c.Heal()
+	c.Check(p)
+	if _, ok := c.Node(old).FSM().Worker("lost"); ok {
 		t.Fatal("a write refused by the isolated leader was applied after healing")
 	}
 }
 
 func TestSnapshotInstalledOnLaggingFollower(t *testing.T) {
-	c := newTestCluster(t, 3, func(_ int, cfg *Config) {
+	c := dirtest.New(t, 3, func(_ int, cfg *node.Config) {
 		cfg.SnapshotThreshold = 32
 		cfg.TrailingLogs = 8
 		cfg.SnapshotInterval = 50 * time.Millisecond
 	})
-	p := newTestPublisher(c, "w1", 1)
-	f := c.follower()
-	c.isolate(f)
+	p := c.NewPublisher("w1", 1)
+	f := c.Follower()
+	c.Isolate(f)
 	for range 100 {
-		if err := p.publish(); err != nil {
+		if err := p.Publish(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	l := c.leader()
-	if err := c.nodes[l].Raft().Snapshot().Error(); err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) {
+	l := c.Leader()
+	if err := c.Node(l).Raft().Snapshot().Error(); err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) {
 		t.Fatal(err)
 	}
 	// The log the follower lacks is compacted away: it needs the snapshot.
-	first, _ := c.stores[l].FirstIndex()
-	if first <= c.nodes[f].FSM().AppliedIndex()+1 {
-		t.Fatalf("leader's log still starts at %d; follower applied %d", first, c.nodes[f].FSM().AppliedIndex())
+	first, _ := c.Store(l).FirstIndex()
+	if first <= c.Node(f).FSM().AppliedIndex()+1 {
+		t.Fatalf("leader's log still starts at %d; follower applied %d", first, c.Node(f).FSM().AppliedIndex())
 	}
-	c.connectAll()
-	c.checkInvariants(p)
-	if snaps, _ := c.snaps[f].List(); len(snaps) == 0 {
+	c.Heal()
+	c.Check(p)
+	if snaps, _ := c.Snapshots(f).List(); len(snaps) == 0 {
 		t.Fatal("follower caught up without installing a snapshot")
 	}
 }
 
 func TestRestartFromStores(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
-	p := newTestPublisher(c, "w1", 1)
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
+	c := dirtest.New(t, 3, nil)
+	p := c.NewPublisher("w1", 1)
 	for range 20 {
-		if err := p.publish(); err != nil {
+		if err := p.Publish(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for i := range c.nodes {
-		c.stop(i)
+	for i := range c.Size() {
+		c.Stop(i)
 	}
-	for i := range c.nodes {
-		c.restart(i)
+	for i := range c.Size() {
+		c.Restart(i)
 	}
-	c.leader()
-	c.checkInvariants(p)
+	c.Leader()
+	c.Check(p)
 	for range 5 { // and it goes on
-		if err := p.publish(); err != nil {
+		if err := p.Publish(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	c.checkInvariants(p)
+	c.Check(p)
 }
 
 func TestWipedNodeRejoins(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
-	p := newTestPublisher(c, "w1", 1)
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
+	c := dirtest.New(t, 3, nil)
+	p := c.NewPublisher("w1", 1)
 	for range 20 {
-		if err := p.publish(); err != nil {
+		if err := p.Publish(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	f := c.follower()
-	join := []string{c.nodes[c.leader()].APIAddr()}
-	c.stop(f)
-	c.stores[f], c.snaps[f] = raft.NewInmemStore(), raft.NewInmemSnapshotStore()
-	prev := c.cfg
-	c.cfg = func(i int, cfg *Config) {
-		if prev != nil {
-			prev(i, cfg)
-		}
+	f := c.Follower()
+	join := []string{c.Node(c.Leader()).APIAddr()}
+	c.Stop(f)
+	c.Wipe(f)
+	c.Configure(func(i int, cfg *node.Config) {
 		if i == f {
 			cfg.Join = join
 		}
-	}
-	c.restart(f)
-	c.checkInvariants(p)
+	})
+	c.Restart(f)
+	c.Check(p)
 }
 
 func TestDuplicateDroppedAndStaleEpochFenced(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
-	p := newTestPublisher(c, "w1", 1)
-	if err := p.publish(); err != nil {
+	c := dirtest.New(t, 3, nil)
+	p := c.NewPublisher("w1", 1)
+	if err := p.Publish(); err != nil {
 		t.Fatal(err)
 	}
-	c.converged()
-	digest := c.nodes[0].FSM().Digest()
+	c.Converged()
+	digest := c.Node(0).FSM().Digest()
 	// Re-send batch 1 on a new stream: dropped.
-	s, err := kvdirv1.NewAgentServiceClient(c.conn(c.follower())).Publish(context.Background())
+	s, err := kvdirv1.NewAgentServiceClient(c.Conn(c.Follower())).Publish(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,31 +257,31 @@ func TestDuplicateDroppedAndStaleEpochFenced(t *testing.T) {
 		}
 		return r
 	}
-	dup := &kvdirv1.EventBatch{WorkerId: "w1", Epoch: p.epoch, FirstSeq: 1, LastSeq: 1, Events: []*kvdirv1.Event{
+	dup := &kvdirv1.EventBatch{WorkerId: "w1", Epoch: p.Epoch(), FirstSeq: 1, LastSeq: 1, Events: []*kvdirv1.Event{
 		{Kind: &kvdirv1.Event_Stored{Stored: &kvdirv1.StoredBlocks{Hashes: []uint64{777}}}},
 	}}
 	if r := send(dup); r.Status != kvdirv1.PublishStatus_PUBLISH_STATUS_DUPLICATE {
 		t.Fatalf("re-sent batch: %v", r)
 	}
-	gap := &kvdirv1.EventBatch{WorkerId: "w1", Epoch: p.epoch, FirstSeq: 5, LastSeq: 5}
+	gap := &kvdirv1.EventBatch{WorkerId: "w1", Epoch: p.Epoch(), FirstSeq: 5, LastSeq: 5}
 	if r := send(gap); r.Status != kvdirv1.PublishStatus_PUBLISH_STATUS_GAP || r.AppliedSeq != 1 {
 		t.Fatalf("gap: %v", r)
 	}
-	c.converged()
-	if d := c.nodes[0].FSM().Digest(); d != digest {
+	c.Converged()
+	if d := c.Node(0).FSM().Digest(); d != digest {
 		t.Fatal("a dropped batch changed the state")
 	}
 	// A new incarnation registers: the old epoch is fenced and its blocks gone.
-	epoch2 := c.register("w1")
-	if epoch2 != p.epoch+1 {
-		t.Fatalf("new epoch %d, want %d", epoch2, p.epoch+1)
+	epoch2 := c.Register("w1")
+	if epoch2 != p.Epoch()+1 {
+		t.Fatalf("new epoch %d, want %d", epoch2, p.Epoch()+1)
 	}
-	stale := &kvdirv1.EventBatch{WorkerId: "w1", Epoch: p.epoch, FirstSeq: 2, LastSeq: 2}
+	stale := &kvdirv1.EventBatch{WorkerId: "w1", Epoch: p.Epoch(), FirstSeq: 2, LastSeq: 2}
 	if r := send(stale); r.Status != kvdirv1.PublishStatus_PUBLISH_STATUS_STALE_EPOCH || r.CurrentEpoch != epoch2 {
 		t.Fatalf("stale epoch: %v", r)
 	}
-	c.converged()
-	for _, n := range c.nodes {
+	c.Converged()
+	for _, n := range c.Nodes() {
 		if w, _ := n.FSM().Worker("w1"); w.Blocks != 0 {
 			t.Fatalf("node %s: re-registered worker still holds %d blocks", n.ID(), w.Blocks)
 		}
@@ -417,11 +289,13 @@ func TestDuplicateDroppedAndStaleEpochFenced(t *testing.T) {
 }
 
 func TestLeaseExpiryAndLeaderChange(t *testing.T) {
-	c := newTestCluster(t, 3, func(_ int, cfg *Config) {
-		cfg.Lease = 600 * time.Millisecond
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
+	const lease = 600 * time.Millisecond
+	c := dirtest.New(t, 3, func(_ int, cfg *node.Config) {
+		cfg.Lease = lease
 		cfg.LoadInterval = 100 * time.Millisecond
 	})
-	alive := newTestPublisher(c, "alive", 2)
+	alive := c.NewPublisher("alive", 2)
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() { // alive heartbeats through any node, with load
@@ -433,14 +307,14 @@ func TestLeaseExpiryAndLeaderChange(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			for j := range c.nodes {
-				n := c.node((i + j) % len(c.nodes))
+			for j := range c.Size() {
+				n := c.Node((i + j) % c.Size())
 				if n == nil {
 					continue
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				_, err := kvdirv1.NewAgentServiceClient(c.conn((i+j)%len(c.nodes))).Heartbeat(ctx, &kvdirv1.HeartbeatRequest{
-					WorkerId: "alive", Epoch: alive.epoch, Load: &kvdirv1.Load{Running: uint32(i % 7)},
+				_, err := kvdirv1.NewAgentServiceClient(c.Conn((i+j)%c.Size())).Heartbeat(ctx, &kvdirv1.HeartbeatRequest{
+					WorkerId: "alive", Epoch: alive.Epoch(), Load: &kvdirv1.Load{Running: uint32(i % 7)},
 				})
 				cancel()
 				if err == nil {
@@ -449,95 +323,88 @@ func TestLeaseExpiryAndLeaderChange(t *testing.T) {
 			}
 		}
 	}()
-	silent := newTestPublisher(c, "silent", 1)
-	for _, p := range []*testPublisher{silent, alive} {
-		if err := p.publish(); err != nil {
+	silent := c.NewPublisher("silent", 1)
+	for _, p := range []*dirtest.Publisher{silent, alive} {
+		if err := p.Publish(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the silent worker to expire", 10*time.Second, func() bool {
-		w, _ := c.nodes[c.leader()].FSM().Worker("silent")
-		return w.State == kvdirv1.WorkerState_WORKER_STATE_EXPIRED
+	testkit.Eventually(t, 10*time.Second, "the silent worker to expire", func() (bool, string) {
+		w, _ := c.Node(c.Leader()).FSM().Worker("silent")
+		return w.State == kvdirv1.WorkerState_WORKER_STATE_EXPIRED, ""
 	})
-	waitFor(t, "the alive worker's load", 10*time.Second, func() bool {
-		w, _ := c.nodes[c.leader()].FSM().Worker("alive")
-		return w.Load != nil && w.LoadTimeUnixNano > 0
+	testkit.Eventually(t, 10*time.Second, "the alive worker's load", func() (bool, string) {
+		w, _ := c.Node(c.Leader()).FSM().Worker("alive")
+		return w.Load != nil && w.LoadTimeUnixNano > 0, ""
 	})
 	// A leader change must not expire workers that keep heartbeating.
-	old := c.leader()
-	c.stop(old)
-	c.leader()
+	old := c.Leader()
+	c.Stop(old)
+	c.Leader()
 	// Watch for three leases: an absence can only be observed over time.
-	time.Sleep(3 * c.nodes[c.leader()].cfg.Lease)
-	l := c.nodes[c.leader()]
+	time.Sleep(3 * lease)
+	l := c.Node(c.Leader())
 	if w, _ := l.FSM().Worker("alive"); w.State != kvdirv1.WorkerState_WORKER_STATE_ACTIVE {
 		t.Fatalf("heartbeating worker is %v after a leader change", w.State)
 	}
-	c.converged()
-	for _, n := range c.nodes {
+	c.Converged()
+	for _, n := range c.Nodes() {
 		if n == nil {
 			continue
 		}
 		if w, _ := n.FSM().Worker("silent"); w.Blocks != 0 || w.State != kvdirv1.WorkerState_WORKER_STATE_EXPIRED {
 			t.Fatalf("node %s: expired worker %v", n.ID(), w)
 		}
-		if ms, _, _ := n.FSM().Match(nil, silent.ackedChains()[0]); len(ms) != 0 {
+		if ms, _, _ := n.FSM().Match(nil, silent.Acked()[0]); len(ms) != 0 {
 			t.Fatalf("node %s still matches an expired worker's blocks: %v", n.ID(), ms)
 		}
 	}
 }
 
 func TestMembershipChange(t *testing.T) {
-	c := newTestCluster(t, 3, nil)
-	p := newTestPublisher(c, "w1", 1)
+	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
+	c := dirtest.New(t, 3, nil)
+	p := c.NewPublisher("w1", 1)
 	for range 10 {
-		if err := p.publish(); err != nil {
+		if err := p.Publish(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A fourth node joins through a follower.
-	addr, tr := raft.NewInmemTransport("raft-3")
-	c.trans = append(c.trans, tr)
-	c.stores = append(c.stores, raft.NewInmemStore())
-	c.snaps = append(c.snaps, raft.NewInmemSnapshotStore())
-	c.connectAll()
-	join := c.nodes[c.follower()].APIAddr()
-	prev := c.cfg
-	c.cfg = func(i int, cfg *Config) {
-		if prev != nil {
-			prev(i, cfg)
-		}
+	join := c.Node(c.Follower()).APIAddr()
+	c.Configure(func(i int, cfg *node.Config) {
 		if i == 3 {
 			cfg.Join = []string{join}
 		}
-	}
-	_ = addr
-	c.nodes = append(c.nodes, c.start(3, nil))
-	waitFor(t, "four voters", 10*time.Second, func() bool {
-		return len(c.nodes[c.leader()].Raft().GetConfiguration().Configuration().Servers) == 4
 	})
-	c.checkInvariants(p)
+	if added := c.Add(); added != 3 {
+		t.Fatalf("added node %d, want 3", added)
+	}
+	testkit.Eventually(t, 10*time.Second, "four voters", func() (bool, string) {
+		return len(c.Node(c.Leader()).Raft().GetConfiguration().Configuration().Servers) == 4, ""
+	})
+	c.Check(p)
 	// Remove a follower through the admin API; the rest goes on.
-	victim := c.follower()
-	if _, err := kvdirv1.NewAdminServiceClient(c.conn(c.leader())).RemoveMember(context.Background(),
-		&kvdirv1.RemoveMemberRequest{Id: c.nodes[victim].ID()}); err != nil {
+	victim := c.Follower()
+	if _, err := kvdirv1.NewAdminServiceClient(c.Conn(c.Leader())).RemoveMember(context.Background(),
+		&kvdirv1.RemoveMemberRequest{Id: c.Node(victim).ID()}); err != nil {
 		t.Fatal(err)
 	}
 	// The removed node no longer hears from a leader; once that lasts
 	// longer than MaxStaleness it refuses reads rather than answer from a
 	// state that no longer follows the log.
-	waitFor(t, "the removed node to refuse reads", 10*time.Second, func() bool {
-		_, err := kvdirv1.NewDirectoryServiceClient(c.conn(victim)).ListWorkers(context.Background(), &kvdirv1.ListWorkersRequest{})
-		return status.Code(err) == codes.Unavailable
+	testkit.Eventually(t, 10*time.Second, "the removed node to refuse reads", func() (bool, string) {
+		_, err := kvdirv1.NewDirectoryServiceClient(c.Conn(victim)).ListWorkers(context.Background(), &kvdirv1.ListWorkersRequest{})
+		return status.Code(err) == codes.Unavailable, ""
 	})
-	c.stop(victim)
+	c.Stop(victim)
 	for range 5 {
-		if err := p.publish(); err != nil {
+		if err := p.Publish(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	c.checkInvariants(p)
-	if n := len(c.nodes[c.leader()].Raft().GetConfiguration().Configuration().Servers); n != 3 {
+	c.Check(p)
+	if n := len(c.Node(c.Leader()).Raft().GetConfiguration().Configuration().Servers); n != 3 {
 		t.Fatalf("%d members after removal", n)
 	}
 }
@@ -562,53 +429,53 @@ func (s *failingStore) StoreLogs(logs []*raft.Log) error {
 
 func TestFailingDiskRefusesWrites(t *testing.T) {
 	var bad *failingStore
-	c := newTestCluster(t, 3, func(i int, cfg *Config) {
+	c := dirtest.New(t, 3, func(i int, cfg *node.Config) {
 		if i == 0 && bad == nil {
 			bad = &failingStore{InmemStore: raft.NewInmemStore()}
 			cfg.LogStore = bad
 		}
 	})
-	p := newTestPublisher(c, "w1", 1)
+	p := c.NewPublisher("w1", 1)
 	for range 5 {
-		if err := p.publish(); err != nil {
+		if err := p.Publish(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Make the node with the bad disk the leader, then break its disk.
-	if l := c.leader(); l != 0 {
-		if err := c.nodes[l].Raft().LeadershipTransferToServer("n0", c.trans[0].LocalAddr()).Error(); err != nil {
+	if l := c.Leader(); l != 0 {
+		if err := c.Node(l).Raft().LeadershipTransferToServer("n0", c.RaftAddr(0)).Error(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "n0 to lead", 10*time.Second, func() bool { return c.nodes[0].IsLeader() })
+	testkit.Eventually(t, 10*time.Second, "n0 to lead", func() (bool, string) { return c.Node(0).IsLeader(), "" })
 	bad.failing.Store(true)
-	_, err := kvdirv1.NewAgentServiceClient(c.conn(0)).Register(context.Background(),
+	_, err := kvdirv1.NewAgentServiceClient(c.Conn(0)).Register(context.Background(),
 		&kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{Id: "never", BlockSize: 16}})
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("write on a leader whose disk fails: %v, want Unavailable", err)
 	}
 	// It says so, and is not ready.
-	st, err := kvdirv1.NewAdminServiceClient(c.conn(0)).Status(context.Background(), &kvdirv1.StatusRequest{})
+	st, err := kvdirv1.NewAdminServiceClient(c.Conn(0)).Status(context.Background(), &kvdirv1.StatusRequest{})
 	if err != nil || !strings.Contains(st.WriteError, "no space left") {
 		t.Fatalf("status of the failing node: %v %v", st, err)
 	}
-	if err := c.nodes[0].ready(); err == nil {
+	if err := node.Ready(c.Node(0)); err == nil {
 		t.Fatal("a node whose writes fail reports ready")
 	}
 	// The others take over; acknowledged writes survive; the refused one
 	// was never applied anywhere.
-	waitFor(t, "a healthy leader", 10*time.Second, func() bool {
-		return c.nodes[1].IsLeader() || c.nodes[2].IsLeader()
+	testkit.Eventually(t, 10*time.Second, "a healthy leader", func() (bool, string) {
+		return c.Node(1).IsLeader() || c.Node(2).IsLeader(), ""
 	})
-	p.at, p.stream = 1, nil
+	p.UseNode(1)
 	for range 5 {
-		if err := p.publish(); err != nil {
+		if err := p.Publish(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	bad.failing.Store(false) // the disk is replaced
-	c.checkInvariants(p)
-	for _, n := range c.nodes {
+	c.Check(p)
+	for _, n := range c.Nodes() {
 		if _, ok := n.FSM().Worker("never"); ok {
 			t.Fatalf("node %s applied a write that was refused", n.ID())
 		}

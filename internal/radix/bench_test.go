@@ -6,21 +6,21 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvdir/kvdir/bench/indexshape"
 	"github.com/kvdir/kvdir/internal/radix"
+	"github.com/kvdir/kvdir/internal/radix/radixtest"
 )
 
 // The Go benchmarks run on a tenth of the full shape (1 M entries) so that
 // their set-up stays short; `make bench-index` measures the full shape.
 var (
 	benchOnce  sync.Once
-	benchLoad  *indexshape.Workload
+	benchLoad  *radixtest.Workload
 	benchIndex *radix.Index
 )
 
-func benchSetup(b *testing.B) (*indexshape.Workload, *radix.Index) {
+func benchSetup(b *testing.B) (*radixtest.Workload, *radix.Index) {
 	benchOnce.Do(func() {
-		benchLoad = indexshape.Generate(indexshape.Full.Scaled(0.1))
+		benchLoad = radixtest.Generate(radixtest.Full.Scaled(0.1))
 		benchIndex = radix.New(radix.Options{})
 		if _, err := benchLoad.Populate(benchIndex); err != nil {
 			b.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/openai"
+	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/tokenize"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
@@ -93,9 +94,9 @@ func TestDirectoryBreaker(t *testing.T) {
 	}
 	m.err = nil
 	m.blocks = map[string]uint32{"a": 5}
-	waitFor(t, 5*time.Second, "the directory asked again after the pause", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the directory asked again after the pause", func() (bool, string) {
 		d, _ := s.decide(t.Context(), req, nil)
-		return d.fallback == "" && d.dir[0] == 5
+		return d.fallback == "" && d.dir[0] == 5, ""
 	})
 }
 

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // upstream is an engine stand-in for unit tests: a real HTTP server that
@@ -75,27 +77,15 @@ func testRouter(t testing.TB, policy string, workers []StaticWorker, tweak func(
 			t.Errorf("Run: %v", err)
 		}
 	})
-	waitFor(t, 5*time.Second, "router ready", func() bool {
+	testkit.Eventually(t, 5*time.Second, "router ready", func() (bool, string) {
 		resp, err := http.Get(hs.URL + "/readyz")
 		if err != nil {
-			return false
+			return false, ""
 		}
 		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		return resp.StatusCode == http.StatusOK, ""
 	})
 	return s, hs.URL
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // deadAddress returns the URL of a port nothing listens on.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/openai"
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // TestStreamingPassthrough checks that an event stream reaches the client
@@ -65,8 +66,8 @@ func TestStreamingPassthrough(t *testing.T) {
 	if got, want := string(first)+string(rest), strings.Join(events, ""); got != want {
 		t.Fatalf("stream differs:\n got %q\nwant %q", got, want)
 	}
-	waitFor(t, 5*time.Second, "engine-reported cached tokens counted", func() bool {
-		return counterValue(t, s, "kvdir_router_engine_cached_tokens_total", "w0") == 7
+	testkit.Eventually(t, 5*time.Second, "engine-reported cached tokens counted", func() (bool, string) {
+		return counterValue(t, s, "kvdir_router_engine_cached_tokens_total", "w0") == 7, ""
 	})
 }
 

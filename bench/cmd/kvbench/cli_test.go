@@ -43,7 +43,7 @@ func TestCLI(t *testing.T) {
 
 // TestProcessExitCodes runs the built binary.
 func TestProcessExitCodes(t *testing.T) {
-	bin := clitest.Build(t, ".", "kvbench")
+	bin := clitest.Build(t, "bench/cmd/kvbench")
 	clitest.Version(t, "kvbench", clitest.Exec(t, bin, nil, "--version"))
 	clitest.Help(t, clitest.Exec(t, bin, nil, "sim", "--help"), "KVDIR_BENCH_TRACE", "KVDIR_BENCH_LOG_FORMAT")
 	clitest.UsageError(t, "kvbench", clitest.Exec(t, bin, nil, "--nope"), "unknown flag: --nope")

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvdir/kvdir/bench/fleet"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 )
 
 // devFlags configure kvbench dev.

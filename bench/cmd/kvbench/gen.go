@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvdir/kvdir/bench/workload"
 	"github.com/kvdir/kvdir/internal/cli"
+	"github.com/kvdir/kvdir/internal/workload"
 )
 
 func newGenSessions() *cobra.Command {

@@ -10,8 +10,9 @@ import (
 	"testing"
 
 	"github.com/kvdir/kvdir/bench/report"
-	"github.com/kvdir/kvdir/bench/workload"
 	"github.com/kvdir/kvdir/internal/placement"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/workload"
 )
 
 func run(t *testing.T, args ...string) error {
@@ -25,6 +26,7 @@ func run(t *testing.T, args ...string) error {
 // TestGenThenSim generates a trace and simulates it under every policy,
 // checking the files a run must write (JSON, Markdown, charts).
 func TestGenThenSim(t *testing.T) {
+	testkit.SkipIfShort(t, "generates a trace, simulates every policy and draws the charts, about 10 s under -race")
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "sessions.jsonl")
 	if err := run(t, "gen", "sessions", "--preset", "seed-example", "--sessions", "12", "-o", trace); err != nil {

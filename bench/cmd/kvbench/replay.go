@@ -12,10 +12,10 @@ import (
 
 	"github.com/kvdir/kvdir/bench/replay"
 	"github.com/kvdir/kvdir/bench/sim"
-	"github.com/kvdir/kvdir/bench/workload"
 	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/simengine"
+	"github.com/kvdir/kvdir/internal/workload"
 )
 
 type replayFlags struct {

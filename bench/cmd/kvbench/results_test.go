@@ -8,12 +8,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvdir/kvdir/bench/benchjson"
+	"github.com/kvdir/kvdir/internal/benchjson"
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // TestIndexWritesEnvelope runs kvbench index at a tiny size and checks the
 // file it writes, command line included.
 func TestIndexWritesEnvelope(t *testing.T) {
+	testkit.SkipIfShort(t, "runs the index benchmark, 10 s or more under -race")
 	out := filepath.Join(t.TempDir(), "results", "index.json")
 	args := []string{"index", "--scale", "0.001", "--matches", "200", "--churn-events", "10000", "--chain", "64",
 		"--goradix-scale", "-1", "--out", out}
@@ -40,6 +42,7 @@ func TestIndexWritesEnvelope(t *testing.T) {
 // environment variable is in the recorded command, which must reproduce
 // the run.
 func TestCommandRecordsEnvironment(t *testing.T) {
+	testkit.SkipIfShort(t, "runs the index benchmark, 10 s or more under -race")
 	out := filepath.Join(t.TempDir(), "index.json")
 	env := map[string]string{"KVDIR_BENCH_SCALE": "0.001", "KVDIR_BENCH_CHAIN": "64"}
 	var stderr strings.Builder

@@ -14,11 +14,11 @@ import (
 
 	"github.com/kvdir/kvdir/bench/report"
 	"github.com/kvdir/kvdir/bench/sim"
-	"github.com/kvdir/kvdir/bench/workload"
 	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/simengine"
+	"github.com/kvdir/kvdir/internal/workload"
 )
 
 type simFlags struct {

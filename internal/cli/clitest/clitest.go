@@ -9,10 +9,11 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // Result is what one run of a command gave.
@@ -21,20 +22,18 @@ type Result struct {
 	Stdout, Stderr string
 }
 
-// Build builds the main package in dir (e.g. ".") into a temporary
-// directory of t and returns the binary's path. It skips t under -short:
-// the short tier runs no child processes.
-func Build(t testing.TB, dir, name string) string {
+// Build builds cmd/<name> (or, for a name with a slash, that main package's
+// folder from the module root) into a temporary directory of t and returns
+// the binary's path. It skips t under -short (testkit.SkipIfShort): the unit
+// tier runs no child processes.
+func Build(t testing.TB, name string) string {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("builds and runs the binary as a child process: skipped under -short")
-	}
-	bin := filepath.Join(t.TempDir(), name)
-	out, err := exec.Command("go", "build", "-o", bin, dir).CombinedOutput()
+	testkit.SkipIfShort(t, "builds and runs the "+name+" binary as a child process")
+	bins, err := testkit.Build(t.TempDir(), name)
 	if err != nil {
-		t.Fatalf("go build %s: %v\n%s", dir, err, out)
+		t.Fatal(err)
 	}
-	return bin
+	return bins[name]
 }
 
 // Exec runs bin with args and env (added to this process's environment

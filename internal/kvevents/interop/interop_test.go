@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/kvevents"
+	"github.com/kvdir/kvdir/internal/testkit"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -45,6 +46,7 @@ var pythonCheck struct {
 // python3-zmq or python3-msgpack is missing.
 func requirePython(t *testing.T) {
 	t.Helper()
+	testkit.SkipIfShort(t, "runs python3 with Debian's python3-zmq and python3-msgpack")
 	pythonCheck.once.Do(func() {
 		pythonCheck.out, pythonCheck.err = exec.Command(python, "-c", "import zmq, msgpack").CombinedOutput()
 	})
@@ -59,33 +61,16 @@ type publisher struct {
 	cmd      *exec.Cmd
 	stdin    io.WriteCloser
 	lines    chan string
-	stderr   *syncBuffer
+	stderr   *testkit.Buffer
 	pubEP    string
 	replayEP string
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func startPublisher(t *testing.T, args ...string) *publisher {
 	t.Helper()
 	requirePython(t)
 	cmd := exec.Command(python, append([]string{script}, args...)...)
-	p := &publisher{cmd: cmd, lines: make(chan string, 16), stderr: &syncBuffer{}}
+	p := &publisher{cmd: cmd, lines: make(chan string, 16), stderr: &testkit.Buffer{}}
 	cmd.Stderr = p.stderr
 	var err error
 	if p.stdin, err = cmd.StdinPipe(); err != nil {

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -11,12 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/fleet"
 	"github.com/kvdir/kvdir/internal/router"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 )
 
-// chat is a minimal chat completion request.
-type chat struct {
+// chatRequest is a minimal chat completion request.
+type chatRequest struct {
 	Model     string    `json:"model"`
 	Messages  []message `json:"messages"`
 	MaxTokens int       `json:"max_tokens"`
@@ -39,7 +40,7 @@ type answer struct {
 	body      string
 }
 
-func send(ctx context.Context, url, session string, c chat) (answer, error) {
+func send(ctx context.Context, url, session string, c chatRequest) (answer, error) {
 	b, _ := json.Marshal(c)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+router.PathChat, strings.NewReader(string(b)))
 	if err != nil {
@@ -91,22 +92,10 @@ func systemPrompt(i int) string {
 // TestEndToEnd runs real processes: a 3-node directory, three engine
 // simulators with their agents, and two routers sharing the directory.
 func TestEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a fleet of processes")
-	}
 	ctx := context.Background()
-	f, err := fleet.Start(ctx, fleet.Config{Dir: t.TempDir(), Engines: 3, Routers: 2,
+	f := fleet.New(t, fleet.Config{Engines: 3, Routers: 2,
 		EngineArgs: []string{"--time-scale", "0.02", "--default-max-tokens", "4"},
 		RouterArgs: []string{"--policy", "kvdir", "--match-timeout", "50ms", "--down-for", "1s"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Stop)
-	defer func() {
-		if t.Failed() {
-			t.Log(f.Logs(30))
-		}
-	}()
 	r0, r1 := f.Routers[0].URL, f.Routers[1].URL
 
 	// Turn 2 of each session lands on turn 1's worker and the engine reports
@@ -117,7 +106,7 @@ func TestEndToEnd(t *testing.T) {
 		workers := map[string]bool{}
 		for i := range 6 {
 			sess := fmt.Sprintf("session-%d", i)
-			c := chat{Model: "llama3-8b", MaxTokens: 4, Messages: []message{
+			c := chatRequest{Model: "llama3-8b", MaxTokens: 4, Messages: []message{
 				{Role: "system", Content: systemPrompt(i)}, {Role: "user", Content: fmt.Sprintf("Question %d: what does a prefix cache save?", i)}}}
 			a1, err := send(ctx, r0, sess, c)
 			if err != nil || a1.status != 200 {
@@ -126,9 +115,9 @@ func TestEndToEnd(t *testing.T) {
 			workers[a1.worker] = true
 			c.Messages = append(c.Messages, message{Role: "assistant", Content: a1.content}, message{Role: "user", Content: "And what does it cost?"})
 			// Wait until router 1's directory view has turn 1's blocks.
-			waitFor(t, 10*time.Second, "directory to hold turn 1", func() bool {
+			testkit.Eventually(t, 10*time.Second, "directory to hold turn 1", func() (bool, string) {
 				e, err := explain(ctx, r1, sess, c)
-				return err == nil && e.Pick == a1.worker && e.PredictedCachedTokens > 0 && e.Fallback == ""
+				return err == nil && e.Pick == a1.worker && e.PredictedCachedTokens > 0 && e.Fallback == "", ""
 			})
 			a2, err := send(ctx, r1, sess, c)
 			if err != nil || a2.status != 200 {
@@ -171,7 +160,7 @@ func TestEndToEnd(t *testing.T) {
 					default:
 					}
 					sess := fmt.Sprintf("load-%d-%d", g, n%5)
-					a, err := send(ctx, r0, sess, chat{Model: "llama3-8b", MaxTokens: 4, Messages: []message{
+					a, err := send(ctx, r0, sess, chatRequest{Model: "llama3-8b", MaxTokens: 4, Messages: []message{
 						{Role: "system", Content: systemPrompt(100 + n%5)}, {Role: "user", Content: fmt.Sprintf("q %d", n)}}})
 					mu.Lock()
 					if err != nil || a.status != 200 {
@@ -187,7 +176,7 @@ func TestEndToEnd(t *testing.T) {
 		// kvdir policy keeps each prefix where it first landed, so which
 		// workers are busy depends on the first placements).
 		var victim *fleet.Engine
-		waitFor(t, 30*time.Second, "20 requests served", func() bool {
+		testkit.Eventually(t, 30*time.Second, "20 requests served", func() (bool, string) {
 			mu.Lock()
 			defer mu.Unlock()
 			n, best := 0, 0
@@ -197,7 +186,7 @@ func TestEndToEnd(t *testing.T) {
 					best, victim = c, e
 				}
 			}
-			return n >= 20
+			return n >= 20, ""
 		})
 		victim.Sim.Kill9()
 		mu.Lock()
@@ -207,14 +196,14 @@ func TestEndToEnd(t *testing.T) {
 			total += c
 		}
 		mu.Unlock()
-		waitFor(t, 30*time.Second, "40 more requests after the kill", func() bool {
+		testkit.Eventually(t, 30*time.Second, "40 more requests after the kill", func() (bool, string) {
 			mu.Lock()
 			defer mu.Unlock()
 			n := 0
 			for _, c := range counts {
 				n += c
 			}
-			return n >= total+40
+			return n >= total+40, ""
 		})
 		close(stop)
 		wg.Wait()
@@ -236,7 +225,7 @@ func TestEndToEnd(t *testing.T) {
 			n.Kill9()
 		}
 		for i := range 20 {
-			a, err := send(ctx, r0, fmt.Sprintf("nodir-%d", i%4), chat{Model: "llama3-8b", MaxTokens: 4,
+			a, err := send(ctx, r0, fmt.Sprintf("nodir-%d", i%4), chatRequest{Model: "llama3-8b", MaxTokens: 4,
 				Messages: []message{{Role: "system", Content: systemPrompt(200 + i%4)}, {Role: "user", Content: fmt.Sprintf("hello %d", i)}}})
 			if err != nil || a.status != 200 {
 				t.Fatalf("request %d with the directory down: %v %+v", i, err, a)
@@ -249,7 +238,7 @@ func TestEndToEnd(t *testing.T) {
 }
 
 // explain asks a router how it would place c.
-func explain(ctx context.Context, url, session string, c chat) (router.Explanation, error) {
+func explain(ctx context.Context, url, session string, c chatRequest) (router.Explanation, error) {
 	b, _ := json.Marshal(c)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+router.PathExplain, strings.NewReader(string(b)))
 	req.Header.Set("X-Session-Id", session)
@@ -264,15 +253,4 @@ func explain(ctx context.Context, url, session string, c chat) (router.Explanati
 		return e, fmt.Errorf("explain: %s: %s", resp.Status, body)
 	}
 	return e, json.NewDecoder(resp.Body).Decode(&e)
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

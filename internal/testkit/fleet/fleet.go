@@ -1,8 +1,3 @@
-// Package fleet starts a whole kvdir deployment as real processes on
-// loopback, for end-to-end tests, benchmarks and the demo: a directory
-// cluster (bench/dircluster), engine simulators each with its agent, and
-// routers. Every process can be stopped, killed and restarted, and its
-// output is kept for failure reports.
 package fleet
 
 import (
@@ -11,122 +6,70 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os/exec"
+	"os"
 	"strings"
 	"sync"
-	"syscall"
+	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/dircluster"
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
-// Proc is one child process, restartable with the same arguments.
-type Proc struct {
-	Name string
-	bin  string
-	args []string
-	out  *dircluster.Buffer
+// Commands are the binaries a fleet runs.
+var Commands = []string{"directory", "enginesim", "agent", "router"}
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// StartProc starts bin with args.
-func StartProc(name, bin string, args ...string) (*Proc, error) {
-	p := &Proc{Name: name, bin: bin, args: args, out: &dircluster.Buffer{}}
+// StartProc starts a child process of bin with args.
+func StartProc(name, bin string, args ...string) (*testkit.Proc, error) {
+	p := testkit.NewProc(name, bin, args...)
 	return p, p.Start()
 }
 
-// Start (re)starts the process; it must not be running.
-func (p *Proc) Start() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	cmd := exec.Command(p.bin, p.args...)
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", p.Name, err)
+// New starts a fleet for t with binaries built once per test binary
+// (testkit.Binaries: it skips t under -short) and data under t's temporary
+// folder; the fleet stops at the end of t, after logging every process's
+// output tail if t failed.
+func New(t testing.TB, cfg Config) *Fleet {
+	t.Helper()
+	cfg.Bins = testkit.Binaries(t, Commands...)
+	if cfg.Dir == "" {
+		cfg.Dir = t.TempDir()
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	p.cmd, p.done = cmd, done
-	return nil
-}
-
-// Running reports whether the process is alive.
-func (p *Proc) Running() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.done == nil {
-		return false
+	f, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// Stop sends SIGTERM and, after timeout, SIGKILL; it waits for the exit.
-func (p *Proc) Stop(timeout time.Duration) {
-	p.signal(syscall.SIGTERM, timeout)
-}
-
-// Kill9 kills the process with SIGKILL and waits for the exit.
-func (p *Proc) Kill9() { p.signal(syscall.SIGKILL, time.Minute) }
-
-func (p *Proc) signal(sig syscall.Signal, timeout time.Duration) {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	select {
-	case <-done:
-		return
-	default:
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(timeout):
-		_ = cmd.Process.Kill()
-		<-done
-	}
-}
-
-// Log returns what the process printed (all runs).
-func (p *Proc) Log() string { return p.out.String() }
-
-// Tail returns the last n lines of the process's output.
-func (p *Proc) Tail(n int) string {
-	lines := strings.Split(strings.TrimRight(p.Log(), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("TEST_DUMP_LOGS") != "" {
+			t.Log(f.Logs(30))
+		}
+		f.Stop()
+	})
+	return f
 }
 
 // Engine is an engine simulator and its agent: one worker.
 type Engine struct {
 	WorkerID string
 	URL      string // the simulator's base URL
-	Sim      *Proc
-	Agent    *Proc
+	Sim      *testkit.Proc
+	Agent    *testkit.Proc
 }
 
 // Router is a router process.
 type Router struct {
 	URL  string
-	Proc *Proc
+	Proc *testkit.Proc
 }
 
 // Config describes a fleet.
 type Config struct {
-	// Dir holds the binaries and the directory nodes' data (required).
+	// Dir holds the directory nodes' data and, without Bins, the binaries
+	// (required).
 	Dir string
+	// Bins are the binaries by command name (directory, enginesim, agent,
+	// router), e.g. from testkit.Binaries(t, fleet.Commands...); without
+	// them Start builds them into Dir.
+	Bins map[string]string
 	// DirectoryNodes is the cluster size (default 3; 0 with NoDirectory).
 	DirectoryNodes int
 	NoDirectory    bool
@@ -144,7 +87,7 @@ type Config struct {
 
 // Fleet is a running deployment.
 type Fleet struct {
-	Directory *dircluster.Cluster // nil with NoDirectory
+	Directory *Directory // nil with NoDirectory
 	Engines   []*Engine
 	Routers   []*Router
 	bins      map[string]string
@@ -164,29 +107,27 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 	if cfg.DirectoryNodes == 0 && !cfg.NoDirectory {
 		cfg.DirectoryNodes = 3
 	}
-	root, err := dircluster.ModuleRoot()
-	if err != nil {
-		return nil, err
-	}
-	f = &Fleet{cfg: cfg}
+	f = &Fleet{cfg: cfg, bins: cfg.Bins}
 	defer func() {
 		if err != nil {
 			f.Stop()
 			f = nil
 		}
 	}()
-	if f.bins, err = dircluster.BuildCommands(root, cfg.Dir, "directory", "enginesim", "agent", "router"); err != nil {
-		return nil, fmt.Errorf("fleet: %w", err)
+	if f.bins == nil {
+		if f.bins, err = testkit.Build(cfg.Dir, Commands...); err != nil {
+			return nil, fmt.Errorf("fleet: %w", err)
+		}
 	}
 	if !cfg.NoDirectory {
-		if f.Directory, err = dircluster.Start(f.bins["directory"], cfg.Dir, cfg.DirectoryNodes, append([]string{"--log-level", "warn"}, cfg.DirectoryArgs...)...); err != nil {
+		if f.Directory, err = StartDirectory(f.bins["directory"], cfg.Dir, cfg.DirectoryNodes, append([]string{"--log-level", "warn"}, cfg.DirectoryArgs...)...); err != nil {
 			return nil, fmt.Errorf("fleet: directory: %w", err)
 		}
 		if _, err = f.Directory.WaitLeader(30 * time.Second); err != nil {
 			return nil, fmt.Errorf("fleet: directory leader: %w", err)
 		}
 	}
-	ports, err := dircluster.FreePorts(3*cfg.Engines + cfg.Routers)
+	ports, err := testkit.LoopbackPorts(3*cfg.Engines + cfg.Routers)
 	if err != nil {
 		return nil, err
 	}
@@ -250,28 +191,24 @@ func (f *Fleet) DirectoryAddrs() string {
 	if f.Directory == nil {
 		return ""
 	}
-	var a []string
-	for _, n := range f.Directory.Nodes {
-		a = append(a, n.API)
-	}
-	return strings.Join(a, ",")
+	return f.Directory.Addrs()
 }
 
 // WaitRouterWorkers waits until r is ready and its kvdir_router_workers
 // gauge reads n.
 func (f *Fleet) WaitRouterWorkers(ctx context.Context, r *Router, n int, timeout time.Duration) error {
 	want := fmt.Sprintf("kvdir_router_workers %d\n", n)
-	return waitCond(ctx, timeout, func() bool {
+	return testkit.Poll(ctx, timeout, fmt.Sprintf("%s ready with %d workers", r.Proc.Name, n), func() (bool, string) {
 		if !r.Proc.Running() {
-			return false
+			return false, "not running"
 		}
 		body, code, err := get(ctx, r.URL+"/metrics")
 		if err != nil || code != 200 || !strings.Contains(body, want) {
-			return false
+			return false, fmt.Sprintf("/metrics: %d %v", code, err)
 		}
 		_, code, err = get(ctx, r.URL+"/readyz")
-		return err == nil && code == 200
-	}, "router ready with "+fmt.Sprint(n)+" workers")
+		return err == nil && code == 200, fmt.Sprintf("/readyz: %d %v", code, err)
+	})
 }
 
 // Stop stops every process: routers, agents, engines, then the directory.
@@ -279,19 +216,19 @@ func (f *Fleet) Stop() {
 	var wg sync.WaitGroup
 	for _, r := range f.Routers {
 		wg.Add(1)
-		go func() { defer wg.Done(); r.Proc.Stop(10 * time.Second) }()
+		go func() { defer wg.Done(); _ = r.Proc.Terminate(10 * time.Second) }()
 	}
 	wg.Wait()
 	for _, e := range f.Engines {
 		if e.Agent != nil {
 			wg.Add(1)
-			go func() { defer wg.Done(); e.Agent.Stop(10 * time.Second) }()
+			go func() { defer wg.Done(); _ = e.Agent.Terminate(10 * time.Second) }()
 		}
 	}
 	wg.Wait()
 	for _, e := range f.Engines {
 		wg.Add(1)
-		go func() { defer wg.Done(); e.Sim.Stop(10 * time.Second) }()
+		go func() { defer wg.Done(); _ = e.Sim.Terminate(10 * time.Second) }()
 	}
 	wg.Wait()
 	if f.Directory != nil {
@@ -312,19 +249,9 @@ func (f *Fleet) Logs(lines int) string {
 		}
 	}
 	if f.Directory != nil {
-		for _, n := range f.Directory.Nodes {
-			fmt.Fprintf(&b, "---- directory %s\n%s\n", n.ID, tailOf(n.Log(), lines))
-		}
+		b.WriteString(f.Directory.Logs(lines))
 	}
 	return b.String()
-}
-
-func tailOf(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 var httpClient = &http.Client{Timeout: 5 * time.Second}
@@ -345,24 +272,8 @@ func get(ctx context.Context, url string) (string, int, error) {
 }
 
 func waitHTTP(ctx context.Context, url string, timeout time.Duration) error {
-	return waitCond(ctx, timeout, func() bool {
+	return testkit.Poll(ctx, timeout, "GET "+url, func() (bool, string) {
 		_, code, err := get(ctx, url)
-		return err == nil && code == 200
-	}, "GET "+url)
-}
-
-// waitCond polls cond every 20 ms until it holds, ctx ends or timeout passes.
-func waitCond(ctx context.Context, timeout time.Duration, cond func() bool, what string) error {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %v waiting for %s", timeout, what)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	return nil
+		return err == nil && code == 200, fmt.Sprint(code, err)
+	})
 }

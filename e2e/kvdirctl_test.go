@@ -1,10 +1,11 @@
-package main
+package e2e
 
 import (
 	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -16,9 +17,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/bench/dircluster"
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/dirclient"
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
 	"github.com/kvdir/kvdir/internal/tokenize"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
@@ -29,45 +31,10 @@ const (
 	workerB   = "enginesim-b"
 )
 
-// proc is a child process of the test.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	out  *dircluster.Buffer
-	done chan struct{}
-}
-
-func startProc(t *testing.T, name, bin string, args ...string) *proc {
-	t.Helper()
-	p := &proc{name: name, out: &dircluster.Buffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() { p.cmd.Wait(); close(p.done) }()
-	return p
-}
-
-func (p *proc) stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
 // testEnv is the shared cluster: three directory processes, two enginesims
 // and their agents.
 type testEnv struct {
-	cluster *dircluster.Cluster
+	cluster *fleet.Directory
 	addrs   string // every node's API address, comma-separated
 	sims    map[string]string
 	router  string // the router's base URL
@@ -76,119 +43,102 @@ type testEnv struct {
 
 func startEnv(t *testing.T) *testEnv {
 	t.Helper()
-	root, err := dircluster.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	bins := map[string]string{}
-	for _, name := range []string{"directory", "enginesim", "agent", "router"} {
-		if bins[name], err = dircluster.BuildCommand(root, dir, name); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c, err := dircluster.Start(bins["directory"], filepath.Join(dir, "cluster"), 3, "--log-level", "warn", "--load-interval", "100ms")
+	bins := testkit.Binaries(t, "directory", "enginesim", "agent", "router", "kvdirctl")
+	c, err := fleet.StartDirectory(bins["directory"], filepath.Join(t.TempDir(), "cluster"), 3, "--log-level", "warn", "--load-interval", "100ms")
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := &testEnv{cluster: c, sims: map[string]string{}}
-	var procs []*proc
 	t.Cleanup(func() {
-		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].stop()
-			if t.Failed() || os.Getenv("TEST_DUMP_LOGS") != "" {
-				t.Logf("---- %s\n%s", procs[i].name, tail(procs[i].out.String(), 30))
-			}
-		}
 		if e.client != nil {
 			e.client.Close()
 		}
 		c.Stop()
 		if t.Failed() || os.Getenv("TEST_DUMP_LOGS") != "" {
-			for _, n := range c.Nodes {
-				t.Logf("---- %s\n%s", n.ID, tail(n.Log(), 20))
-			}
+			t.Log(c.Logs(20))
 		}
 	})
 	if _, err := c.WaitLeader(30 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	var addrs []string
-	for _, n := range c.Nodes {
-		addrs = append(addrs, n.API)
-	}
-	e.addrs = strings.Join(addrs, ",")
+	e.addrs = c.Addrs()
 	for _, id := range []string{workerA, workerB} {
-		ports, err := dircluster.FreePorts(4)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sim := fmt.Sprintf("127.0.0.1:%d", ports[0])
-		procs = append(procs, startProc(t, id+"/enginesim", bins["enginesim"], "--addr", sim, "--model", testModel,
+		ports := testkit.FreeAddrs(t, 4)
+		sim := ports[0]
+		testkit.StartProc(t, id+"/enginesim", bins["enginesim"], "--addr", sim, "--model", testModel,
 			"--time-scale", "0", "--log-level", "warn",
-			"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", ports[1]),
-			"--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", ports[2])))
-		waitFor(t, 30*time.Second, id+" enginesim healthy", func() bool {
+			"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", testkit.Port(ports[1])),
+			"--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", testkit.Port(ports[2])))
+		testkit.Eventually(t, 30*time.Second, id+" enginesim healthy", func() (bool, string) {
 			resp, err := http.Get("http://" + sim + "/health")
 			if err != nil {
-				return false
+				return false, err.Error()
 			}
 			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
+			return resp.StatusCode == http.StatusOK, resp.Status
 		})
-		procs = append(procs, startProc(t, id+"/agent", bins["agent"], "--directory", e.addrs, "--worker-id", id,
+		testkit.StartProc(t, id+"/agent", bins["agent"], "--directory", e.addrs, "--worker-id", id,
 			"--worker-address", "http://"+sim, "--model", testModel, "--engine-kind", "enginesim",
-			"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", ports[1]),
-			"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", ports[2]),
-			"--http-addr", fmt.Sprintf("127.0.0.1:%d", ports[3]), "--heartbeat-interval", "100ms", "--log-level", "warn"))
+			"--kv-events-endpoint", "tcp://"+ports[1],
+			"--kv-events-replay-endpoint", "tcp://"+ports[2],
+			"--http-addr", ports[3], "--heartbeat-interval", "100ms", "--log-level", "warn")
 		e.sims[id] = "http://" + sim
 	}
-	ports, err := dircluster.FreePorts(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.router = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
-	procs = append(procs, startProc(t, "router", bins["router"], "--addr", strings.TrimPrefix(e.router, "http://"),
-		"--directory", e.addrs, "--seed", "1", "--log-level", "warn"))
-	waitFor(t, 30*time.Second, "router ready", func() bool {
+	e.router = "http://" + testkit.FreeAddrs(t, 1)[0]
+	testkit.StartProc(t, "router", bins["router"], "--addr", strings.TrimPrefix(e.router, "http://"),
+		"--directory", e.addrs, "--seed", "1", "--log-level", "warn")
+	testkit.Eventually(t, 30*time.Second, "router ready", func() (bool, string) {
 		resp, err := http.Get(e.router + "/readyz")
 		if err != nil {
-			return false
+			return false, err.Error()
 		}
 		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		return resp.StatusCode == http.StatusOK, resp.Status
 	})
-	if e.client, err = dirclient.New(dirclient.Config{Addrs: addrs}); err != nil {
+	if e.client, err = dirclient.New(dirclient.Config{Addrs: strings.Split(e.addrs, ",")}); err != nil {
 		t.Fatal(err)
 	}
 	return e
 }
 
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
+// kvdirctl's exit codes.
+const (
+	exitError = 1
+	exitUsage = 2
+)
+
+// ctl runs the kvdirctl binary with args, no KVDIR* variable in its
+// environment, and returns its stdout, stderr and exit status.
+func ctl(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(testkit.Binary(t, "kvdirctl"), args...)
+	cmd.Env = cleanEnv()
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("kvdirctl %s: %v", strings.Join(args, " "), err)
 	}
-	return strings.Join(lines, "\n")
+	return out.String(), errb.String(), cmd.ProcessState.ExitCode()
 }
 
-// waitFor polls cond every 50 ms until it holds or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+// cleanEnv is the test's environment without kvdir's own variables.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KVDIR") {
+			env = append(env, kv)
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
+	return env
 }
 
 // ctlOK runs kvdirctl against the cluster and fails the test unless it
 // exits 0.
 func (e *testEnv) ctlOK(t *testing.T, args ...string) string {
 	t.Helper()
-	out, errOut, code := ctl(t, nil, append([]string{"--directory", e.addrs}, args...)...)
+	out, errOut, code := ctl(t, append([]string{"--directory", e.addrs}, args...)...)
 	if code != 0 {
 		t.Fatalf("kvdirctl %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, out, errOut)
 	}
@@ -321,10 +271,7 @@ func chainOf(t *testing.T, m []tokenize.Message) ([]uint32, []uint64) {
 // to the engines; sessions are recorded as the router records them; every
 // command's table and JSON output is checked against what the engines
 // report.
-func TestCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
+func TestKvdirctlCluster(t *testing.T) {
 	e := startEnv(t)
 	simA, simB := e.sims[workerA], e.sims[workerB]
 
@@ -338,10 +285,10 @@ func TestCluster(t *testing.T) {
 		}
 		return m
 	}
-	waitFor(t, 30*time.Second, "both workers ACTIVE", func() bool {
+	testkit.Eventually(t, 30*time.Second, "both workers ACTIVE", func() (bool, string) {
 		e.ctlJSON(t, &workers, "workers")
 		m := byID()
-		return m[workerA].State == "ACTIVE" && m[workerB].State == "ACTIVE"
+		return m[workerA].State == "ACTIVE" && m[workerB].State == "ACTIVE", ""
 	})
 
 	system := "You are a concise assistant for an LLM serving team. Answer in one sentence, and name the metric that shows it."
@@ -364,9 +311,9 @@ func TestCluster(t *testing.T) {
 
 	var match matchDoc
 	file1 := writeJSON(t, map[string]any{"model": testModel, "messages": turn1})
-	waitFor(t, 10*time.Second, "turn 1's blocks in the directory", func() bool {
+	testkit.Eventually(t, 10*time.Second, "turn 1's blocks in the directory", func() (bool, string) {
 		e.ctlJSON(t, &match, "match", "--messages", file1)
-		return len(match.Workers) == 2 && match.Workers[0].MatchedBlocks == uint32(len(chain1)) && match.Workers[1].MatchedBlocks == uint32(len(chain1))
+		return len(match.Workers) == 2 && match.Workers[0].MatchedBlocks == uint32(len(chain1)) && match.Workers[1].MatchedBlocks == uint32(len(chain1)), ""
 	})
 
 	t.Run("match", func(t *testing.T) {
@@ -414,9 +361,9 @@ func TestCluster(t *testing.T) {
 		}
 		// Reads are served by any node from its applied state: wait until
 		// the node that answers has applied the record.
-		waitFor(t, 10*time.Second, "the sessions on the node read", func() bool {
+		testkit.Eventually(t, 10*time.Second, "the sessions on the node read", func() (bool, string) {
 			e.ctlJSON(t, &sess, "sessions")
-			return sess.Total == 2 && len(sess.Sessions) == 2
+			return sess.Total == 2 && len(sess.Sessions) == 2, ""
 		})
 		for _, s := range sess.Sessions {
 			if s.ID == "chat-7f3a" && (s.Worker != workerA || int(s.CachedTokens) != u.Details.CachedTokens || int(s.PromptTokens) != u.PromptTokens || s.Blocks != uint32(len(chain2))) {
@@ -437,10 +384,10 @@ func TestCluster(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	waitFor(t, 10*time.Second, "turn 2's blocks on "+workerA, func() bool {
+	testkit.Eventually(t, 10*time.Second, "turn 2's blocks on "+workerA, func() (bool, string) {
 		var m matchDoc
 		e.ctlJSON(t, &m, "match", "--messages", writeJSON(t, map[string]any{"model": testModel, "messages": turn2}))
-		return len(m.Workers) > 0 && m.Workers[0].Worker == workerA && m.Workers[0].MatchedBlocks == uint32(len(chain2))
+		return len(m.Workers) > 0 && m.Workers[0].Worker == workerA && m.Workers[0].MatchedBlocks == uint32(len(chain2)), ""
 	})
 
 	t.Run("explain", func(t *testing.T) {
@@ -507,7 +454,7 @@ func TestCluster(t *testing.T) {
 		if len(pv.Sessions) != 1 || pv.Sessions[0].Session.ID != "review-01" || len(pv.Sessions[0].Holders) != 1 || pv.Sessions[0].Holders[0].Worker != workerB {
 			t.Errorf("who-holds --prefix review: %+v", pv.Sessions)
 		}
-		_, errOut, code := ctl(t, nil, "--directory", e.addrs, "who-holds", "no-such-session")
+		_, errOut, code := ctl(t, "--directory", e.addrs, "who-holds", "no-such-session")
 		if code != exitError || !strings.Contains(errOut, `session "no-such-session" is not recorded`) || !strings.Contains(errOut, "kvdirctl sessions") {
 			t.Errorf("unknown session: exit %d, %q", code, errOut)
 		}
@@ -517,7 +464,7 @@ func TestCluster(t *testing.T) {
 		// The load in the directory is what the engines' /metrics say, once
 		// the agents' heartbeats have carried it over.
 		var want map[string][2]uint64
-		waitFor(t, 15*time.Second, "the engines' prefix-cache counters in the directory", func() bool {
+		testkit.Eventually(t, 15*time.Second, "the engines' prefix-cache counters in the directory", func() (bool, string) {
 			want = map[string][2]uint64{}
 			for id, sim := range e.sims {
 				want[id] = [2]uint64{uint64(engineMetric(t, sim, "vllm:prefix_cache_queries_total")), uint64(engineMetric(t, sim, "vllm:prefix_cache_hits_total"))}
@@ -526,10 +473,10 @@ func TestCluster(t *testing.T) {
 			m := byID()
 			for id, w := range want {
 				if m[id].PrefixQueries != w[0] || m[id].PrefixHits != w[1] {
-					return false
+					return false, ""
 				}
 			}
-			return true
+			return true, ""
 		})
 		m := byID()
 		for id, sim := range e.sims {
@@ -572,9 +519,9 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		var st clusterStatus
-		waitFor(t, 10*time.Second, "comparable digests", func() bool {
+		testkit.Eventually(t, 10*time.Second, "comparable digests", func() (bool, string) {
 			e.ctlJSON(t, &st, "status")
-			return st.Digests.Comparable
+			return st.Digests.Comparable, ""
 		})
 		if st.Leader != e.cluster.Nodes[leader].ID || st.LeaderAddress != e.cluster.Nodes[leader].API || len(st.Nodes) != 3 ||
 			!st.Digests.Agree || st.Digests.Nodes != 3 || st.Counters == nil || st.Counters.Sessions != 2 {
@@ -623,16 +570,28 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("watch", func(t *testing.T) {
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		var out, errb syncBuffer
-		done := make(chan int)
-		go func() {
-			done <- run(ctx, []string{"--directory", e.addrs, "status", "--watch", "--interval", "100ms", "-o", "json"}, env(nil), &out, &errb)
-		}()
-		waitFor(t, 10*time.Second, "two refreshes", func() bool { return strings.Count(out.String(), `"digests"`) >= 2 })
-		cancel()
-		if code := <-done; code != 0 {
+		cmd := exec.Command(testkit.Binary(t, "kvdirctl"), "--directory", e.addrs, "status", "--watch", "--interval", "100ms", "-o", "json")
+		cmd.Env = cleanEnv()
+		var out, errb testkit.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		testkit.Eventually(t, 10*time.Second, "two refreshes", func() (bool, string) { return strings.Count(out.String(), `"digests"`) >= 2, "" })
+		// SIGTERM ends the watch as cancelling its context does.
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Fatal("the watch did not stop within 10s of SIGTERM")
+		}
+		if code := cmd.ProcessState.ExitCode(); code != 0 {
 			t.Fatalf("watch: exit %d, %s", code, errb.String())
 		}
 		dec := json.NewDecoder(strings.NewReader(out.String()))
@@ -648,17 +607,14 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("failover-and-errors", func(t *testing.T) {
-		dead, err := dircluster.FreePorts(2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d1, d2 := fmt.Sprintf("127.0.0.1:%d", dead[0]), fmt.Sprintf("127.0.0.1:%d", dead[1])
-		out, errOut, code := ctl(t, nil, "--directory", d1+","+e.addrs, "workers")
+		dead := testkit.FreeAddrs(t, 2)
+		d1, d2 := dead[0], dead[1]
+		out, errOut, code := ctl(t, "--directory", d1+","+e.addrs, "workers")
 		if code != 0 || !strings.Contains(out, workerA) || !strings.Contains(out, workerB) {
 			t.Fatalf("first address down: exit %d\n%s\n%s", code, out, errOut)
 		}
 		start := time.Now()
-		out, errOut, code = ctl(t, nil, "--directory", d1+","+d2, "--timeout", "1s", "sessions")
+		out, errOut, code = ctl(t, "--directory", d1+","+d2, "--timeout", "1s", "sessions")
 		if code != exitError || out != "" {
 			t.Fatalf("unreachable cluster: exit %d, stdout %q", code, out)
 		}
@@ -670,11 +626,11 @@ func TestCluster(t *testing.T) {
 		if took := time.Since(start); took > 5*time.Second {
 			t.Errorf("unreachable cluster took %v with --timeout 1s", took)
 		}
-		_, errOut, code = ctl(t, nil, "--directory", e.addrs, "workers", "get", "no-such-worker")
+		_, errOut, code = ctl(t, "--directory", e.addrs, "workers", "get", "no-such-worker")
 		if code != exitError || !strings.Contains(errOut, `worker "no-such-worker" is not known`) {
 			t.Errorf("unknown worker: exit %d, %q", code, errOut)
 		}
-		_, errOut, code = ctl(t, nil, "--directory", e.addrs, "match", "--chat", "hi", "--model")
+		_, errOut, code = ctl(t, "--directory", e.addrs, "match", "--chat", "hi", "--model")
 		if code != exitUsage {
 			t.Errorf("match --model without value: exit %d, %q", code, errOut)
 		}
@@ -684,9 +640,9 @@ func TestCluster(t *testing.T) {
 		if out := e.ctlOK(t, "drain", workerB); !strings.Contains(out, "drained "+workerB+" (raft index") {
 			t.Errorf("drain: %q", out)
 		}
-		waitFor(t, 10*time.Second, workerB+" DRAINING on the node read", func() bool {
+		testkit.Eventually(t, 10*time.Second, workerB+" DRAINING on the node read", func() (bool, string) {
 			e.ctlJSON(t, &workers, "workers")
-			return byID()[workerB].State == "DRAINING"
+			return byID()[workerB].State == "DRAINING", ""
 		})
 		// A draining worker keeps its blocks but is no candidate.
 		var v whoHoldsView
@@ -699,14 +655,14 @@ func TestCluster(t *testing.T) {
 		}
 		// Its blocks leave the index (its agent then registers it again,
 		// empty, in a new epoch).
-		waitFor(t, 10*time.Second, workerB+"'s blocks removed", func() bool {
+		testkit.Eventually(t, 10*time.Second, workerB+"'s blocks removed", func() (bool, string) {
 			e.ctlJSON(t, &v, "who-holds", "chat-7f3a")
-			return len(v.Holders) == 1 && v.Holders[0].Worker == workerA
+			return len(v.Holders) == 1 && v.Holders[0].Worker == workerA, ""
 		})
-		waitFor(t, 10*time.Second, workerB+" registered again", func() bool {
+		testkit.Eventually(t, 10*time.Second, workerB+" registered again", func() (bool, string) {
 			e.ctlJSON(t, &workers, "workers", "--all")
 			w := byID()[workerB]
-			return w.Epoch >= 2 && w.State == "ACTIVE"
+			return w.Epoch >= 2 && w.State == "ACTIVE", ""
 		})
 	})
 
@@ -723,9 +679,9 @@ func TestCluster(t *testing.T) {
 		if out := e.ctlOK(t, "leader", "transfer", target); !strings.Contains(out, "leadership transferred "+target) {
 			t.Fatalf("leader transfer: %q", out)
 		}
-		waitFor(t, 10*time.Second, "the new leader in status", func() bool {
+		testkit.Eventually(t, 10*time.Second, "the new leader in status", func() (bool, string) {
 			e.ctlJSON(t, &st, "status")
-			return st.Leader == target
+			return st.Leader == target, ""
 		})
 		// Kill the first node listed in --directory (a follower or the
 		// leader): reads fail over, status names it unreachable.
@@ -735,9 +691,9 @@ func TestCluster(t *testing.T) {
 		if !strings.Contains(out, "chat-7f3a") {
 			t.Errorf("sessions with %s down:\n%s", first.ID, out)
 		}
-		waitFor(t, 15*time.Second, "a leader among the two left", func() bool {
+		testkit.Eventually(t, 15*time.Second, "a leader among the two left", func() (bool, string) {
 			e.ctlJSON(t, &st, "status")
-			return st.Leader != "" && st.Leader != first.ID && st.Digests.Comparable
+			return st.Leader != "" && st.Leader != first.ID && st.Digests.Comparable, ""
 		})
 		if st.Nodes[0].State != "unreachable" || st.Nodes[0].Error == "" || !st.Digests.Agree || st.Digests.Nodes != 2 {
 			t.Errorf("status with %s killed: %+v", first.ID, st)

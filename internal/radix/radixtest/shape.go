@@ -1,8 +1,8 @@
-// Package indexshape generates the synthetic directory contents that the
+// Package radixtest generates the synthetic directory contents that the
 // index benchmarks run on: many workers, chains of realistic depth (shared
 // system-prompt prefixes with sessions of hundreds to thousands of blocks
 // under them), and a chosen sharing factor (entries per distinct block).
-package indexshape
+package radixtest
 
 import (
 	"fmt"

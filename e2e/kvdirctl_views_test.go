@@ -1,0 +1,195 @@
+package e2e
+
+// The documents kvdirctl prints with -o json, as a client decodes them:
+// the same fields and JSON names as cmd/kvdirctl's views, so that a change of
+// the CLI's output contract shows here.
+
+import "github.com/kvdir/kvdir/internal/router"
+
+type explanation = router.Explanation
+
+type clusterStatus struct {
+	Leader        string       `json:"leader"`
+	LeaderAddress string       `json:"leader_address"`
+	Term          uint64       `json:"term"`
+	Nodes         []nodeStatus `json:"nodes"`
+	Counters      *counters    `json:"counters,omitempty"`
+	CountersFrom  string       `json:"counters_from,omitempty"`
+	Digests       digestCheck  `json:"digests"`
+}
+
+type nodeStatus struct {
+	ID                string    `json:"id"`
+	APIAddress        string    `json:"api_address"`
+	RaftAddress       string    `json:"raft_address"`
+	Voter             bool      `json:"voter"`
+	State             string    `json:"state"`
+	Term              uint64    `json:"term,omitempty"`
+	CommitIndex       uint64    `json:"commit_index,omitempty"`
+	AppliedIndex      uint64    `json:"applied_index,omitempty"`
+	LastLogIndex      uint64    `json:"last_log_index,omitempty"`
+	Lag               int64     `json:"lag"`
+	LastContactMs     float64   `json:"last_contact_ms"`
+	Digest            string    `json:"digest,omitempty"`
+	LastSnapshotIndex uint64    `json:"last_snapshot_index,omitempty"`
+	Counters          *counters `json:"counters,omitempty"`
+	WriteError        string    `json:"write_error,omitempty"`
+	Error             string    `json:"error,omitempty"`
+}
+
+type counters struct {
+	Workers      uint64 `json:"workers"`
+	Blocks       uint64 `json:"blocks"`
+	Entries      uint64 `json:"entries"`
+	StoredBlocks uint64 `json:"stored_blocks"`
+	OrphanBlocks uint64 `json:"orphan_blocks"`
+	ApproxBytes  uint64 `json:"approx_bytes"`
+	Sessions     uint64 `json:"sessions"`
+}
+
+type digestCheck struct {
+	// Agree is true when every node at Index has the same digest and every
+	// reachable node is at Index.
+	Agree bool `json:"agree"`
+	// Comparable is false when the nodes were at different applied indexes
+	// each time they were asked (writes kept arriving).
+	Comparable bool   `json:"comparable"`
+	Index      uint64 `json:"applied_index"`
+	Nodes      int    `json:"nodes_compared"`
+	Detail     string `json:"detail"`
+}
+
+type whoHoldsView struct {
+	Session      sessionView     `json:"session"`
+	ChainTokens  uint64          `json:"chain_tokens"`
+	Connected    bool            `json:"connected"`
+	Holders      []holderView    `json:"holders"`
+	Model        string          `json:"model"`
+	Profile      string          `json:"profile"`
+	PromptTokens int             `json:"prompt_tokens"`
+	Pick         string          `json:"pick"`
+	Placement    []placementView `json:"placement"`
+	Note         string          `json:"note,omitempty"`
+}
+
+type holderView struct {
+	Worker       string  `json:"worker"`
+	State        string  `json:"state"`
+	Blocks       uint32  `json:"blocks"`
+	Tokens       uint64  `json:"tokens"`
+	Percent      float64 `json:"percent"`
+	GPUBlocks    uint32  `json:"gpu_blocks"`
+	CPUBlocks    uint32  `json:"cpu_blocks"`
+	DiskBlocks   uint32  `json:"disk_blocks"`
+	RemoteBlocks uint32  `json:"remote_blocks"`
+}
+
+type placementView struct {
+	Worker        string  `json:"worker"`
+	MatchedTokens int     `json:"matched_tokens"`
+	Retain        float64 `json:"retain"`
+	CachedTokens  float64 `json:"cached_tokens"`
+	Running       int     `json:"running"`
+	Waiting       int     `json:"waiting"`
+	KVUsage       float64 `json:"kv_usage"`
+	QueueMs       float64 `json:"queue_ms"`
+	InterfMs      float64 `json:"interference_ms"`
+	WaitMs        float64 `json:"wait_ms"`
+	PrefillMs     float64 `json:"prefill_ms"`
+	ColdPrefillMs float64 `json:"cold_prefill_ms"`
+	TTFTMs        float64 `json:"ttft_ms"`
+	VsPickMs      float64 `json:"vs_pick_ms"`
+	Pick          bool    `json:"pick"`
+	Current       bool    `json:"current"`
+}
+
+type readView struct {
+	Node         string  `json:"node"`
+	AppliedIndex uint64  `json:"applied_index"`
+	StalenessMs  float64 `json:"staleness_ms"`
+	FromLeader   bool    `json:"from_leader"`
+}
+
+type workerView struct {
+	ID            string            `json:"id"`
+	Address       string            `json:"address"`
+	Model         string            `json:"model"`
+	Engine        string            `json:"engine"`
+	BlockSize     uint32            `json:"block_size"`
+	State         string            `json:"state"`
+	Epoch         uint64            `json:"epoch"`
+	AppliedSeq    uint64            `json:"applied_seq"`
+	Blocks        uint64            `json:"blocks"`
+	GPUBlocks     uint64            `json:"gpu_blocks"`
+	CPUBlocks     uint64            `json:"cpu_blocks"`
+	DiskBlocks    uint64            `json:"disk_blocks"`
+	RemoteBlocks  uint64            `json:"remote_blocks"`
+	KVUsage       float64           `json:"kv_usage"`
+	KVBlocks      uint64            `json:"kv_blocks"`
+	Running       uint32            `json:"running"`
+	Waiting       uint32            `json:"waiting"`
+	PrefixQueries uint64            `json:"prefix_queries"`
+	PrefixHits    uint64            `json:"prefix_hits"`
+	HeartbeatAge  *float64          `json:"heartbeat_age_seconds"`
+	Labels        map[string]string `json:"labels,omitempty"`
+}
+
+type chainView struct {
+	Tail     string   `json:"tail"`
+	Blocks   uint32   `json:"blocks"`
+	Tokens   uint64   `json:"tokens"`
+	Sessions []string `json:"sessions,omitempty"`
+}
+
+type matchDoc struct {
+	Model        string     `json:"model"`
+	PromptKind   string     `json:"prompt_kind"`
+	PromptTokens int        `json:"prompt_tokens"`
+	CacheSalt    string     `json:"cache_salt,omitempty"`
+	LoRA         string     `json:"lora,omitempty"`
+	Workers      []matchRow `json:"workers"`
+	Read         []readView `json:"read"`
+}
+
+type matchRow struct {
+	Worker        string  `json:"worker"`
+	State         string  `json:"state"`
+	BlockSize     uint32  `json:"block_size"`
+	ChainBlocks   int     `json:"chain_blocks"`
+	MatchedBlocks uint32  `json:"matched_blocks"`
+	MatchedTokens uint64  `json:"matched_tokens"`
+	HitTokens     uint64  `json:"hit_tokens"`
+	Percent       float64 `json:"percent"`
+	GPUBlocks     uint32  `json:"gpu_blocks"`
+	CPUBlocks     uint32  `json:"cpu_blocks"`
+	DiskBlocks    uint32  `json:"disk_blocks"`
+	RemoteBlocks  uint32  `json:"remote_blocks"`
+}
+
+type sessionView struct {
+	ID           string   `json:"session_id"`
+	Worker       string   `json:"worker"`
+	PromptTokens uint32   `json:"prompt_tokens"`
+	CachedTokens uint32   `json:"cached_tokens"`
+	Blocks       uint32   `json:"blocks"`
+	BlockSize    uint32   `json:"block_size"`
+	Tail         string   `json:"tail"`
+	LastSeen     string   `json:"last_seen,omitempty"`
+	AgeSeconds   *float64 `json:"age_seconds"`
+}
+
+type memberView struct {
+	ID          string `json:"id"`
+	RaftAddress string `json:"raft_address"`
+	APIAddress  string `json:"api_address"`
+	Voter       bool   `json:"voter"`
+	Leader      bool   `json:"leader"`
+}
+
+type snapshotView struct {
+	Node    string `json:"node"`
+	Address string `json:"address"`
+	Index   uint64 `json:"index,omitempty"`
+	Term    uint64 `json:"term,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
