@@ -14,7 +14,7 @@ import (
 func TestRunTiny(t *testing.T) {
 	testkit.SkipIfShort(t, "starts a fleet of directory, enginesim, agent, router and HAProxy processes")
 	if _, err := exec.LookPath("haproxy"); err != nil {
-		t.Skip("HAProxy, the overhead phase's baseline, is not installed (make test-deps installs it)")
+		t.Skip("HAProxy, the overhead phase's baseline, is not installed (make deps installs it)")
 	}
 	res, err := Run(context.Background(), Options{Sessions: 1, SessionTokens: 2048, TurnTokens: 512, Warm: 3, Cold: 2,
 		LatencyRequests: 100, RPSDuration: 300 * time.Millisecond, RPSClients: 2, Dir: t.TempDir()})
