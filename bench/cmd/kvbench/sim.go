@@ -53,7 +53,7 @@ PNG charts next to it: -ttft-cdf.png, -replica-hit-rate.png, -queue-depth.png.
 H200 (see docs/benchmarks.md):
   ` + kvLine("llama3-8b") + `
   ` + kvLine("llama3-70b"),
-		Example: `  kvbench sim --trace ../shared/traces/mooncake_synthetic_trace.jsonl --replicas 8 \
+		Example: `  kvbench sim --trace bench/testdata/mooncake_synthetic_trace.jsonl --replicas 8 \
     --profile llama3-70b --policies all --out bench/results/sim-mooncake.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
