@@ -43,11 +43,17 @@ fmt-check: ## Fail if any Go file is not gofmt'd
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: verify
-verify: tidy-check fmt-check vet staticcheck proto-check ## Static checks CI runs: go.mod tidy, gofmt, vet, staticcheck, generated protobuf current
+verify: tidy-check fmt-check vet staticcheck proto-check standalone-check ## Static checks CI runs: go.mod tidy, gofmt, vet, staticcheck, generated protobuf current, no outside paths
 
 .PHONY: tidy-check
 tidy-check: ## Fail if go.mod or go.sum is not tidy (go mod tidy -diff prints the fix)
 	$(GO) mod tidy -diff
+
+.PHONY: standalone-check
+standalone-check: ## Fail if a tracked file names a path outside the repository or a tracker number instead of the requirement
+	@if git grep -nIiE '\.\./shared/|/work/|\bissues? #?[0-9]+\b' -- . ':!Makefile'; then \
+	  echo "the lines above refer to a path outside the repository or to a tracker number; say the requirement itself" >&2; exit 1; \
+	fi
 
 .PHONY: staticcheck
 staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION) ## staticcheck (pinned) on every package
