@@ -148,9 +148,12 @@ func ParseWith(r io.Reader, o Options) (Load, error) {
 	return parseText(br, o)
 }
 
-// looksJSON reports whether the first non-blank byte of br opens a JSON
-// array or object, leaving it unread.
+// looksJSON reports whether the first non-blank byte of br (after a
+// UTF-8 byte order mark) opens a JSON array or object, leaving it unread.
 func looksJSON(br *bufio.Reader) (bool, error) {
+	if b, _ := br.Peek(3); bytes.Equal(b, []byte("\xEF\xBB\xBF")) {
+		_, _ = br.Discard(3)
+	}
 	for {
 		b, err := br.ReadByte()
 		if err == io.EOF {
@@ -161,10 +164,6 @@ func looksJSON(br *bufio.Reader) (bool, error) {
 		}
 		switch b {
 		case ' ', '\t', '\r', '\n':
-			continue
-		case 0xEF: // a UTF-8 byte order mark
-			continue
-		case 0xBB, 0xBF:
 			continue
 		}
 		_ = br.UnreadByte()

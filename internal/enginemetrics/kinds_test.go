@@ -197,3 +197,15 @@ func TestParseKindFlag(t *testing.T) {
 		}
 	}
 }
+
+func TestParseDetectsAfterBOMAndBlanks(t *testing.T) {
+	if l, err := Parse(strings.NewReader("\xEF\xBB\xBF\n\t [{\"numActiveRequests\": 4}]")); err != nil || l.Kind != KindTRTLLM || l.Running != 4 {
+		t.Fatalf("JSON after a BOM: %+v, %v", l, err)
+	}
+	if l, err := Parse(strings.NewReader("\xEF\xBB\xBFsglang:num_queue_reqs 2\n")); err != nil || l.Kind != KindSGLang || l.Waiting != 2 {
+		t.Fatalf("text after a BOM: %+v, %v", l, err)
+	}
+	if _, err := Parse(strings.NewReader("")); !errors.Is(err, ErrUnknownExposition) {
+		t.Fatalf("empty body: %v", err)
+	}
+}
