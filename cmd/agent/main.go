@@ -103,7 +103,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.StringVar(&c.ReplayEndpoint, "kv-events-replay-endpoint", c.ReplayEndpoint, "engine replay (ROUTER) `ENDPOINT`; empty disables replay")
 	fs.StringVar(&c.Topic, "topic", c.Topic, "KV-events topic prefix")
 	fs.IntVar(&o.dpSize, "data-parallel-size", o.dpSize, "data-parallel ranks of the engine: one event stream (port + rank, as vLLM offsets them) and one worker (<worker-id>-dp<rank>) per rank")
-	fs.StringVar(&c.MetricsURL, "metrics-url", c.MetricsURL, "engine Prometheus `URL` (default worker-address + /metrics)")
+	fs.StringVar(&c.MetricsURL, "metrics-url", c.MetricsURL, "engine metrics `URL` (default worker-address + /metrics): vLLM's or SGLang's Prometheus text or trtllm-serve's JSON iteration stats, as --engine-kind says (detected for vllm and enginesim); with --data-parallel-size each rank reads its own series")
 	p.Group("Agent")
 	fs.StringVar(&o.httpAddr, "http-addr", o.httpAddr, "`HOST:PORT` of the agent's /metrics and /healthz")
 	fs.DurationVar(&c.BatchInterval, "batch-interval", c.BatchInterval, "longest wait before a batch is sent")
@@ -220,6 +220,9 @@ func serve(ctx context.Context, o *options) error {
 				}
 			}
 			cfg.Logger = log.With("rank", r)
+			// The engine's one API server exports every rank's series:
+			// this rank's worker reads its own.
+			cfg.MetricsRank, cfg.MetricsByRank = r, true
 		}
 		a, err := agent.New(cfg, dir)
 		if err != nil {

@@ -21,12 +21,14 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/dirclient"
+	"github.com/kvdir/kvdir/internal/enginemetrics"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/router"
 	"github.com/kvdir/kvdir/internal/tokenize"
@@ -90,7 +92,8 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	p.Group("Serving and workers")
 	fs.StringVar(&o.addr, "addr", o.addr, "HTTP `HOST:PORT` to serve the OpenAI API, /metrics, /healthz and /readyz on")
 	fs.Var(cli.StringList(&o.directory), "directory", "comma-separated gRPC addresses (`HOST:PORT,...`) of directory nodes")
-	fs.StringVar(&o.workers, "workers", o.workers, "static workers instead of discovery: `id=url[@model],...` (model learned from the engine's metrics if omitted); with --directory, prefixes are still matched there")
+	fs.StringVar(&o.workers, "workers", o.workers, "static workers instead of discovery: `id=url[@model][#rank],...` (model learned from the engine's metrics if omitted; #rank: one data-parallel rank of the engine at url, its load read from that rank's series and its requests sent with "+router.HeaderDataParallelRank+"); with --directory, prefixes are still matched there")
+	fs.StringVar(&c.EngineKind, "engine-kind", "auto", "shape of the engines' /metrics: "+enginemetrics.KindNames+" (auto: detected from each scrape)")
 	fs.StringVar(&o.token, "token", o.token, "bearer `TOKEN` for the directory (prefer "+p.EnvVar("token")+": flags show in ps)")
 	fs.StringVar(&c.SessionHeader, "session-header", c.SessionHeader, "request header that carries the session id (optional in requests)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest request body accepted")
@@ -145,13 +148,20 @@ func parseWorkers(s string) ([]router.StaticWorker, error) {
 		}
 		id, rest, ok := strings.Cut(item, "=")
 		if !ok || id == "" || rest == "" {
-			return nil, fmt.Errorf("--workers: %q: want id=url[@model]", item)
+			return nil, fmt.Errorf("--workers: %q: want id=url[@model][#rank]", item)
 		}
 		if seen[id] {
 			return nil, fmt.Errorf("--workers: worker id %q given twice", id)
 		}
 		seen[id] = true
 		w := router.StaticWorker{ID: id, Address: rest}
+		if i := strings.LastIndex(rest, "#"); i >= 0 {
+			n, err := strconv.Atoi(rest[i+1:])
+			if err != nil || n < 0 || rest[i+1:] != strconv.Itoa(n) {
+				return nil, fmt.Errorf("--workers: %q: data-parallel rank %q after # is not a non-negative integer", item, rest[i+1:])
+			}
+			rest, w.Address, w.Rank, w.HasRank = rest[:i], rest[:i], n, true
+		}
 		if i := strings.LastIndex(rest, "@"); i > strings.Index(rest, "://")+2 {
 			w.Address, w.Model = rest[:i], rest[i+1:]
 		}

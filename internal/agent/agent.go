@@ -47,8 +47,14 @@ type Config struct {
 	Topic          string
 
 	// MetricsURL is the engine's Prometheus endpoint for the load; "" sends
-	// heartbeats without load.
+	// heartbeats without load. Its shape is SGLang's or TensorRT-LLM's
+	// when Engine says so, and detected otherwise (see LoadOptions).
 	MetricsURL string
+	// MetricsRank, with MetricsByRank, is the data-parallel rank whose
+	// series of MetricsURL are this worker's load (one agent per rank of
+	// an engine whose API server exports every rank's series).
+	MetricsRank   int
+	MetricsByRank bool
 
 	// BatchInterval and BatchBlocks bound how long and how big a batch of
 	// directory events grows before it is sent.
@@ -592,7 +598,7 @@ func (a *Agent) heartbeat(ctx context.Context, ep uint64) time.Duration {
 	defer cancel()
 	var load *kvdirv1.Load
 	if a.cfg.MetricsURL != "" {
-		l, err := scrapeLoad(ctx, a.hc, a.cfg.MetricsURL)
+		l, err := scrapeLoad(ctx, a.hc, a.cfg.MetricsURL, LoadOptions(a.cfg))
 		if err != nil {
 			a.log.Debug("agent: scrape engine metrics", "err", err)
 		} else {

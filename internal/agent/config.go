@@ -57,6 +57,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("agent: %s %q: want an http(s) URL such as http://10.0.0.7:8000", u.name, u.v)
 		}
 	}
+	if c.MetricsByRank && c.MetricsRank < 0 {
+		return fmt.Errorf("agent: metrics data-parallel rank %d is negative", c.MetricsRank)
+	}
 	for _, n := range []struct {
 		name string
 		v    int

@@ -14,16 +14,47 @@ import (
 // maxMetricsBody bounds the engine's /metrics response read.
 const maxMetricsBody = 8 << 20
 
-// ParseLoad reads the engine's load from a Prometheus text exposition (see
-// enginemetrics.Parse): running and waiting requests, KV-cache usage and the
-// prefix-cache counters. An exposition without the load gauges gives a zero
-// load.
+// ParseLoad reads the engine's load from its /metrics body (see
+// enginemetrics.Parse, which detects vLLM, SGLang and TensorRT-LLM):
+// running and waiting requests, KV-cache usage and the prefix-cache
+// counters. An exposition without the load metrics gives a zero load.
 func ParseLoad(r io.Reader) *kvdirv1.Load {
-	l, _ := enginemetrics.Parse(io.LimitReader(r, maxMetricsBody))
+	l, _ := ParseLoadWith(r, enginemetrics.Options{})
+	if l == nil {
+		return &kvdirv1.Load{}
+	}
+	return l
+}
+
+// ParseLoadWith reads the engine's load as o says (a forced kind, one
+// data-parallel rank); it fails on an exposition without the load metrics.
+func ParseLoadWith(r io.Reader, o enginemetrics.Options) (*kvdirv1.Load, error) {
+	l, err := enginemetrics.ParseWith(io.LimitReader(r, maxMetricsBody), o)
+	if err != nil {
+		return nil, err
+	}
+	return toLoad(l), nil
+}
+
+func toLoad(l enginemetrics.Load) *kvdirv1.Load {
 	return &kvdirv1.Load{
 		Running: toU32(float64(l.Running)), Waiting: toU32(float64(l.Waiting)), KvUsage: l.KVUsage,
 		PrefixQueries: toU64(l.PrefixQueries), PrefixHits: toU64(l.PrefixHits),
 	}
+}
+
+// LoadOptions are how c's engine metrics are read: an SGLang or
+// TensorRT-LLM engine's shape is forced, any other (vLLM, enginesim,
+// unspecified) detected; MetricsRank selects one data-parallel rank.
+func LoadOptions(c Config) enginemetrics.Options {
+	o := enginemetrics.Options{Rank: c.MetricsRank, ByRank: c.MetricsByRank}
+	switch c.Engine {
+	case kvdirv1.EngineKind_ENGINE_KIND_SGLANG:
+		o.Kind, o.Force = enginemetrics.KindSGLang, true
+	case kvdirv1.EngineKind_ENGINE_KIND_TRTLLM:
+		o.Kind, o.Force = enginemetrics.KindTRTLLM, true
+	}
+	return o
 }
 
 func toU32(v float64) uint32 {
@@ -46,8 +77,8 @@ func toU64(v float64) uint64 {
 	return uint64(v)
 }
 
-// scrapeLoad fetches and parses url.
-func scrapeLoad(ctx context.Context, hc *http.Client, url string) (*kvdirv1.Load, error) {
+// scrapeLoad fetches and parses url as o says.
+func scrapeLoad(ctx context.Context, hc *http.Client, url string, o enginemetrics.Options) (*kvdirv1.Load, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, fmt.Errorf("agent: scrape %s: %w", url, err)
@@ -60,5 +91,9 @@ func scrapeLoad(ctx context.Context, hc *http.Client, url string) (*kvdirv1.Load
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("agent: scrape %s: status %s", url, resp.Status)
 	}
-	return ParseLoad(resp.Body), nil
+	l, err := ParseLoadWith(resp.Body, o)
+	if err != nil {
+		return nil, fmt.Errorf("agent: scrape %s: %w", url, err)
+	}
+	return l, nil
 }

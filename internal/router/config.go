@@ -51,6 +51,12 @@ func (c Config) Validate() error {
 		if _, err := validateAddress(w.Address); err != nil {
 			return fmt.Errorf("router: static worker %s: %w", w.ID, err)
 		}
+		if w.HasRank && (w.Rank < 0 || w.Rank > maxRank) {
+			return fmt.Errorf("router: static worker %s: data-parallel rank %d is not 0 to %d", w.ID, w.Rank, maxRank)
+		}
+	}
+	if _, _, err := engineKind(c.EngineKind); err != nil {
+		return err
 	}
 	if c.MaxBodyBytes < 0 || c.MaxAttempts < 0 || c.BlockSize < 0 {
 		return fmt.Errorf("router: negative size (max body %d, max attempts %d, block size %d; 0 means the default)", c.MaxBodyBytes, c.MaxAttempts, c.BlockSize)

@@ -32,6 +32,7 @@ type metrics struct {
 	inflight       *prometheus.GaugeVec
 	sessionsLost   prometheus.Counter
 	sessionBatches *prometheus.CounterVec
+	scrapeFailures *prometheus.CounterVec
 }
 
 func newMetrics(numWorkers func() float64) *metrics {
@@ -66,9 +67,11 @@ func newMetrics(numWorkers func() float64) *metrics {
 			Help: "Session records not written to the directory (it failed or the queue was full)."}),
 		sessionBatches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_session_batches_total",
 			Help: "RecordSessions calls, by result."}, []string{"result"}),
+		scrapeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_engine_scrape_failures_total",
+			Help: "Failed scrapes of an engine's /metrics, by worker and reason (unreachable, status, unknown-exposition, read)."}, []string{"worker", "reason"}),
 	}
 	m.reg.MustRegister(m.requests, m.decision, m.dirLookup, m.fallbacks, m.retries, m.predicted, m.engineCached,
-		m.promptTokens, m.ttft, m.workers, m.inflight, m.sessionsLost, m.sessionBatches,
+		m.promptTokens, m.ttft, m.workers, m.inflight, m.sessionsLost, m.sessionBatches, m.scrapeFailures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -18,6 +18,11 @@ type worker struct {
 	address string                 // base URL, e.g. "http://10.0.0.7:8000"; validated
 	modelp  atomic.Pointer[string] // served model; "" until known (static workers learn it from metrics)
 
+	// rank, with hasRank, is the data-parallel rank of the engine at
+	// address this worker is (fixed for the worker's life).
+	rank    int
+	hasRank bool
+
 	blockSize atomic.Int32
 	draining  atomic.Bool
 
@@ -74,6 +79,10 @@ type workerSpec struct {
 	ID, Address, Model string
 	BlockSize          int
 	Draining           bool
+	// Rank, with HasRank, is the engine's data-parallel rank this worker
+	// stands for (static workers only for now: the registry has no rank).
+	Rank    int
+	HasRank bool
 	// Load from the directory (agents' heartbeats), used until the router's
 	// own scrape of the engine succeeds.
 	Running, Waiting int
@@ -170,8 +179,8 @@ func (p *pool) update(specs []workerSpec, full bool, gone []string) (errs []erro
 			continue
 		}
 		w, ok := old[s.ID]
-		if !ok || w.address != addr || (s.Model != "" && w.model() != s.Model) {
-			w = &worker{id: s.ID, address: addr, spec: newSpecSet(p.specTTL), stop: make(chan struct{})}
+		if !ok || w.address != addr || (s.Model != "" && w.model() != s.Model) || w.hasRank != s.HasRank || w.rank != s.Rank {
+			w = &worker{id: s.ID, address: addr, rank: s.Rank, hasRank: s.HasRank, spec: newSpecSet(p.specTTL), stop: make(chan struct{})}
 			w.setModel(s.Model)
 			if s.Running != 0 || s.Waiting != 0 || s.KVUsage != 0 {
 				w.running.Store(int32(s.Running))

@@ -21,6 +21,10 @@ const (
 	HeaderPredicted = "X-Kvdir-Predicted-Cached-Tokens"
 	HeaderPolicy    = "X-Kvdir-Policy"
 	HeaderFallback  = "X-Kvdir-Fallback"
+	// HeaderDataParallelRank pins a proxied request to one data-parallel
+	// rank of the engine; vLLM's OpenAI server reads it
+	// (X-data-parallel-rank; header names are case-insensitive).
+	HeaderDataParallelRank = "X-Data-Parallel-Rank"
 )
 
 // hopHeaders are connection-level headers a proxy must not forward
@@ -153,6 +157,9 @@ func (s *Server) send(ctx context.Context, in http.Header, req *request, wk *wor
 		return nil, err
 	}
 	copyHeaders(up.Header, in)
+	if wk.hasRank {
+		up.Header.Set(HeaderDataParallelRank, strconv.Itoa(wk.rank))
+	}
 	if up.Header.Get("Content-Type") == "" {
 		up.Header.Set("Content-Type", "application/json")
 	}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,12 +11,48 @@ import (
 	"github.com/kvdir/kvdir/internal/enginemetrics"
 )
 
+// maxRank bounds a worker's data-parallel rank.
+const maxRank = 1 << 16
+
 // scraper polls each worker's /metrics.
 type scraper struct {
 	client   *http.Client
 	interval time.Duration
 	failures int // consecutive failures after which a worker is considered down
-	onError  func(w *worker, err error)
+	// kind, with force, is the only metrics shape accepted; without force
+	// each scrape's shape is detected.
+	kind      enginemetrics.Kind
+	force     bool
+	onFailure func(w *worker, reason string) // every failed scrape
+	onError   func(w *worker, err error)     // the failure that makes w down
+}
+
+// engineKind reads Config.EngineKind.
+func engineKind(s string) (enginemetrics.Kind, bool, error) {
+	k, auto, err := enginemetrics.ParseKind(s)
+	if err != nil {
+		return 0, false, fmt.Errorf("router: %w", err)
+	}
+	return k, !auto, nil
+}
+
+// scrapeError is a failed scrape with its reason, the reason label of
+// kvdir_router_engine_scrape_failures_total.
+type scrapeError struct {
+	reason string
+	err    error
+}
+
+func (e *scrapeError) Error() string { return e.err.Error() }
+func (e *scrapeError) Unwrap() error { return e.err }
+
+// scrapeReason returns the reason of a failed scrape.
+func scrapeReason(err error) string {
+	var se *scrapeError
+	if errors.As(err, &se) {
+		return se.reason
+	}
+	return "read"
 }
 
 // run scrapes w every interval until w.stop closes or ctx ends.
@@ -36,8 +73,11 @@ func (s *scraper) run(ctx context.Context, w *worker) {
 
 // once scrapes w one time and stores the result.
 func (s *scraper) once(ctx context.Context, w *worker) {
-	l, err := s.fetch(ctx, w.address+"/metrics")
+	l, err := s.fetch(ctx, w)
 	if err != nil {
+		if s.onFailure != nil && ctx.Err() == nil {
+			s.onFailure(w, scrapeReason(err))
+		}
 		if w.scrapeKO.Add(1) == int32(s.failures) && s.onError != nil {
 			s.onError(w, err)
 		}
@@ -53,21 +93,31 @@ func (s *scraper) once(ctx context.Context, w *worker) {
 	w.scrapeAt.Store(time.Now().UnixNano())
 }
 
-func (s *scraper) fetch(ctx context.Context, url string) (enginemetrics.Load, error) {
+// fetch reads w's /metrics: the engine's load, or that of w's rank.
+func (s *scraper) fetch(ctx context.Context, w *worker) (enginemetrics.Load, error) {
+	url := w.address + "/metrics"
 	ctx, cancel := context.WithTimeout(ctx, max(s.interval*5, time.Second))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return enginemetrics.Load{}, err
+		return enginemetrics.Load{}, &scrapeError{"unreachable", fmt.Errorf("GET %s: %w", url, err)}
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return enginemetrics.Load{}, err
+		return enginemetrics.Load{}, &scrapeError{"unreachable", err}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		return enginemetrics.Load{}, fmt.Errorf("GET %s: %s", url, resp.Status)
+		return enginemetrics.Load{}, &scrapeError{"status", fmt.Errorf("GET %s: %s", url, resp.Status)}
 	}
-	return enginemetrics.Parse(io.LimitReader(resp.Body, 16<<20))
+	o := enginemetrics.Options{Kind: s.kind, Force: s.force, Rank: w.rank, ByRank: w.hasRank}
+	l, err := enginemetrics.ParseWith(io.LimitReader(resp.Body, 16<<20), o)
+	switch {
+	case errors.Is(err, enginemetrics.ErrUnknownExposition):
+		return l, &scrapeError{"unknown-exposition", fmt.Errorf("GET %s: %w", url, err)}
+	case err != nil:
+		return l, &scrapeError{"read", fmt.Errorf("GET %s: %w", url, err)}
+	}
+	return l, nil
 }

@@ -39,6 +39,11 @@ type StaticWorker struct {
 	ID      string
 	Address string // base URL, e.g. http://10.0.0.7:8000
 	Model   string // "" to learn it from the engine's metrics (model_name label)
+	// Rank, with HasRank, is the data-parallel rank of the engine behind
+	// Address this worker stands for: its load is read from that rank's
+	// series and its requests carry HeaderDataParallelRank.
+	Rank    int
+	HasRank bool
 }
 
 // Config configures a Server. Zero values select the defaults.
@@ -55,6 +60,10 @@ type Config struct {
 	// Static lists the workers when they are not discovered from the
 	// directory.
 	Static []StaticWorker
+	// EngineKind is the shape of the engines' /metrics: "auto" (or "")
+	// detects it from each scrape; vllm, sglang or trtllm force it (see
+	// enginemetrics.ParseKind).
+	EngineKind string
 	// SessionHeader names the request header holding the session id.
 	SessionHeader string
 	// MaxBodyBytes bounds request bodies.
@@ -164,9 +173,16 @@ func New(cfg Config) (*Server, error) {
 	s.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	s.pool = newPool(cfg.SpecTTL, s.startScraper)
 	s.metrics = newMetrics(func() float64 { return float64(len(s.pool.snapshot())) })
+	kind, force, err := engineKind(cfg.EngineKind)
+	if err != nil {
+		return nil, err
+	}
 	s.scraper = &scraper{client: &http.Client{Transport: s.transport}, interval: cfg.ScrapeInterval, failures: 3,
+		kind: kind, force: force,
+		onFailure: func(w *worker, reason string) { s.metrics.scrapeFailures.WithLabelValues(w.id, reason).Inc() },
 		onError: func(w *worker, err error) {
-			s.log.Warn("router: engine metrics unreachable; avoiding the worker", "worker", w.id, "err", err)
+			s.log.Warn("router: engine metrics unreachable or unreadable; avoiding the worker", "worker", w.id,
+				"reason", scrapeReason(err), "err", err)
 			w.downUntil.Store(time.Now().Add(cfg.DownFor).UnixNano())
 		}}
 	if cfg.Directory != nil {
@@ -208,7 +224,8 @@ func (s *Server) Run(ctx context.Context) error {
 	if len(s.cfg.Static) > 0 {
 		specs := make([]workerSpec, len(s.cfg.Static))
 		for i, w := range s.cfg.Static {
-			specs[i] = workerSpec{ID: w.ID, Address: w.Address, Model: w.Model, BlockSize: s.cfg.BlockSize}
+			specs[i] = workerSpec{ID: w.ID, Address: w.Address, Model: w.Model, BlockSize: s.cfg.BlockSize,
+				Rank: w.Rank, HasRank: w.HasRank}
 		}
 		if errs := s.pool.replace(specs); len(errs) > 0 {
 			return fmt.Errorf("router: static workers: %w", errors.Join(errs...))
