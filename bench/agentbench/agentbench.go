@@ -134,15 +134,7 @@ func (m *Measures) Results(res *benchjson.Results) error {
 // Run measures and returns the results (without their command, which the
 // caller knows). Every process it starts is stopped before it returns.
 func Run(ctx context.Context, opts Options) (*benchjson.Results, error) {
-	res := benchjson.New(Tool)
-	m, err := measure(ctx, opts.withDefaults())
-	if err != nil {
-		return nil, err
-	}
-	if err := m.Results(res); err != nil {
-		return nil, err
-	}
-	return res, nil
+	return benchjson.Measure(Tool, func() (*Measures, error) { return measure(ctx, opts.withDefaults()) })
 }
 
 func measure(ctx context.Context, cfg Options) (*Measures, error) {
