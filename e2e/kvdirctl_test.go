@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/ctlview"
 	"github.com/kvdir/kvdir/internal/dirclient"
+	"github.com/kvdir/kvdir/internal/router"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/testkit/fleet"
 	"github.com/kvdir/kvdir/internal/tokenize"
@@ -204,7 +206,7 @@ func engineMetric(t *testing.T, engineURL, name string) float64 {
 	return 0
 }
 
-func indexOfWorker(x explanation, id string) int {
+func indexOfWorker(x router.Explanation, id string) int {
 	for i, w := range x.Workers {
 		if w.Worker == id {
 			return i
@@ -275,11 +277,9 @@ func TestKvdirctlCluster(t *testing.T) {
 	e := startEnv(t)
 	simA, simB := e.sims[workerA], e.sims[workerB]
 
-	var workers struct {
-		Workers []workerView `json:"workers"`
-	}
-	byID := func() map[string]workerView {
-		m := map[string]workerView{}
+	var workers ctlview.WorkerList
+	byID := func() map[string]ctlview.Worker {
+		m := map[string]ctlview.Worker{}
 		for _, w := range workers.Workers {
 			m[w.ID] = w
 		}
@@ -309,7 +309,7 @@ func TestKvdirctlCluster(t *testing.T) {
 	}
 	uOther := chat(t, simB, other)
 
-	var match matchDoc
+	var match ctlview.Match
 	file1 := writeJSON(t, map[string]any{"model": testModel, "messages": turn1})
 	testkit.Eventually(t, 10*time.Second, "turn 1's blocks in the directory", func() (bool, string) {
 		e.ctlJSON(t, &match, "match", "--messages", file1)
@@ -319,12 +319,12 @@ func TestKvdirctlCluster(t *testing.T) {
 	t.Run("match", func(t *testing.T) {
 		// The turn-2 prompt: each worker holds turn 1's blocks, and the
 		// engine then reports exactly the HIT-TOKENS match predicted.
-		var m matchDoc
+		var m ctlview.Match
 		e.ctlJSON(t, &m, "match", "--model", testModel, "--messages", writeJSON(t, turn2))
 		if m.PromptTokens != len(ids2) || len(m.Workers) != 2 {
 			t.Fatalf("match: %+v, want %d prompt tokens and 2 workers", m, len(ids2))
 		}
-		hit := map[string]matchRow{}
+		hit := map[string]ctlview.MatchRow{}
 		for _, r := range m.Workers {
 			hit[r.Worker] = r
 			if r.ChainBlocks != len(chain2) || r.MatchedBlocks != uint32(len(chain1)) || r.MatchedTokens != uint64(16*len(chain1)) {
@@ -355,10 +355,7 @@ func TestKvdirctlCluster(t *testing.T) {
 		if err != nil {
 			t.Fatalf("record sessions: %v", err)
 		}
-		var sess struct {
-			Sessions []sessionView `json:"sessions"`
-			Total    uint64        `json:"total"`
-		}
+		var sess ctlview.SessionList
 		// Reads are served by any node from its applied state: wait until
 		// the node that answers has applied the record.
 		testkit.Eventually(t, 10*time.Second, "the sessions on the node read", func() (bool, string) {
@@ -385,7 +382,7 @@ func TestKvdirctlCluster(t *testing.T) {
 		return
 	}
 	testkit.Eventually(t, 10*time.Second, "turn 2's blocks on "+workerA, func() (bool, string) {
-		var m matchDoc
+		var m ctlview.Match
 		e.ctlJSON(t, &m, "match", "--messages", writeJSON(t, map[string]any{"model": testModel, "messages": turn2}))
 		return len(m.Workers) > 0 && m.Workers[0].Worker == workerA && m.Workers[0].MatchedBlocks == uint32(len(chain2)), ""
 	})
@@ -394,7 +391,7 @@ func TestKvdirctlCluster(t *testing.T) {
 		// The real router scores the turn-2 prompt: A holds all of it, B
 		// turn 1's blocks; both are idle, so A wins on prefill.
 		file2 := writeJSON(t, map[string]any{"model": testModel, "messages": turn2})
-		var x explanation
+		var x router.Explanation
 		e.ctlJSON(t, &x, "explain", "--router", e.router, "--messages", file2, "--session", "chat-7f3a")
 		if x.Model != testModel || x.SessionID != "chat-7f3a" || x.Policy != "kvdir" || x.PromptTokens != len(ids2) ||
 			x.BlockSize != 16 || x.ChainBlocks != len(chain2) || x.Fallback != "" || x.Pick != workerA || len(x.Workers) != 2 {
@@ -417,7 +414,7 @@ func TestKvdirctlCluster(t *testing.T) {
 	})
 
 	t.Run("who-holds", func(t *testing.T) {
-		var v whoHoldsView
+		var v ctlview.WhoHolds
 		e.ctlJSON(t, &v, "who-holds", "chat-7f3a")
 		if len(v.Holders) != 2 || v.Holders[0].Worker != workerA || v.Holders[0].Blocks != uint32(len(chain2)) || v.Holders[0].Percent != 100 {
 			t.Fatalf("holders %+v, want %s with all %d blocks first", v.Holders, workerA, len(chain2))
@@ -447,9 +444,7 @@ func TestKvdirctlCluster(t *testing.T) {
 				t.Errorf("who-holds table lacks %q:\n%s", want, out)
 			}
 		}
-		var pv struct {
-			Sessions []whoHoldsView `json:"sessions"`
-		}
+		var pv ctlview.WhoHoldsList
 		e.ctlJSON(t, &pv, "who-holds", "--prefix", "review")
 		if len(pv.Sessions) != 1 || pv.Sessions[0].Session.ID != "review-01" || len(pv.Sessions[0].Holders) != 1 || pv.Sessions[0].Holders[0].Worker != workerB {
 			t.Errorf("who-holds --prefix review: %+v", pv.Sessions)
@@ -493,10 +488,7 @@ func TestKvdirctlCluster(t *testing.T) {
 				fmt.Sprintf("%.1f%%", 100*float64(w[1])/float64(w[0])))
 		}
 		// get: the longest chain is turn 2's, ending where chat-7f3a ends.
-		var g struct {
-			Worker workerView  `json:"worker"`
-			Chains []chainView `json:"chains"`
-		}
+		var g ctlview.WorkerDetail
 		e.ctlJSON(t, &g, "workers", "get", workerA, "--top", "3")
 		tail := fmt.Sprintf("%016x", chain2[len(chain2)-1])
 		if g.Worker.ID != workerA || len(g.Chains) == 0 || g.Chains[0].Tail != tail || g.Chains[0].Blocks != uint32(len(chain2)) ||
@@ -518,7 +510,7 @@ func TestKvdirctlCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var st clusterStatus
+		var st ctlview.Status
 		testkit.Eventually(t, 10*time.Second, "comparable digests", func() (bool, string) {
 			e.ctlJSON(t, &st, "status")
 			return st.Digests.Comparable, ""
@@ -539,9 +531,7 @@ func TestKvdirctlCluster(t *testing.T) {
 				t.Errorf("status table lacks %q:\n%s", want, out)
 			}
 		}
-		var mem struct {
-			Members []memberView `json:"members"`
-		}
+		var mem ctlview.MemberList
 		e.ctlJSON(t, &mem, "members", "list")
 		leaders := 0
 		for i, m := range mem.Members {
@@ -555,9 +545,7 @@ func TestKvdirctlCluster(t *testing.T) {
 		if len(mem.Members) != 3 || leaders != 1 {
 			t.Errorf("members %+v", mem.Members)
 		}
-		var snaps struct {
-			Snapshots []snapshotView `json:"snapshots"`
-		}
+		var snaps ctlview.SnapshotList
 		e.ctlJSON(t, &snaps, "snapshot")
 		if len(snaps.Snapshots) != 3 {
 			t.Fatalf("snapshot: %+v", snaps)
@@ -596,7 +584,7 @@ func TestKvdirctlCluster(t *testing.T) {
 		}
 		dec := json.NewDecoder(strings.NewReader(out.String()))
 		for n := 0; ; n++ {
-			var st clusterStatus
+			var st ctlview.Status
 			if err := dec.Decode(&st); err != nil {
 				if n < 2 {
 					t.Fatalf("watch output: document %d: %v", n, err)
@@ -645,7 +633,7 @@ func TestKvdirctlCluster(t *testing.T) {
 			return byID()[workerB].State == "DRAINING", ""
 		})
 		// A draining worker keeps its blocks but is no candidate.
-		var v whoHoldsView
+		var v ctlview.WhoHolds
 		e.ctlJSON(t, &v, "who-holds", "chat-7f3a")
 		if len(v.Holders) != 2 || v.Holders[1].State != "DRAINING" || len(v.Placement) != 1 || v.Placement[0].Worker != workerA {
 			t.Errorf("after drain: holders %+v placement %+v", v.Holders, v.Placement)
@@ -667,7 +655,7 @@ func TestKvdirctlCluster(t *testing.T) {
 	})
 
 	t.Run("leader-transfer-and-dead-node", func(t *testing.T) {
-		var st clusterStatus
+		var st ctlview.Status
 		e.ctlJSON(t, &st, "status")
 		target := ""
 		for _, n := range st.Nodes {

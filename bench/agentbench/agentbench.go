@@ -11,12 +11,14 @@
 package agentbench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
+	"github.com/kvdir/kvdir/bench/benchopt"
 	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
@@ -49,24 +51,12 @@ var Defaults = Options{DecodeFor: 3 * time.Second, Requests: 300, Concurrency: 4
 
 func (o Options) withDefaults() Options {
 	d := o
-	if d.DecodeFor <= 0 {
-		d.DecodeFor = Defaults.DecodeFor
-	}
-	if d.Requests <= 0 {
-		d.Requests = Defaults.Requests
-	}
-	if d.Concurrency <= 0 {
-		d.Concurrency = Defaults.Concurrency
-	}
-	if d.TimeScale <= 0 {
-		d.TimeScale = Defaults.TimeScale
-	}
-	if d.EngineRequests <= 0 {
-		d.EngineRequests = Defaults.EngineRequests
-	}
-	if d.Log == nil {
-		d.Log = slog.New(slog.DiscardHandler)
-	}
+	benchopt.Default(&d.DecodeFor, Defaults.DecodeFor)
+	benchopt.Default(&d.Requests, Defaults.Requests)
+	benchopt.Default(&d.Concurrency, Defaults.Concurrency)
+	benchopt.Default(&d.TimeScale, Defaults.TimeScale)
+	benchopt.Default(&d.EngineRequests, Defaults.EngineRequests)
+	d.Log = cmp.Or(d.Log, slog.New(slog.DiscardHandler))
 	return d
 }
 
@@ -144,15 +134,7 @@ func (m *Measures) Results(res *benchjson.Results) error {
 // Run measures and returns the results (without their command, which the
 // caller knows). Every process it starts is stopped before it returns.
 func Run(ctx context.Context, opts Options) (*benchjson.Results, error) {
-	res := benchjson.New(Tool)
-	m, err := measure(ctx, opts.withDefaults())
-	if err != nil {
-		return nil, err
-	}
-	if err := m.Results(res); err != nil {
-		return nil, err
-	}
-	return res, nil
+	return benchjson.Measure(Tool, func() (*Measures, error) { return measure(ctx, opts.withDefaults()) })
 }
 
 func measure(ctx context.Context, cfg Options) (*Measures, error) {

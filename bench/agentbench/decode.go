@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -16,39 +15,6 @@ import (
 )
 
 const benchModel = "llama3-8b"
-
-// prompter builds prompts: a 1,024-token system prompt shared by all, 256
-// tokens shared by groups of 8 requests (a conversation), and 64 tokens
-// unique to the request (the shape of package simengine's benchmark).
-type prompter struct {
-	rng    *rand.Rand
-	system []uint32
-	conv   []uint32
-	buf    []uint32
-}
-
-func newPrompter() *prompter {
-	rng := rand.New(rand.NewPCG(1, 1))
-	p := &prompter{rng: rng, system: make([]uint32, 1024), conv: make([]uint32, 256)}
-	for i := range p.system {
-		p.system[i] = uint32(rng.IntN(128000))
-	}
-	return p
-}
-
-// prompt returns the prompt of request i; it is valid until the next call.
-func (p *prompter) prompt(i int) []uint32 {
-	if i%8 == 0 {
-		for j := range p.conv {
-			p.conv[j] = uint32(p.rng.IntN(128000))
-		}
-	}
-	p.buf = append(append(p.buf[:0], p.system...), p.conv...)
-	for range 64 {
-		p.buf = append(p.buf, uint32(p.rng.IntN(128000)))
-	}
-	return p.buf
-}
 
 func newEngine(sink simengine.EventSink) (*simengine.Engine, error) {
 	prof, err := costmodel.ProfileByName(benchModel)
@@ -86,11 +52,11 @@ func corpus(n int) ([][]byte, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	p := newPrompter()
+	p := simengine.NewBenchPrompts()
 	now, submitted, finished := time.Duration(0), 0, 0
 	for finished < n {
 		for submitted < n && submitted-finished < 256 {
-			if err := e.Submit(now, simengine.Request{ID: strconv.Itoa(submitted), Tokens: p.prompt(submitted),
+			if err := e.Submit(now, simengine.Request{ID: strconv.Itoa(submitted), Tokens: p.Prompt(submitted),
 				MaxTokens: 32, Namespace: benchModel}); err != nil {
 				return nil, 0, fmt.Errorf("submit: %w", err)
 			}
@@ -167,10 +133,10 @@ func benchEngine(log *slog.Logger, n int, res *Measures) error {
 	if err != nil {
 		return err
 	}
-	p := newPrompter()
+	p := simengine.NewBenchPrompts()
 	prompts := make([][]uint32, n)
 	for i := range prompts {
-		prompts[i] = append([]uint32(nil), p.prompt(i)...)
+		prompts[i] = append([]uint32(nil), p.Prompt(i)...)
 	}
 	start := time.Now()
 	now, submitted, finished := time.Duration(0), 0, 0

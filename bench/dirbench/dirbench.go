@@ -15,6 +15,7 @@
 package dirbench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kvdir/kvdir/bench/benchopt"
 	"github.com/kvdir/kvdir/internal/benchjson"
 	"github.com/kvdir/kvdir/internal/radix/radixtest"
 	"github.com/kvdir/kvdir/internal/testkit"
@@ -69,30 +71,14 @@ var Defaults = Options{Scale: 1, BatchBlocks: 2048, Inflight: 16, Matches: 5000,
 
 func (o Options) withDefaults() Options {
 	d := o
-	if d.Scale <= 0 {
-		d.Scale = Defaults.Scale
-	}
-	if d.BatchBlocks <= 0 {
-		d.BatchBlocks = Defaults.BatchBlocks
-	}
-	if d.Inflight <= 0 {
-		d.Inflight = Defaults.Inflight
-	}
-	if d.Matches <= 0 {
-		d.Matches = Defaults.Matches
-	}
-	if d.ChainBlocks <= 0 {
-		d.ChainBlocks = Defaults.ChainBlocks
-	}
-	if d.LatencyRate <= 0 {
-		d.LatencyRate = Defaults.LatencyRate
-	}
-	if d.LatencyFor <= 0 {
-		d.LatencyFor = Defaults.LatencyFor
-	}
-	if d.Log == nil {
-		d.Log = slog.New(slog.DiscardHandler)
-	}
+	benchopt.Default(&d.Scale, Defaults.Scale)
+	benchopt.Default(&d.BatchBlocks, Defaults.BatchBlocks)
+	benchopt.Default(&d.Inflight, Defaults.Inflight)
+	benchopt.Default(&d.Matches, Defaults.Matches)
+	benchopt.Default(&d.ChainBlocks, Defaults.ChainBlocks)
+	benchopt.Default(&d.LatencyRate, Defaults.LatencyRate)
+	benchopt.Default(&d.LatencyFor, Defaults.LatencyFor)
+	d.Log = cmp.Or(d.Log, slog.New(slog.DiscardHandler))
 	return d
 }
 
@@ -163,15 +149,7 @@ func (m *Measures) Results(res *benchjson.Results) error {
 // command, which the caller knows). Every process it starts is stopped
 // before it returns.
 func Run(ctx context.Context, opts Options) (*benchjson.Results, error) {
-	res := benchjson.New(Tool)
-	m, err := measure(ctx, opts.withDefaults())
-	if err != nil {
-		return nil, err
-	}
-	if err := m.Results(res); err != nil {
-		return nil, err
-	}
-	return res, nil
+	return benchjson.Measure(Tool, func() (*Measures, error) { return measure(ctx, opts.withDefaults()) })
 }
 
 func measure(ctx context.Context, cfg Options) (res *Measures, err error) {

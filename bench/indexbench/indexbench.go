@@ -10,6 +10,7 @@ package indexbench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvdir/kvdir/bench/benchopt"
 	"github.com/kvdir/kvdir/internal/benchjson"
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/radix"
@@ -55,29 +57,18 @@ type Options struct {
 var Defaults = Options{Scale: 1, Matches: 200_000, WriteRate: 100_000, ChurnEvents: 5_000_000, GoRadixScale: 0.005, ChainBlocks: 2048}
 
 func (o Options) withDefaults() Options {
-	d := Defaults
-	if o.Scale > 0 {
-		d.Scale = o.Scale
+	d := o
+	// A Scale that is not > 0, NaN included, is the default.
+	if !(d.Scale > 0) {
+		d.Scale = Defaults.Scale
 	}
-	if o.Matches > 0 {
-		d.Matches = o.Matches
-	}
-	if o.WriteRate > 0 {
-		d.WriteRate = o.WriteRate
-	}
-	if o.ChurnEvents > 0 {
-		d.ChurnEvents = o.ChurnEvents
-	}
-	if o.GoRadixScale != 0 {
-		d.GoRadixScale = o.GoRadixScale
-	}
-	if o.ChainBlocks > 0 {
-		d.ChainBlocks = o.ChainBlocks
-	}
-	d.Log = o.Log
-	if d.Log == nil {
-		d.Log = slog.New(slog.DiscardHandler)
-	}
+	benchopt.Default(&d.Matches, Defaults.Matches)
+	benchopt.Default(&d.WriteRate, Defaults.WriteRate)
+	benchopt.Default(&d.ChurnEvents, Defaults.ChurnEvents)
+	// Only zero is the default: a negative GoRadixScale skips the comparison.
+	d.GoRadixScale = cmp.Or(d.GoRadixScale, Defaults.GoRadixScale)
+	benchopt.Default(&d.ChainBlocks, Defaults.ChainBlocks)
+	d.Log = cmp.Or(d.Log, slog.New(slog.DiscardHandler))
 	return d
 }
 
@@ -182,15 +173,7 @@ func (m *Measures) Results(res *benchjson.Results) error {
 // Run measures and returns the results (without their command, which the
 // caller knows).
 func Run(ctx context.Context, opts Options) (*benchjson.Results, error) {
-	res := benchjson.New(Tool)
-	m, err := measure(ctx, opts.withDefaults())
-	if err != nil {
-		return nil, err
-	}
-	if err := m.Results(res); err != nil {
-		return nil, err
-	}
-	return res, nil
+	return benchjson.Measure(Tool, func() (*Measures, error) { return measure(ctx, opts.withDefaults()) })
 }
 
 func measure(ctx context.Context, cfg Options) (*Measures, error) {

@@ -14,12 +14,14 @@
 package routerbench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
+	"github.com/kvdir/kvdir/bench/benchopt"
 	"github.com/kvdir/kvdir/internal/benchjson"
 	"github.com/kvdir/kvdir/internal/testkit/fleet"
 )
@@ -56,23 +58,17 @@ var Defaults = Options{Sessions: 6, SessionTokens: 32768, TurnTokens: 4096, Warm
 	RPSDuration: 5 * time.Second, RPSClients: 32, HAProxy: "haproxy"}
 
 func (o Options) withDefaults() Options {
-	d, def := o, Defaults
-	for _, f := range []struct{ v, def *int }{{&d.Sessions, &def.Sessions}, {&d.SessionTokens, &def.SessionTokens},
-		{&d.TurnTokens, &def.TurnTokens}, {&d.Warm, &def.Warm}, {&d.Cold, &def.Cold},
-		{&d.LatencyRequests, &def.LatencyRequests}, {&d.RPSClients, &def.RPSClients}} {
-		if *f.v <= 0 {
-			*f.v = *f.def
-		}
-	}
-	if d.RPSDuration <= 0 {
-		d.RPSDuration = def.RPSDuration
-	}
-	if d.HAProxy == "" {
-		d.HAProxy = def.HAProxy
-	}
-	if d.Log == nil {
-		d.Log = slog.New(slog.DiscardHandler)
-	}
+	d := o
+	benchopt.Default(&d.Sessions, Defaults.Sessions)
+	benchopt.Default(&d.SessionTokens, Defaults.SessionTokens)
+	benchopt.Default(&d.TurnTokens, Defaults.TurnTokens)
+	benchopt.Default(&d.Warm, Defaults.Warm)
+	benchopt.Default(&d.Cold, Defaults.Cold)
+	benchopt.Default(&d.LatencyRequests, Defaults.LatencyRequests)
+	benchopt.Default(&d.RPSDuration, Defaults.RPSDuration)
+	benchopt.Default(&d.RPSClients, Defaults.RPSClients)
+	d.HAProxy = cmp.Or(d.HAProxy, Defaults.HAProxy)
+	d.Log = cmp.Or(d.Log, slog.New(slog.DiscardHandler))
 	return d
 }
 
@@ -180,15 +176,7 @@ func (m *Measures) Results(res *benchjson.Results) error {
 // command, which the caller knows). Every process it starts is stopped
 // before it returns.
 func Run(ctx context.Context, opts Options) (*benchjson.Results, error) {
-	res := benchjson.New(Tool)
-	m, err := measure(ctx, opts.withDefaults())
-	if err != nil {
-		return nil, err
-	}
-	if err := m.Results(res); err != nil {
-		return nil, err
-	}
-	return res, nil
+	return benchjson.Measure(Tool, func() (*Measures, error) { return measure(ctx, opts.withDefaults()) })
 }
 
 func measure(ctx context.Context, c Options) (*Measures, error) {

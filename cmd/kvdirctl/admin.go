@@ -12,18 +12,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvdir/kvdir/internal/clitable"
+	"github.com/kvdir/kvdir/internal/ctlview"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
-// change is the answer of a command that changes the cluster.
-type change struct {
-	Action    string `json:"action"`
-	Target    string `json:"target"`
-	RaftIndex uint64 `json:"raft_index,omitempty"`
-	Detail    string `json:"detail,omitempty"`
-}
-
-func (a *app) writeChange(ch change) error {
+func (a *app) writeChange(ch ctlview.Change) error {
 	return a.write(a.out, ch, func(out io.Writer) error {
 		fmt.Fprintf(out, "%s %s", ch.Action, ch.Target)
 		if ch.RaftIndex > 0 {
@@ -60,7 +53,7 @@ Needs the admin token when the directory enforces roles.`,
 			if err != nil {
 				return err
 			}
-			return a.writeChange(change{Action: "drained", Target: args[0], RaftIndex: resp.RaftIndex,
+			return a.writeChange(ctlview.Change{Action: "drained", Target: args[0], RaftIndex: resp.RaftIndex,
 				Detail: "routers place no new requests on it; its blocks stay until it expires or re-registers"})
 		},
 	}
@@ -89,19 +82,10 @@ Needs the admin token when the directory enforces roles.`,
 			if err != nil {
 				return err
 			}
-			return a.writeChange(change{Action: "expired", Target: args[0], RaftIndex: resp.RaftIndex,
+			return a.writeChange(ctlview.Change{Action: "expired", Target: args[0], RaftIndex: resp.RaftIndex,
 				Detail: "its blocks were removed from the index"})
 		},
 	}
-}
-
-// memberView is one Raft member.
-type memberView struct {
-	ID          string `json:"id"`
-	RaftAddress string `json:"raft_address"`
-	APIAddress  string `json:"api_address"`
-	Voter       bool   `json:"voter"`
-	Leader      bool   `json:"leader"`
 }
 
 func (a *app) membersCommand() *cobra.Command {
@@ -153,7 +137,7 @@ nodes can reach it.`,
 			if nonVoter {
 				kind = "non-voter"
 			}
-			return a.writeChange(change{Action: "added member", Target: args[0], RaftIndex: resp.RaftIndex,
+			return a.writeChange(ctlview.Change{Action: "added member", Target: args[0], RaftIndex: resp.RaftIndex,
 				Detail: fmt.Sprintf("%s at raft %s", kind, raftAddr)})
 		},
 	}
@@ -175,7 +159,7 @@ nodes can reach it.`,
 			if err != nil {
 				return err
 			}
-			return a.writeChange(change{Action: "removed member", Target: args[0], RaftIndex: resp.RaftIndex})
+			return a.writeChange(ctlview.Change{Action: "removed member", Target: args[0], RaftIndex: resp.RaftIndex})
 		},
 	}
 	cmd.AddCommand(list, add, remove)
@@ -191,14 +175,11 @@ func (a *app) membersList(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	doc := struct {
-		Members []memberView `json:"members"`
-		From    string       `json:"from"`
-	}{Members: []memberView{}, From: st.NodeId}
+	doc := ctlview.MemberList{Members: []ctlview.Member{}, From: st.NodeId}
 	for _, m := range st.Members {
-		doc.Members = append(doc.Members, memberView{ID: m.Id, RaftAddress: m.RaftAddress, APIAddress: m.ApiAddress, Voter: m.Voter, Leader: m.Leader})
+		doc.Members = append(doc.Members, ctlview.Member{ID: m.Id, RaftAddress: m.RaftAddress, APIAddress: m.ApiAddress, Voter: m.Voter, Leader: m.Leader})
 	}
-	slices.SortFunc(doc.Members, func(x, y memberView) int { return strings.Compare(x.ID, y.ID) })
+	slices.SortFunc(doc.Members, func(x, y ctlview.Member) int { return strings.Compare(x.ID, y.ID) })
 	return a.write(a.out, doc, func(out io.Writer) error {
 		t := clitable.NewTab("ID", "RAFT-ADDRESS", "API-ADDRESS", "VOTER", "LEADER")
 		for _, m := range doc.Members {
@@ -211,15 +192,6 @@ func (a *app) membersList(ctx context.Context) error {
 		_, err := t.WriteTo(out)
 		return err
 	})
-}
-
-// snapshotView is one node's snapshot.
-type snapshotView struct {
-	Node    string `json:"node"`
-	Address string `json:"address"`
-	Index   uint64 `json:"index,omitempty"`
-	Term    uint64 `json:"term,omitempty"`
-	Error   string `json:"error,omitempty"`
 }
 
 func (a *app) snapshotCommand() *cobra.Command {
@@ -245,10 +217,10 @@ func (a *app) snapshot(ctx context.Context, only []string) error {
 	if err != nil {
 		return err
 	}
-	var targets []snapshotView
+	var targets []ctlview.Snapshot
 	if len(only) > 0 {
 		for _, addr := range only {
-			targets = append(targets, snapshotView{Address: addr})
+			targets = append(targets, ctlview.Snapshot{Address: addr})
 		}
 	} else {
 		st, err := c.Status(ctx)
@@ -257,10 +229,10 @@ func (a *app) snapshot(ctx context.Context, only []string) error {
 		}
 		for _, m := range st.Members {
 			if m.ApiAddress == "" {
-				targets = append(targets, snapshotView{Node: m.Id, Error: "its API address is not known to the cluster"})
+				targets = append(targets, ctlview.Snapshot{Node: m.Id, Error: "its API address is not known to the cluster"})
 				continue
 			}
-			targets = append(targets, snapshotView{Node: m.Id, Address: m.ApiAddress})
+			targets = append(targets, ctlview.Snapshot{Node: m.Id, Address: m.ApiAddress})
 		}
 	}
 	var wg sync.WaitGroup
@@ -292,9 +264,7 @@ func (a *app) snapshot(ctx context.Context, only []string) error {
 			failed++
 		}
 	}
-	doc := struct {
-		Snapshots []snapshotView `json:"snapshots"`
-	}{targets}
+	doc := ctlview.SnapshotList{Snapshots: targets}
 	if err := a.write(a.out, doc, func(out io.Writer) error {
 		t := clitable.NewTab("NODE", "ADDRESS", "INDEX", "TERM", "RESULT")
 		for _, s := range targets {
@@ -362,7 +332,7 @@ func (a *app) leaderTransfer(ctx context.Context, id string) error {
 		return err
 	}
 	if id != "" && id == before.LeaderId {
-		return a.writeChange(change{Action: "leader is already", Target: id})
+		return a.writeChange(ctlview.Change{Action: "leader is already", Target: id})
 	}
 	resp, err := c.TransferLeadership(ctx, id)
 	if err != nil {
@@ -384,7 +354,7 @@ func (a *app) leaderTransfer(ctx context.Context, id string) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return a.writeChange(change{Action: "leadership transferred", Target: leader, Detail: "from " + before.LeaderId})
+	return a.writeChange(ctlview.Change{Action: "leadership transferred", Target: leader, Detail: "from " + before.LeaderId})
 }
 
 // Shell completion of worker ids, session ids, member ids and models.

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvdir/kvdir/internal/cli"
+	"github.com/kvdir/kvdir/internal/ctlview"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/tokenize"
 )
@@ -319,17 +320,17 @@ func TestExplainAgainstRouter(t *testing.T) {
 }
 
 func TestCompareDigests(t *testing.T) {
-	n := func(id string, idx uint64, d string) nodeStatus {
-		return nodeStatus{ID: id, AppliedIndex: idx, Digest: d}
+	n := func(id string, idx uint64, d string) ctlview.Node {
+		return ctlview.Node{ID: id, AppliedIndex: idx, Digest: d}
 	}
-	if c := compareDigests([]nodeStatus{n("n1", 9, "aa"), n("n2", 9, "aa"), {ID: "n3", State: "unreachable"}}); !c.Agree || !c.Comparable || c.Nodes != 2 {
+	if c := compareDigests([]ctlview.Node{n("n1", 9, "aa"), n("n2", 9, "aa"), {ID: "n3", State: "unreachable"}}); !c.Agree || !c.Comparable || c.Nodes != 2 {
 		t.Errorf("agree: %+v", c)
 	}
-	c := compareDigests([]nodeStatus{n("n1", 9, "aa"), n("n2", 9, "bb"), n("n3", 9, "aa")})
+	c := compareDigests([]ctlview.Node{n("n1", 9, "aa"), n("n2", 9, "bb"), n("n3", 9, "aa")})
 	if c.Agree || !c.Comparable || !strings.Contains(c.Detail, "DIFFER") || !strings.Contains(c.Detail, "bb on n2") {
 		t.Errorf("differ: %+v", c)
 	}
-	c = compareDigests([]nodeStatus{n("n1", 9, "aa"), n("n2", 10, "bb")})
+	c = compareDigests([]ctlview.Node{n("n1", 9, "aa"), n("n2", 10, "bb")})
 	if c.Agree || c.Comparable || !strings.Contains(c.Detail, "n1 at 9, n2 at 10") {
 		t.Errorf("not comparable: %+v", c)
 	}

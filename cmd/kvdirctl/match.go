@@ -11,35 +11,9 @@ import (
 
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/clitable"
+	"github.com/kvdir/kvdir/internal/ctlview"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
-
-// matchRow is one worker's match of a prompt.
-type matchRow struct {
-	Worker        string  `json:"worker"`
-	State         string  `json:"state"`
-	BlockSize     uint32  `json:"block_size"`
-	ChainBlocks   int     `json:"chain_blocks"`
-	MatchedBlocks uint32  `json:"matched_blocks"`
-	MatchedTokens uint64  `json:"matched_tokens"`
-	HitTokens     uint64  `json:"hit_tokens"`
-	Percent       float64 `json:"percent"`
-	GPUBlocks     uint32  `json:"gpu_blocks"`
-	CPUBlocks     uint32  `json:"cpu_blocks"`
-	DiskBlocks    uint32  `json:"disk_blocks"`
-	RemoteBlocks  uint32  `json:"remote_blocks"`
-}
-
-// matchDoc is what "kvdirctl match" shows.
-type matchDoc struct {
-	Model        string     `json:"model"`
-	PromptKind   string     `json:"prompt_kind"`
-	PromptTokens int        `json:"prompt_tokens"`
-	CacheSalt    string     `json:"cache_salt,omitempty"`
-	LoRA         string     `json:"lora,omitempty"`
-	Workers      []matchRow `json:"workers"`
-	Read         []readView `json:"read"`
-}
 
 func (a *app) matchCommand() *cobra.Command {
 	var (
@@ -127,8 +101,8 @@ func (a *app) match(ctx context.Context, p *prompt, lora string, consistent bool
 	if err != nil {
 		return err
 	}
-	doc := matchDoc{Model: model, PromptKind: p.kind(), PromptTokens: len(ids), CacheSalt: p.cacheSalt, LoRA: lora,
-		Workers: []matchRow{}, Read: []readView{}}
+	doc := ctlview.Match{Model: model, PromptKind: p.kind(), PromptTokens: len(ids), CacheSalt: p.cacheSalt, LoRA: lora,
+		Workers: []ctlview.MatchRow{}, Read: []ctlview.Read{}}
 	// One chain and one Match per block size among the model's workers.
 	bySize := map[uint32][]*kvdirv1.Worker{}
 	var sizes []uint32
@@ -166,7 +140,7 @@ func (a *app) match(ctx context.Context, p *prompt, lora string, consistent bool
 		}
 		for _, w := range bySize[bs] {
 			id := w.GetSpec().GetId()
-			r := matchRow{Worker: id, State: stateName(w.State), BlockSize: bs, ChainBlocks: len(chain)}
+			r := ctlview.MatchRow{Worker: id, State: stateName(w.State), BlockSize: bs, ChainBlocks: len(chain)}
 			if m := got[id]; m != nil {
 				r.MatchedBlocks, r.GPUBlocks, r.CPUBlocks, r.DiskBlocks, r.RemoteBlocks = m.Blocks, m.GpuBlocks, m.CpuBlocks, m.DiskBlocks, m.RemoteBlocks
 			}
@@ -178,7 +152,7 @@ func (a *app) match(ctx context.Context, p *prompt, lora string, consistent bool
 			doc.Workers = append(doc.Workers, r)
 		}
 	}
-	slices.SortStableFunc(doc.Workers, func(x, y matchRow) int {
+	slices.SortStableFunc(doc.Workers, func(x, y ctlview.MatchRow) int {
 		if x.MatchedTokens != y.MatchedTokens {
 			if x.MatchedTokens > y.MatchedTokens {
 				return -1

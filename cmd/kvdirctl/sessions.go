@@ -9,24 +9,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvdir/kvdir/internal/clitable"
+	"github.com/kvdir/kvdir/internal/ctlview"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
-// sessionView is one recorded session.
-type sessionView struct {
-	ID           string   `json:"session_id"`
-	Worker       string   `json:"worker"`
-	PromptTokens uint32   `json:"prompt_tokens"`
-	CachedTokens uint32   `json:"cached_tokens"`
-	Blocks       uint32   `json:"blocks"`
-	BlockSize    uint32   `json:"block_size"`
-	Tail         string   `json:"tail"`
-	LastSeen     string   `json:"last_seen,omitempty"`
-	AgeSeconds   *float64 `json:"age_seconds"`
-}
-
-func (a *app) sessionView(r *kvdirv1.SessionRecord) sessionView {
-	v := sessionView{ID: r.SessionId, Worker: r.WorkerId, PromptTokens: r.PromptTokens, CachedTokens: r.CachedTokens,
+func (a *app) sessionView(r *kvdirv1.SessionRecord) ctlview.Session {
+	v := ctlview.Session{ID: r.SessionId, Worker: r.WorkerId, PromptTokens: r.PromptTokens, CachedTokens: r.CachedTokens,
 		Blocks: r.Blocks, BlockSize: r.BlockSize, Tail: fmt.Sprintf("%016x", r.Tail)}
 	if r.TimeUnixNano > 0 {
 		t := time.Unix(0, r.TimeUnixNano)
@@ -37,7 +25,8 @@ func (a *app) sessionView(r *kvdirv1.SessionRecord) sessionView {
 	return v
 }
 
-func (v sessionView) age() string {
+// sessionAge is how long ago the session was last seen, as a table shows it.
+func sessionAge(v ctlview.Session) string {
 	if v.AgeSeconds == nil {
 		return "-"
 	}
@@ -76,11 +65,7 @@ recorded. Filter by session-id prefix (--prefix) and by worker (--worker).
 				if err != nil {
 					return err
 				}
-				doc := struct {
-					Sessions []sessionView `json:"sessions"`
-					Total    uint64        `json:"total"`
-					Read     readView      `json:"read"`
-				}{Sessions: []sessionView{}, Total: resp.Total, Read: readOf(resp.Read)}
+				doc := ctlview.SessionList{Sessions: []ctlview.Session{}, Total: resp.Total, Read: readOf(resp.Read)}
 				for _, r := range resp.Sessions {
 					doc.Sessions = append(doc.Sessions, a.sessionView(r))
 				}
@@ -92,7 +77,7 @@ recorded. Filter by session-id prefix (--prefix) and by worker (--worker).
 					t := clitable.NewTab("SESSION", "WORKER", "CACHED/PROMPT", "HIT", "BLOCKS", "LAST-SEEN")
 					for _, v := range doc.Sessions {
 						t.Add(v.ID, v.Worker, fmt.Sprintf("%d/%d", v.CachedTokens, v.PromptTokens),
-							clitable.Percent(float64(v.CachedTokens), float64(v.PromptTokens)), v.Blocks, v.age())
+							clitable.Percent(float64(v.CachedTokens), float64(v.PromptTokens)), v.Blocks, sessionAge(v))
 					}
 					if _, err := t.WriteTo(out); err != nil {
 						return err

@@ -12,62 +12,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvdir/kvdir/internal/clitable"
+	"github.com/kvdir/kvdir/internal/ctlview"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
-
-// nodeStatus is one member as it reports itself.
-type nodeStatus struct {
-	ID                string    `json:"id"`
-	APIAddress        string    `json:"api_address"`
-	RaftAddress       string    `json:"raft_address"`
-	Voter             bool      `json:"voter"`
-	State             string    `json:"state"`
-	Term              uint64    `json:"term,omitempty"`
-	CommitIndex       uint64    `json:"commit_index,omitempty"`
-	AppliedIndex      uint64    `json:"applied_index,omitempty"`
-	LastLogIndex      uint64    `json:"last_log_index,omitempty"`
-	Lag               int64     `json:"lag"`
-	LastContactMs     float64   `json:"last_contact_ms"`
-	Digest            string    `json:"digest,omitempty"`
-	LastSnapshotIndex uint64    `json:"last_snapshot_index,omitempty"`
-	Counters          *counters `json:"counters,omitempty"`
-	WriteError        string    `json:"write_error,omitempty"`
-	Error             string    `json:"error,omitempty"`
-}
-
-type counters struct {
-	Workers      uint64 `json:"workers"`
-	Blocks       uint64 `json:"blocks"`
-	Entries      uint64 `json:"entries"`
-	StoredBlocks uint64 `json:"stored_blocks"`
-	OrphanBlocks uint64 `json:"orphan_blocks"`
-	ApproxBytes  uint64 `json:"approx_bytes"`
-	Sessions     uint64 `json:"sessions"`
-}
-
-// digestCheck says whether the members' index digests agree.
-type digestCheck struct {
-	// Agree is true when every node at Index has the same digest and every
-	// reachable node is at Index.
-	Agree bool `json:"agree"`
-	// Comparable is false when the nodes were at different applied indexes
-	// each time they were asked (writes kept arriving).
-	Comparable bool   `json:"comparable"`
-	Index      uint64 `json:"applied_index"`
-	Nodes      int    `json:"nodes_compared"`
-	Detail     string `json:"detail"`
-}
-
-// clusterStatus is what "kvdirctl status" shows.
-type clusterStatus struct {
-	Leader        string       `json:"leader"`
-	LeaderAddress string       `json:"leader_address"`
-	Term          uint64       `json:"term"`
-	Nodes         []nodeStatus `json:"nodes"`
-	Counters      *counters    `json:"counters,omitempty"`
-	CountersFrom  string       `json:"counters_from,omitempty"`
-	Digests       digestCheck  `json:"digests"`
-}
 
 func (a *app) statusCommand() *cobra.Command {
 	var w watchOpts
@@ -107,7 +54,7 @@ entries, sessions) as the leader reports them.`,
 
 // clusterStatus asks every member for its status, up to four times until
 // the reachable ones are at the same applied index.
-func (a *app) clusterStatus(ctx context.Context) (*clusterStatus, error) {
+func (a *app) clusterStatus(ctx context.Context) (*ctlview.Status, error) {
 	c, err := a.dir()
 	if err != nil {
 		return nil, err
@@ -121,7 +68,7 @@ func (a *app) clusterStatus(ctx context.Context) (*clusterStatus, error) {
 	if len(members) == 0 { // the node does not know its configuration
 		members = []*kvdirv1.Member{{Id: first.NodeId, ApiAddress: "", Voter: true}}
 	}
-	var st *clusterStatus
+	var st *ctlview.Status
 	for attempt := 0; attempt < 4; attempt++ {
 		if attempt > 0 {
 			select {
@@ -138,7 +85,7 @@ func (a *app) clusterStatus(ctx context.Context) (*clusterStatus, error) {
 	return st, nil
 }
 
-func (a *app) askMembers(ctx context.Context, first *kvdirv1.StatusResponse, members []*kvdirv1.Member) *clusterStatus {
+func (a *app) askMembers(ctx context.Context, first *kvdirv1.StatusResponse, members []*kvdirv1.Member) *ctlview.Status {
 	c := a.client
 	answers := make([]*kvdirv1.StatusResponse, len(members))
 	errs := make([]error, len(members))
@@ -162,7 +109,7 @@ func (a *app) askMembers(ctx context.Context, first *kvdirv1.StatusResponse, mem
 	}
 	wg.Wait()
 
-	st := &clusterStatus{Leader: first.LeaderId, LeaderAddress: first.LeaderAddress, Term: first.Term}
+	st := &ctlview.Status{Leader: first.LeaderId, LeaderAddress: first.LeaderAddress, Term: first.Term}
 	var leader *kvdirv1.StatusResponse
 	for _, r := range answers {
 		if r != nil && r.State == "Leader" {
@@ -173,7 +120,7 @@ func (a *app) askMembers(ctx context.Context, first *kvdirv1.StatusResponse, mem
 		st.Leader, st.LeaderAddress, st.Term = leader.NodeId, leader.LeaderAddress, leader.Term
 	}
 	for i, m := range members {
-		n := nodeStatus{ID: m.Id, APIAddress: m.ApiAddress, RaftAddress: m.RaftAddress, Voter: m.Voter, Lag: -1}
+		n := ctlview.Node{ID: m.Id, APIAddress: m.ApiAddress, RaftAddress: m.RaftAddress, Voter: m.Voter, Lag: -1}
 		if r := answers[i]; r != nil {
 			n.State = r.State
 			n.Term, n.CommitIndex, n.AppliedIndex, n.LastLogIndex = r.Term, r.CommitIndex, r.AppliedIndex, r.LastLogIndex
@@ -204,18 +151,18 @@ func (a *app) askMembers(ctx context.Context, first *kvdirv1.StatusResponse, mem
 	return st
 }
 
-func countersOf(c *kvdirv1.IndexCounters) *counters {
+func countersOf(c *kvdirv1.IndexCounters) *ctlview.Counters {
 	if c == nil {
 		return nil
 	}
-	return &counters{Workers: c.Workers, Blocks: c.Blocks, Entries: c.Entries, StoredBlocks: c.StoredBlocks,
+	return &ctlview.Counters{Workers: c.Workers, Blocks: c.Blocks, Entries: c.Entries, StoredBlocks: c.StoredBlocks,
 		OrphanBlocks: c.OrphanBlocks, ApproxBytes: c.ApproxBytes, Sessions: c.Sessions}
 }
 
 // compareDigests checks that the reachable nodes are at one applied index
 // with one digest.
-func compareDigests(nodes []nodeStatus) digestCheck {
-	byIndex := map[uint64][]nodeStatus{}
+func compareDigests(nodes []ctlview.Node) ctlview.DigestCheck {
+	byIndex := map[uint64][]ctlview.Node{}
 	var indexes []uint64
 	for _, n := range nodes {
 		if n.Digest == "" {
@@ -227,7 +174,7 @@ func compareDigests(nodes []nodeStatus) digestCheck {
 		byIndex[n.AppliedIndex] = append(byIndex[n.AppliedIndex], n)
 	}
 	if len(indexes) == 0 {
-		return digestCheck{Detail: "no node answered"}
+		return ctlview.DigestCheck{Detail: "no node answered"}
 	}
 	if len(indexes) > 1 {
 		var parts []string
@@ -236,7 +183,7 @@ func compareDigests(nodes []nodeStatus) digestCheck {
 				parts = append(parts, fmt.Sprintf("%s at %d", n.ID, n.AppliedIndex))
 			}
 		}
-		return digestCheck{Detail: "not comparable: the nodes are at different applied indexes (" + strings.Join(parts, ", ") +
+		return ctlview.DigestCheck{Detail: "not comparable: the nodes are at different applied indexes (" + strings.Join(parts, ", ") +
 			"); writes are arriving, ask again"}
 	}
 	idx := indexes[0]
@@ -245,7 +192,7 @@ func compareDigests(nodes []nodeStatus) digestCheck {
 	for _, n := range group {
 		digests[n.Digest] = append(digests[n.Digest], n.ID)
 	}
-	dc := digestCheck{Comparable: true, Index: idx, Nodes: len(group)}
+	dc := ctlview.DigestCheck{Comparable: true, Index: idx, Nodes: len(group)}
 	if len(digests) == 1 {
 		dc.Agree = true
 		dc.Detail = fmt.Sprintf("agree: %d node(s) at applied index %d, digest %s", len(group), idx, group[0].Digest)
@@ -265,7 +212,7 @@ func compareDigests(nodes []nodeStatus) digestCheck {
 	return dc
 }
 
-func writeStatus(w io.Writer, st *clusterStatus) error {
+func writeStatus(w io.Writer, st *ctlview.Status) error {
 	t := clitable.NewTab("NODE", "API-ADDRESS", "STATE", "VOTER", "TERM", "COMMIT", "APPLIED", "LAG", "LAST-CONTACT", "SNAPSHOT", "DIGEST")
 	for _, n := range st.Nodes {
 		if n.Digest == "" {

@@ -12,57 +12,10 @@ import (
 	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/clitable"
 	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/ctlview"
 	"github.com/kvdir/kvdir/internal/placement"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
-
-// holderView is how much of a session's chain one worker holds.
-type holderView struct {
-	Worker       string  `json:"worker"`
-	State        string  `json:"state"`
-	Blocks       uint32  `json:"blocks"`
-	Tokens       uint64  `json:"tokens"`
-	Percent      float64 `json:"percent"`
-	GPUBlocks    uint32  `json:"gpu_blocks"`
-	CPUBlocks    uint32  `json:"cpu_blocks"`
-	DiskBlocks   uint32  `json:"disk_blocks"`
-	RemoteBlocks uint32  `json:"remote_blocks"`
-}
-
-// placementView is one candidate's expected time to first token under the
-// kvdir cost model, and its difference from the pick's.
-type placementView struct {
-	Worker        string  `json:"worker"`
-	MatchedTokens int     `json:"matched_tokens"`
-	Retain        float64 `json:"retain"`
-	CachedTokens  float64 `json:"cached_tokens"`
-	Running       int     `json:"running"`
-	Waiting       int     `json:"waiting"`
-	KVUsage       float64 `json:"kv_usage"`
-	QueueMs       float64 `json:"queue_ms"`
-	InterfMs      float64 `json:"interference_ms"`
-	WaitMs        float64 `json:"wait_ms"`
-	PrefillMs     float64 `json:"prefill_ms"`
-	ColdPrefillMs float64 `json:"cold_prefill_ms"`
-	TTFTMs        float64 `json:"ttft_ms"`
-	VsPickMs      float64 `json:"vs_pick_ms"`
-	Pick          bool    `json:"pick"`
-	Current       bool    `json:"current"`
-}
-
-// whoHoldsView is one session's holders and placement.
-type whoHoldsView struct {
-	Session      sessionView     `json:"session"`
-	ChainTokens  uint64          `json:"chain_tokens"`
-	Connected    bool            `json:"connected"`
-	Holders      []holderView    `json:"holders"`
-	Model        string          `json:"model"`
-	Profile      string          `json:"profile"`
-	PromptTokens int             `json:"prompt_tokens"`
-	Pick         string          `json:"pick"`
-	Placement    []placementView `json:"placement"`
-	Note         string          `json:"note,omitempty"`
-}
 
 func (a *app) whoHoldsCommand() *cobra.Command {
 	var (
@@ -131,7 +84,7 @@ func (a *app) whoHolds(ctx context.Context, target string, prefix bool, limit ui
 	if err != nil {
 		return err
 	}
-	var views []whoHoldsView
+	var views []ctlview.WhoHolds
 	for _, sh := range resp.Sessions {
 		v, err := a.placeSession(sh, lw.Workers, prof, promptTokens)
 		if err != nil {
@@ -140,12 +93,9 @@ func (a *app) whoHolds(ctx context.Context, target string, prefix bool, limit ui
 		views = append(views, v)
 	}
 	if prefix {
-		doc := struct {
-			Sessions []whoHoldsView `json:"sessions"`
-			Read     readView       `json:"read"`
-		}{Sessions: views, Read: readOf(resp.Read)}
+		doc := ctlview.WhoHoldsList{Sessions: views, Read: readOf(resp.Read)}
 		if doc.Sessions == nil {
-			doc.Sessions = []whoHoldsView{}
+			doc.Sessions = []ctlview.WhoHolds{}
 		}
 		return a.write(a.out, doc, func(out io.Writer) error {
 			if len(views) == 0 {
@@ -170,17 +120,17 @@ func (a *app) whoHolds(ctx context.Context, target string, prefix bool, limit ui
 
 // placeSession builds the holders and the cost-model placement of one
 // session.
-func (a *app) placeSession(sh *kvdirv1.SessionHolders, workers []*kvdirv1.Worker, prof costmodel.Profile, promptTokens int) (whoHoldsView, error) {
+func (a *app) placeSession(sh *kvdirv1.SessionHolders, workers []*kvdirv1.Worker, prof costmodel.Profile, promptTokens int) (ctlview.WhoHolds, error) {
 	r := sh.Session
-	v := whoHoldsView{Session: a.sessionView(r), ChainTokens: uint64(r.Blocks) * uint64(r.BlockSize),
-		Connected: len(sh.Holders) > 0, Profile: prof.Name, Holders: []holderView{}, Placement: []placementView{}}
+	v := ctlview.WhoHolds{Session: a.sessionView(r), ChainTokens: uint64(r.Blocks) * uint64(r.BlockSize),
+		Connected: len(sh.Holders) > 0, Profile: prof.Name, Holders: []ctlview.Holder{}, Placement: []ctlview.Placement{}}
 	byID := map[string]*kvdirv1.Worker{}
 	for _, w := range workers {
 		byID[w.GetSpec().GetId()] = w
 	}
 	matched := map[string]int{}
 	for _, h := range sh.Holders {
-		hv := holderView{Worker: h.WorkerId, State: "GONE", Blocks: h.Blocks, Tokens: h.Tokens,
+		hv := ctlview.Holder{Worker: h.WorkerId, State: "GONE", Blocks: h.Blocks, Tokens: h.Tokens,
 			GPUBlocks: h.GpuBlocks, CPUBlocks: h.CpuBlocks, DiskBlocks: h.DiskBlocks, RemoteBlocks: h.RemoteBlocks}
 		if r.Blocks > 0 {
 			hv.Percent = 100 * float64(h.Blocks) / float64(r.Blocks)
@@ -191,7 +141,7 @@ func (a *app) placeSession(sh *kvdirv1.SessionHolders, workers []*kvdirv1.Worker
 		v.Holders = append(v.Holders, hv)
 		matched[h.WorkerId] = int(h.Blocks)
 	}
-	slices.SortStableFunc(v.Holders, func(x, y holderView) int { return int(y.Blocks) - int(x.Blocks) })
+	slices.SortStableFunc(v.Holders, func(x, y ctlview.Holder) int { return int(y.Blocks) - int(x.Blocks) })
 
 	// The session's model: its worker's, else its largest holder's.
 	for _, id := range append([]string{r.WorkerId}, holderIDs(v.Holders)...) {
@@ -248,7 +198,7 @@ func (a *app) placeSession(sh *kvdirv1.SessionHolders, workers []*kvdirv1.Worker
 	best := d.Scores[d.Index].TotalMs
 	for i, s := range d.Scores {
 		c := cands[i]
-		v.Placement = append(v.Placement, placementView{
+		v.Placement = append(v.Placement, ctlview.Placement{
 			Worker: s.Worker, MatchedTokens: s.MatchedTokens, Retain: s.Retain, CachedTokens: s.CachedTokens,
 			Running: c.Load.Running, Waiting: c.Load.Waiting, KVUsage: c.Load.KVUsage,
 			QueueMs: s.QueueMs, InterfMs: s.InterferenceMs, WaitMs: s.WaitMs, PrefillMs: s.PrefillMs,
@@ -256,7 +206,7 @@ func (a *app) placeSession(sh *kvdirv1.SessionHolders, workers []*kvdirv1.Worker
 			Pick: i == d.Index, Current: s.Worker == r.WorkerId,
 		})
 	}
-	slices.SortStableFunc(v.Placement, func(x, y placementView) int {
+	slices.SortStableFunc(v.Placement, func(x, y ctlview.Placement) int {
 		switch {
 		case x.Pick != y.Pick:
 			if x.Pick {
@@ -273,7 +223,7 @@ func (a *app) placeSession(sh *kvdirv1.SessionHolders, workers []*kvdirv1.Worker
 	return v, nil
 }
 
-func holderIDs(hs []holderView) []string {
+func holderIDs(hs []ctlview.Holder) []string {
 	out := make([]string, len(hs))
 	for i, h := range hs {
 		out[i] = h.Worker
@@ -281,11 +231,11 @@ func holderIDs(hs []holderView) []string {
 	return out
 }
 
-func writeWhoHolds(w io.Writer, v *whoHoldsView) error {
+func writeWhoHolds(w io.Writer, v *ctlview.WhoHolds) error {
 	s := v.Session
 	fmt.Fprintf(w, "session %s: latest turn on %s, %d prompt tokens, %d cached (%s), chain of %d blocks (%d tokens), recorded %s ago\n",
 		s.ID, s.Worker, s.PromptTokens, s.CachedTokens, clitable.Percent(float64(s.CachedTokens), float64(s.PromptTokens)),
-		s.Blocks, v.ChainTokens, s.age())
+		s.Blocks, v.ChainTokens, sessionAge(s))
 	fmt.Fprintln(w)
 	if !v.Connected {
 		fmt.Fprintln(w, "Holders: none. No worker holds the turn's last block any more (evicted, or its worker expired),")
@@ -327,7 +277,7 @@ func writeWhoHolds(w io.Writer, v *whoHoldsView) error {
 	if _, err := t.WriteTo(w); err != nil {
 		return err
 	}
-	var pick, current *placementView
+	var pick, current *ctlview.Placement
 	for i := range v.Placement {
 		if v.Placement[i].Pick {
 			pick = &v.Placement[i]

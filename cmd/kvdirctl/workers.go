@@ -11,38 +11,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvdir/kvdir/internal/clitable"
+	"github.com/kvdir/kvdir/internal/ctlview"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
-// workerView is one worker as kvdirctl shows it.
-type workerView struct {
-	ID            string            `json:"id"`
-	Address       string            `json:"address"`
-	Model         string            `json:"model"`
-	Engine        string            `json:"engine"`
-	BlockSize     uint32            `json:"block_size"`
-	State         string            `json:"state"`
-	Epoch         uint64            `json:"epoch"`
-	AppliedSeq    uint64            `json:"applied_seq"`
-	Blocks        uint64            `json:"blocks"`
-	GPUBlocks     uint64            `json:"gpu_blocks"`
-	CPUBlocks     uint64            `json:"cpu_blocks"`
-	DiskBlocks    uint64            `json:"disk_blocks"`
-	RemoteBlocks  uint64            `json:"remote_blocks"`
-	KVUsage       float64           `json:"kv_usage"`
-	KVBlocks      uint64            `json:"kv_blocks"`
-	Running       uint32            `json:"running"`
-	Waiting       uint32            `json:"waiting"`
-	PrefixQueries uint64            `json:"prefix_queries"`
-	PrefixHits    uint64            `json:"prefix_hits"`
-	HeartbeatAge  *float64          `json:"heartbeat_age_seconds"`
-	Labels        map[string]string `json:"labels,omitempty"`
-}
-
-func (a *app) workerView(w *kvdirv1.Worker) workerView {
+func (a *app) workerView(w *kvdirv1.Worker) ctlview.Worker {
 	s := w.GetSpec()
 	l := w.GetLoad()
-	v := workerView{
+	v := ctlview.Worker{
 		ID: s.GetId(), Address: s.GetAddress(), Model: s.GetModel(), BlockSize: s.GetBlockSize(),
 		Engine: enumName(s.GetEngine().String(), "ENGINE_KIND_"), State: stateName(w.State),
 		Epoch: w.Epoch, AppliedSeq: w.AppliedSeq,
@@ -67,7 +43,7 @@ func enumName(s, prefix string) string {
 	return s
 }
 
-func heartbeat(v workerView) string {
+func heartbeat(v ctlview.Worker) string {
 	if v.HeartbeatAge == nil {
 		return "never"
 	}
@@ -109,10 +85,7 @@ since the engine started) and how long ago the load was recorded.
 				if err != nil {
 					return err
 				}
-				doc := struct {
-					Workers []workerView `json:"workers"`
-					Read    readView     `json:"read"`
-				}{Workers: []workerView{}, Read: readOf(resp.Read)}
+				doc := ctlview.WorkerList{Workers: []ctlview.Worker{}, Read: readOf(resp.Read)}
 				for _, wk := range resp.Workers {
 					doc.Workers = append(doc.Workers, a.workerView(wk))
 				}
@@ -164,14 +137,6 @@ func modelSuffix(model string) string {
 	return " for model " + model
 }
 
-// chainView is one chain a worker holds.
-type chainView struct {
-	Tail     string   `json:"tail"`
-	Blocks   uint32   `json:"blocks"`
-	Tokens   uint64   `json:"tokens"`
-	Sessions []string `json:"sessions,omitempty"`
-}
-
 func (a *app) workerGet(ctx context.Context, id string, top uint32, withSessions bool) error {
 	c, err := a.dir()
 	if err != nil {
@@ -192,13 +157,9 @@ func (a *app) workerGet(ctx context.Context, id string, top uint32, withSessions
 			byTail[s.Tail] = append(byTail[s.Tail], s.SessionId)
 		}
 	}
-	doc := struct {
-		Worker workerView  `json:"worker"`
-		Chains []chainView `json:"chains"`
-		Read   readView    `json:"read"`
-	}{Worker: v, Chains: []chainView{}, Read: readOf(resp.Read)}
+	doc := ctlview.WorkerDetail{Worker: v, Chains: []ctlview.Chain{}, Read: readOf(resp.Read)}
 	for _, ch := range resp.Chains {
-		doc.Chains = append(doc.Chains, chainView{
+		doc.Chains = append(doc.Chains, ctlview.Chain{
 			Tail: fmt.Sprintf("%016x", ch.Tail), Blocks: ch.Blocks,
 			Tokens: uint64(ch.Blocks) * uint64(v.BlockSize), Sessions: byTail[ch.Tail],
 		})
@@ -261,15 +222,7 @@ func listOrDash(xs []string, max int) string {
 	return fmt.Sprintf("%s,... (%d)", strings.Join(xs[:max], ","), len(xs))
 }
 
-// readView says which node answered a read and how fresh it was.
-type readView struct {
-	Node         string  `json:"node"`
-	AppliedIndex uint64  `json:"applied_index"`
-	StalenessMs  float64 `json:"staleness_ms"`
-	FromLeader   bool    `json:"from_leader"`
-}
-
-func readOf(r *kvdirv1.ReadInfo) readView {
-	return readView{Node: r.GetNodeId(), AppliedIndex: r.GetAppliedIndex(),
+func readOf(r *kvdirv1.ReadInfo) ctlview.Read {
+	return ctlview.Read{Node: r.GetNodeId(), AppliedIndex: r.GetAppliedIndex(),
 		StalenessMs: float64(r.GetStaleness().AsDuration()) / 1e6, FromLeader: r.GetFromLeader()}
 }

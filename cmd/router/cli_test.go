@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"io"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,26 +11,22 @@ import (
 	"github.com/kvdir/kvdir/internal/cli/clitest"
 )
 
-// runInProcess runs the command as main does, in this process.
-func runInProcess(args []string, environ map[string]string) clitest.Result {
-	var stdout, stderr bytes.Buffer
-	code := runMain(context.Background(), args, env(environ), &stdout, &stderr)
-	return clitest.Result{Code: code, Stdout: stdout.String(), Stderr: stderr.String()}
-}
-
 func TestCLI(t *testing.T) {
-	clitest.Version(t, "router", runInProcess([]string{"--version"}, nil))
 	p, _ := newProgram(env(nil), io.Discard, io.Discard)
 	var vars []string
 	p.Flags().VisitAll(func(f *pflag.Flag) { vars = append(vars, cli.EnvVar("ROUTER", f.Name)) })
-	clitest.Help(t, runInProcess([]string{"--help"}, nil), append(vars, "Examples:", "KVDIR_ROUTER_LOG_FORMAT", "(default 127.0.0.1:8080)")...)
-	clitest.UsageError(t, "router", runInProcess([]string{"--nope"}, nil), "unknown flag: --nope")
-	clitest.UsageError(t, "router", runInProcess(nil, nil), "give --directory")
 	static := []string{"--workers", "a=http://127.0.0.1:1", "--addr", "127.0.0.1:0"}
-	clitest.UsageError(t, "router", runInProcess(append(static, "--policy", "fastest"), nil), "--policy")
-	clitest.UsageError(t, "router", runInProcess(append(static, "--tokenizer", "remote"), nil), "--tokenize-url")
-	clitest.UsageError(t, "router", runInProcess([]string{"--workers", "a=ftp://x"}, nil), "scheme")
-	clitest.UsageError(t, "router", runInProcess(static, map[string]string{"KVDIR_ROUTER_MATCH_TIMEOUT": "soon"}), `KVDIR_ROUTER_MATCH_TIMEOUT="soon"`)
+	clitest.Checks{
+		Name: "router",
+		Help: []clitest.HelpCase{{Want: append(vars, "Examples:", "KVDIR_ROUTER_LOG_FORMAT", "(default 127.0.0.1:8080)")}},
+		Usage: []clitest.UsageCase{
+			{Want: "give --directory"},
+			{Args: append(static, "--policy", "fastest"), Want: "--policy"},
+			{Args: append(static, "--tokenizer", "remote"), Want: "--tokenize-url"},
+			{Args: []string{"--workers", "a=ftp://x"}, Want: "scheme"},
+			{Args: static, Env: []string{"KVDIR_ROUTER_MATCH_TIMEOUT=soon"}, Want: `KVDIR_ROUTER_MATCH_TIMEOUT="soon"`},
+		},
+	}.Run(t, clitest.InProcess(runMain))
 
 	// A variable sets its flag; the flag beats it.
 	_, o, err := parseFlags([]string{"--policy", "prefix"}, env(map[string]string{"KVDIR_ROUTER_POLICY": "round-robin",
@@ -48,15 +41,13 @@ func TestCLI(t *testing.T) {
 
 // TestProcessExitCodes runs the built binary.
 func TestProcessExitCodes(t *testing.T) {
-	bin := clitest.Build(t, "router")
-	clitest.Version(t, "router", clitest.Exec(t, bin, nil, "--version"))
-	clitest.Help(t, clitest.Exec(t, bin, nil, "--help"), "KVDIR_ROUTER_DIRECTORY", "KVDIR_ROUTER_POLICY", "KVDIR_ROUTER_LOG_LEVEL")
-	clitest.UsageError(t, "router", clitest.Exec(t, bin, nil, "--nope"), "unknown flag: --nope")
-	base := []string{"KVDIR_ROUTER_WORKERS=a=http://127.0.0.1:1", "KVDIR_ROUTER_ADDR=127.0.0.1:0", "KVDIR_ROUTER_POLICY=fastest"}
-	clitest.UsageError(t, "router", clitest.Exec(t, bin, base), `"fastest"`)
-	r := clitest.Exec(t, bin, base, "--policy", "slowest")
-	clitest.UsageError(t, "router", r, `"slowest"`)
-	if strings.Contains(r.Stderr, "fastest") {
-		t.Errorf("the flag did not beat the variable: %s", r.Stderr)
-	}
+	clitest.Checks{
+		Name: "router",
+		Help: []clitest.HelpCase{{Want: []string{"KVDIR_ROUTER_DIRECTORY", "KVDIR_ROUTER_POLICY", "KVDIR_ROUTER_LOG_LEVEL"}}},
+		Precedence: &clitest.PrecedenceCase{
+			Env:     []string{"KVDIR_ROUTER_WORKERS=a=http://127.0.0.1:1", "KVDIR_ROUTER_ADDR=127.0.0.1:0", "KVDIR_ROUTER_POLICY=fastest"},
+			WantEnv: `"fastest"`,
+			Flag:    []string{"--policy", "slowest"}, WantFlag: `"slowest"`, NotWant: "fastest",
+		},
+	}.Run(t, clitest.Binary(t, "router"))
 }

@@ -113,8 +113,7 @@ func KVDIRVars(objs []Object) []ContainerVars {
 	var out []ContainerVars
 	for _, w := range workloads(objs) {
 		for _, c := range containers(&w.template.Spec) {
-			name, _, _ := strings.Cut(c.Image, ":")
-			bin, ok := strings.CutPrefix(name, "kvdir/")
+			_, bin, ok := kvdirImage(c.Image)
 			if !ok {
 				continue
 			}
@@ -128,6 +127,14 @@ func KVDIRVars(objs []Object) []ContainerVars {
 		}
 	}
 	return out
+}
+
+// kvdirImage splits a kvdir image, kvdir/<binary>[:tag], into its name
+// without the tag and the binary; ok is false for any other image.
+func kvdirImage(image string) (name, binary string, ok bool) {
+	name, _, _ = strings.Cut(image, ":")
+	binary, ok = strings.CutPrefix(name, "kvdir/")
+	return name, binary, ok
 }
 
 // ContainerVars is one container's kvdir binary and KVDIR_ variables.

@@ -75,8 +75,7 @@ func TestImagesAreBuilt(t *testing.T) {
 	}
 	for _, w := range workloads(objs) {
 		for _, c := range containers(&w.template.Spec) {
-			name, _, _ := strings.Cut(c.Image, ":")
-			bin, ok := strings.CutPrefix(name, "kvdir/")
+			name, bin, ok := kvdirImage(c.Image)
 			if !ok {
 				continue
 			}

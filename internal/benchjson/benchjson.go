@@ -111,6 +111,26 @@ func New(tool string) *Results {
 	return &Results{Tool: tool, Machine: ThisMachine(), Started: time.Now().UTC().Truncate(time.Second)}
 }
 
+// Measures are a tool's numbers of one run, which put themselves into its
+// results as figures and details.
+type Measures interface {
+	Results(*Results) error
+}
+
+// Measure starts the results of a run of tool (see New), runs measure and
+// puts what it measured into them.
+func Measure[M Measures](tool string, measure func() (M, error)) (*Results, error) {
+	res := New(tool)
+	m, err := measure()
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Results(res); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
 // Add appends a figure.
 func (r *Results) Add(f Figure) { r.Figures = append(r.Figures, f) }
 

@@ -1,6 +1,7 @@
 package benchjson
 
 import (
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -72,5 +73,23 @@ func TestRoundTrip(t *testing.T) {
 	}
 	if strings.Contains(string(back.Details), `\u003e`) {
 		t.Fatalf("details HTML-escaped: %s", back.Details)
+	}
+}
+
+type fakeMeasures struct{ v float64 }
+
+func (m *fakeMeasures) Results(r *Results) error {
+	r.Add(Figure{Name: "x", Unit: "s", Measured: m.v})
+	return nil
+}
+
+func TestMeasure(t *testing.T) {
+	r, err := Measure("fake", func() (*fakeMeasures, error) { return &fakeMeasures{v: 2}, nil })
+	if err != nil || r.Tool != "fake" || r.Started.IsZero() || len(r.Figures) != 1 || r.Figures[0].Measured != 2 {
+		t.Fatalf("results %+v, err %v", r, err)
+	}
+	failed := errors.New("no engine")
+	if r, err := Measure("fake", func() (*fakeMeasures, error) { return nil, failed }); r != nil || !errors.Is(err, failed) {
+		t.Fatalf("a failed run: results %+v, err %v", r, err)
 	}
 }

@@ -3,39 +3,9 @@ package simengine
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"testing"
 	"time"
 )
-
-// prompter builds request prompts: a 1,024-token system prompt shared by all,
-// 256 tokens shared by groups of 8 requests (a conversation), and 64 tokens
-// unique to the request.
-type prompter struct {
-	rng    *rand.Rand
-	system []uint32
-	conv   []uint32
-	buf    []uint32
-}
-
-func newPrompter() *prompter {
-	rng := rand.New(rand.NewPCG(1, 1))
-	return &prompter{rng: rng, system: randTokens(rng, 1024, 128000), conv: make([]uint32, 256)}
-}
-
-// prompt returns the prompt of request i; it is valid until the next call.
-func (p *prompter) prompt(i int) []uint32 {
-	if i%8 == 0 {
-		for j := range p.conv {
-			p.conv[j] = uint32(p.rng.IntN(128000))
-		}
-	}
-	p.buf = append(append(p.buf[:0], p.system...), p.conv...)
-	for range 64 {
-		p.buf = append(p.buf, uint32(p.rng.IntN(128000)))
-	}
-	return p.buf
-}
 
 // BenchmarkEngineVirtual measures the scheduler's own overhead: requests per
 // second of wall time on a virtual clock (time scale 0), with up to 512
@@ -43,13 +13,13 @@ func (p *prompter) prompt(i int) []uint32 {
 // generated tokens. The prompt generator's cost is included.
 func BenchmarkEngineVirtual(b *testing.B) {
 	e := mustEngine(b, Config{CapacityBlocks: 32768}, nil)
-	p := newPrompter()
+	p := NewBenchPrompts()
 	b.ReportAllocs()
 	b.ResetTimer()
 	now, submitted, finished := time.Duration(0), 0, 0
 	for finished < b.N {
 		for submitted < b.N && submitted-finished < 512 {
-			if err := e.Submit(now, Request{ID: fmt.Sprint(submitted), Tokens: p.prompt(submitted), MaxTokens: 32}); err != nil {
+			if err := e.Submit(now, Request{ID: fmt.Sprint(submitted), Tokens: p.Prompt(submitted), MaxTokens: 32}); err != nil {
 				b.Fatal(err)
 			}
 			submitted++
@@ -73,7 +43,7 @@ func BenchmarkRunnerScaleZero(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	p := newPrompter()
+	p := NewBenchPrompts()
 	b.ReportAllocs()
 	b.ResetTimer()
 	streams := make(chan *Stream, 512)
@@ -81,7 +51,7 @@ func BenchmarkRunnerScaleZero(b *testing.B) {
 	go func() {
 		defer close(streams)
 		for i := range b.N {
-			s, err := r.Submit(Request{ID: fmt.Sprint(i), Tokens: p.prompt(i), MaxTokens: 32})
+			s, err := r.Submit(Request{ID: fmt.Sprint(i), Tokens: p.Prompt(i), MaxTokens: 32})
 			if err != nil {
 				submitErr <- err
 				return

@@ -1,19 +1,18 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvdir/kvdir/bench/agentbench"
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 func newAgent(log *slog.Logger) *cobra.Command {
-	var (
-		o   = agentbench.Defaults
-		out string
-	)
-	cmd := &cobra.Command{
+	o := agentbench.Defaults
+	cmd := measureCommand(&cobra.Command{
 		Use:   "agent",
 		Short: "Measure the agent's event path and the engine model (make bench-agent)",
 		Long: `Measures kvdir's engine side: how fast the agent's hot path decodes, re-hashes and maps
@@ -23,18 +22,11 @@ and its agent on loopback); and the engine model's own scheduling overhead at ti
 0. Writes the figures as JSON.`,
 		Example: `  kvbench agent --out bench/results/agent.json
   kvbench agent --skip-e2e --out -`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Log = log
-			res, err := agentbench.Run(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			return writeResults(cmd, args, log, res, out)
-		},
-	}
+	}, agentbench.Tool, log, func(ctx context.Context) (*benchjson.Results, error) {
+		o.Log = log
+		return agentbench.Run(ctx, o)
+	})
 	fl := cmd.Flags()
-	fl.StringVarP(&out, "out", "o", "bench/results/agent.json", "where to write the JSON results (- for standard output)")
 	fl.DurationVar(&o.DecodeFor, "decode-for", o.DecodeFor, "how long the decode+hash+map loop runs")
 	fl.IntVar(&o.Requests, "requests", o.Requests, "chat requests timed end to end")
 	fl.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "chat requests in flight during the end-to-end phase")

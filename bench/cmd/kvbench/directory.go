@@ -1,21 +1,22 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvdir/kvdir/bench/dirbench"
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 func newDirectory(log *slog.Logger) *cobra.Command {
 	var (
 		o         = dirbench.Defaults
-		out       string
 		nodeFlags string
 	)
-	cmd := &cobra.Command{
+	cmd := measureCommand(&cobra.Command{
 		Use:   "directory",
 		Short: "Measure a 3-process directory cluster under 64 publishing workers (make bench-directory)",
 		Long: `Starts three directory processes on loopback (BoltDB on disk), publishes the index
@@ -24,18 +25,11 @@ match latency against a follower, snapshot time and size, and a follower's resta
 catch-up. Writes the figures as JSON.`,
 		Example: `  kvbench directory --out bench/results/directory.json
   kvbench directory --scale 0.5 --latency-rate 500000 --out -`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Log, o.NodeFlags = log, strings.Fields(nodeFlags)
-			res, err := dirbench.Run(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			return writeResults(cmd, args, log, res, out)
-		},
-	}
+	}, dirbench.Tool, log, func(ctx context.Context) (*benchjson.Results, error) {
+		o.Log, o.NodeFlags = log, strings.Fields(nodeFlags)
+		return dirbench.Run(ctx, o)
+	})
 	fl := cmd.Flags()
-	fl.StringVarP(&out, "out", "o", "bench/results/directory.json", "where to write the JSON results (- for standard output)")
 	fl.Float64Var(&o.Scale, "scale", o.Scale, "fraction of the full shape's 10 M entries to publish")
 	fl.IntVar(&o.BatchBlocks, "batch-blocks", o.BatchBlocks, "blocks per published batch (at most)")
 	fl.IntVar(&o.Inflight, "inflight", o.Inflight, "batches in flight per worker stream")

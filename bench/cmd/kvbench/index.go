@@ -1,19 +1,18 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvdir/kvdir/bench/indexbench"
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 func newIndex(log *slog.Logger) *cobra.Command {
-	var (
-		o   = indexbench.Defaults
-		out string
-	)
-	cmd := &cobra.Command{
+	o := indexbench.Defaults
+	cmd := measureCommand(&cobra.Command{
 		Use:   "index",
 		Short: "Measure the block-prefix index and the content hash (make bench-index)",
 		Long: `Measures the block-prefix index (apply rate, match latency under writes, memory,
@@ -22,18 +21,11 @@ snapshot throughput) and the content hash at the full shape of the project's fig
 github.com/armon/go-radix at a reduced scale, and writes the figures as JSON.`,
 		Example: `  kvbench index --out bench/results/index.json
   kvbench index --scale 0.01 --out -      # a quick look at 1 % of the shape`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Log = log
-			res, err := indexbench.Run(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			return writeResults(cmd, args, log, res, out)
-		},
-	}
+	}, indexbench.Tool, log, func(ctx context.Context) (*benchjson.Results, error) {
+		o.Log = log
+		return indexbench.Run(ctx, o)
+	})
 	fl := cmd.Flags()
-	fl.StringVarP(&out, "out", "o", "bench/results/index.json", "where to write the JSON results (- for standard output)")
 	fl.Float64Var(&o.Scale, "scale", o.Scale, "fraction of the full shape's 10 M entries to build")
 	fl.IntVar(&o.Matches, "matches", o.Matches, "match queries to time under write load")
 	fl.IntVar(&o.WriteRate, "write-rate", o.WriteRate, "block events per second applied while matches are timed")

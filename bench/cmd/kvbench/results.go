@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -47,4 +48,21 @@ func writeResults(cmd *cobra.Command, args []string, log *slog.Logger, res *benc
 		log.Info("wrote results", "file", out)
 	}
 	return nil
+}
+
+// measureCommand completes cmd, the subcommand of a measuring tool (index,
+// directory, agent, router): it takes no arguments, its --out defaults to
+// bench/results/<tool>.json, and it runs run and writes the results there.
+func measureCommand(cmd *cobra.Command, tool string, log *slog.Logger, run func(context.Context) (*benchjson.Results, error)) *cobra.Command {
+	var out string
+	cmd.Args = cobra.NoArgs
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		res, err := run(cmd.Context())
+		if err != nil {
+			return err
+		}
+		return writeResults(cmd, args, log, res, out)
+	}
+	cmd.Flags().StringVarP(&out, "out", "o", "bench/results/"+tool+".json", "where to write the JSON results (- for standard output)")
+	return cmd
 }

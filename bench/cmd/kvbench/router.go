@@ -1,19 +1,18 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvdir/kvdir/bench/routerbench"
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 func newRouter(log *slog.Logger) *cobra.Command {
-	var (
-		o   = routerbench.Defaults
-		out string
-	)
-	cmd := &cobra.Command{
+	o := routerbench.Defaults
+	cmd := measureCommand(&cobra.Command{
 		Use:   "router",
 		Short: "Measure the router's decision time, its overhead against HAProxy and its throughput (make bench-router)",
 		Long: `Starts a fleet (3 directory nodes, 4 enginesims with agents, a kvdir router) and measures
@@ -23,18 +22,11 @@ times it (POST /v1/kvdir/explain); its proxy overhead on small requests next to 
 Writes the figures as JSON.`,
 		Example: `  kvbench router --out bench/results/router.json
   kvbench router --skip-overhead --sessions 2 --out -`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Log = log
-			res, err := routerbench.Run(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			return writeResults(cmd, args, log, res, out)
-		},
-	}
+	}, routerbench.Tool, log, func(ctx context.Context) (*benchjson.Results, error) {
+		o.Log = log
+		return routerbench.Run(ctx, o)
+	})
 	fl := cmd.Flags()
-	fl.StringVarP(&out, "out", "o", "bench/results/router.json", "where to write the JSON results (- for standard output)")
 	fl.IntVar(&o.Sessions, "sessions", o.Sessions, "long sessions built for the decision phase")
 	fl.IntVar(&o.SessionTokens, "session-tokens", o.SessionTokens, "prompt tokens of each session when the decision is timed")
 	fl.IntVar(&o.TurnTokens, "turn-tokens", o.TurnTokens, "tokens added per turn while a session is built")
