@@ -1,0 +1,326 @@
+// Package docs checks the commands and captured output in the repository's
+// guides against a real run, so that the documentation and the programs
+// cannot drift apart. See internal/testkit/transcript for the format.
+package docs
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvdir/kvdir/internal/testkit/transcript"
+)
+
+// notRun lists every command the tests leave out, with the reason. A step
+// is left out when its file matches and its command contains the text.
+var notRun = []struct{ file, contains, reason string }{
+	{"*", "make demo", "minutes of replay; the demo's own test covers it"},
+	{"*", "make test", "runs the whole test suite, this test included"},
+	{"*", "make bench", "the benchmarks take minutes; their results are in bench/results"},
+	{"*", "make build", "compiles every package; the build itself is checked by every test"},
+	{"*", "make help", "lists make targets; nothing to compare"},
+	{"*", "make cluster-up", "Docker; the chaos tier (make test-chaos) runs the compose cluster"},
+	{"*", "make dev", "run below as ./bin/kvbench dev, which is what make dev runs after make bin"},
+	{"*", "go test ", "runs another tier's tests"},
+	{"*", "go run ./cmd/enginesim", "the same commands as ./bin/enginesim, checked in the other guides"},
+	{"*", "vllm serve", "needs a GPU and vLLM"},
+	{"*", "kvdirctl completion", "writes a completion script into the shell; the unit tests check the scripts"},
+	{"*", "--workers a=http://10.0.0.7", "addresses of engines that do not exist here"},
+	{"*", "members add n4", "a template (HOST:PORT), not a command"},
+	{"cmd/directory/README.md", "--config /tmp/kvdir/n3.yaml\n", "runs a node in the foreground until Ctrl-C"},
+	{"docs/running.md", "make cluster-up", "Docker; the chaos tier (make test-chaos) runs the compose cluster"},
+	{"*", "--watch", "runs until Ctrl-C"},
+}
+
+// uncheckedOutput lists steps that are run (and must succeed) but whose
+// captured output is not compared, with the reason.
+var uncheckedOutput = []struct{ file, contains, reason string }{
+	{"cmd/directory/README.md", "kill -TERM %3", "the log shows n3 handing over leadership; which node leads is the election's choice"},
+	{"cmd/router/README.md", "v1/kvdir/explain", "abridged and wrapped by hand; the step must still succeed"},
+}
+
+// exact lists steps whose output is compared exactly (only the version
+// string and column padding may differ): help, versions, usage and
+// configuration errors.
+var exact = []struct{ file, contains string }{
+	{"cmd/directory/README.md", "--version"},
+	{"cmd/directory/README.md", "--config"},
+	{"cmd/directory/README.md", "--tls-key"},
+	{"cmd/kvdirctl/README.md", "kvdirctl who-holds\n"},
+	{"cmd/kvdirctl/README.md", "--chat hi --tokens"},
+	{"cmd/kvdirctl/README.md", "127.0.0.1:7901"},
+	{"cmd/kvdirctl/README.md", "127.0.0.1:8090"},
+}
+
+func lookup[T any](rows []T, file, cmd string, key func(T) (string, string)) (T, bool) {
+	for _, r := range rows {
+		f, c := key(r)
+		if (f == "*" || f == file) && strings.Contains(cmd+"\n", c) {
+			return r, true
+		}
+	}
+	var zero T
+	return zero, false
+}
+
+type row = struct{ file, contains, reason string }
+
+func rowKey(r row) (string, string) { return r.file, r.contains }
+
+var (
+	root   string
+	tmpDir string
+)
+
+func TestMain(m *testing.M) {
+	wd, _ := os.Getwd()
+	root = filepath.Dir(filepath.Dir(wd))
+	os.Exit(m.Run())
+}
+
+// buildBin is make bin: every binary the guides run, into ./bin.
+func buildBin(t *testing.T) {
+	t.Helper()
+	start := time.Now()
+	cmd := exec.Command("go", "build", "-o", filepath.Join(root, "bin")+"/",
+		"./cmd/directory", "./cmd/agent", "./cmd/router", "./cmd/enginesim", "./cmd/kvdirctl", "./bench/cmd/kvbench")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make bin: %v\n%s", err, out)
+	}
+	t.Logf("built ./bin in %v", time.Since(start).Round(time.Millisecond))
+}
+
+// guide runs the steps of some of a file's blocks in one shell.
+type guide struct {
+	file string
+	// blocks selects the blocks by heading; nil runs every block.
+	headings []string
+	env      []string
+	// rewrite turns the document's command into the one run (e.g. the
+	// router's URL); undo turns the output back (the temporary folder).
+	rewrite func(string) string
+	undo    func(string) string
+	// extraRules are added to the live rules (for this guide only).
+	extraRules []transcript.Rule
+	// before runs before a step whose command contains the key.
+	before map[string]func(t *testing.T, sh *transcript.Shell)
+}
+
+func (g guide) selected(b *transcript.Block) bool {
+	if g.headings == nil {
+		return true
+	}
+	for _, h := range g.headings {
+		if b.Heading == h {
+			return true
+		}
+	}
+	return false
+}
+
+// tmpRewrite maps the guides' /tmp folders into the test's own.
+func tmpRewrite(dir string) (func(string) string, func(string) string) {
+	re := regexp.MustCompile(`/tmp/(kvdir|kvc)\b`)
+	back := regexp.MustCompile(regexp.QuoteMeta(dir) + `/(kvdir|kvc)\b`)
+	return func(s string) string { return re.ReplaceAllString(s, dir+"/$1") },
+		func(s string) string { return back.ReplaceAllString(s, "/tmp/$1") }
+}
+
+func (g guide) run(t *testing.T, sh *transcript.Shell) {
+	src, err := os.ReadFile(filepath.Join(root, g.file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range transcript.Parse(g.file, src) {
+		if !g.selected(b) {
+			continue
+		}
+		if file, ok := fileBlock(b); ok {
+			content := strings.Join(b.Lines[1:], "\n") + "\n"
+			if err := os.WriteFile(g.rewrite(file), []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		for _, st := range b.Steps() {
+			g.step(t, sh, b, st)
+		}
+	}
+}
+
+// fileBlock: a yaml block whose first line is "# /tmp/..." is a file's
+// content; the guide's later commands read it.
+func fileBlock(b *transcript.Block) (string, bool) {
+	if b.Lang != "yaml" || len(b.Lines) == 0 || !strings.HasPrefix(b.Lines[0], "# /tmp/") {
+		return "", false
+	}
+	return strings.TrimPrefix(b.Lines[0], "# "), true
+}
+
+func (g guide) step(t *testing.T, sh *transcript.Shell, b *transcript.Block, st transcript.Step) {
+	where := fmt.Sprintf("%s:%d", g.file, st.Line)
+	cmd := strings.TrimSpace(st.Cmd)
+	if r, ok := lookup(notRun, g.file, cmd, rowKey); ok {
+		t.Logf("%s: not run (%s): %s", where, r.reason, firstLine(cmd))
+		return
+	}
+	// "make bin" was done by the test, once.
+	cmd = regexp.MustCompile(`(?m)^make bin.*$`).ReplaceAllString(cmd, ":")
+	for k, f := range g.before {
+		if strings.Contains(cmd, k) {
+			f(t, sh)
+		}
+	}
+	run := g.rewrite(cmd)
+	out, rc, err := sh.Run(run, 90*time.Second)
+	if err != nil {
+		t.Fatalf("%s: %s: %v", where, firstLine(cmd), err)
+	}
+	out = g.undo(out)
+	if rc != st.WantExit {
+		t.Errorf("%s: %s\nexit status %d, the document shows %d; output:\n%s", where, cmd, rc, st.WantExit, out)
+		return
+	}
+	if !st.HasOutput {
+		return
+	}
+	if r, ok := lookup(uncheckedOutput, g.file, cmd, rowKey); ok {
+		t.Logf("%s: output not compared (%s)", where, r.reason)
+		return
+	}
+	rules := append(append([]transcript.Rule{}, g.extraRules...), transcript.Live...)
+	if _, ok := lookup(exact, g.file, cmd, func(r struct{ file, contains string }) (string, string) { return r.file, r.contains }); ok {
+		rules = transcript.Exact
+	}
+	got := strings.Split(out, "\n")
+	if strings.TrimSpace(out) == "" && len(st.Want) > 0 {
+		// The output shown is a log the command's background process
+		// writes (2> FILE &): wait until the log has it.
+		if log := logFile(run); log != "" {
+			got = waitLog(t, log, st.Want, rules, g.undo)
+		}
+	}
+	want := transcript.Normalise(st.Want, rules)
+	gotN := transcript.Normalise(got, rules)
+	if !transcript.Match(want, gotN) {
+		t.Errorf("%s: %s\noutput differs from the document (normalised by: %s; - document, + run):\n%s",
+			where, cmd, transcript.RuleNames(rules), transcript.Diff(want, gotN))
+	}
+}
+
+var logRE = regexp.MustCompile(`2> (\S+) &\s*$`)
+
+func logFile(cmd string) string {
+	lines := strings.Split(strings.TrimSpace(cmd), "\n")
+	if m := logRE.FindStringSubmatch(lines[len(lines)-1]); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
+// waitLog waits until the log holds the document's lines in a row (or the
+// deadline passes) and returns the matching window, or the whole log.
+func waitLog(t *testing.T, file string, want []string, rules []transcript.Rule, undo func(string) string) []string {
+	w := transcript.Normalise(want, rules)
+	deadline := time.Now().Add(20 * time.Second)
+	var lines []string
+	for {
+		b, _ := os.ReadFile(file)
+		lines = strings.Split(strings.TrimRight(undo(string(b)), "\n"), "\n")
+		n := transcript.Normalise(lines, rules)
+		for i := 0; i+len(w) <= len(n); i++ {
+			if transcript.Match(w, n[i:i+len(w)]) {
+				return lines[i : i+len(w)]
+			}
+		}
+		if time.Now().After(deadline) {
+			return lines
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
+}
+
+// portsFree fails the test when a fixed port of the guides is taken.
+func portsFree(t *testing.T, ports ...int) {
+	t.Helper()
+	for _, p := range ports {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			t.Fatalf("port %d, which the guide uses, is taken on this machine: %v", p, err)
+		}
+		l.Close()
+	}
+}
+
+var guidePorts = []int{7000, 7001, 7002, 7010, 7011, 7012, 7020, 7021, 7022, 8000, 8001, 8080, 5557, 5558, 5559, 5560, 9400, 9401}
+
+func newShell(t *testing.T, env ...string) *transcript.Shell {
+	t.Helper()
+	sh, err := transcript.NewShell(root, append([]string{"PATH=" + filepath.Join(root, "bin") + ":" + os.Getenv("PATH")}, env...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sh.Close)
+	return sh
+}
+
+// waitCond polls cond until it holds or the deadline passes.
+func waitCond(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestGuides(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts directory clusters, engines, agents and routers as processes (e2e tier); not with -short")
+	}
+	start := time.Now()
+	buildBin(t)
+	tmp := t.TempDir()
+	rw, undo := tmpRewrite(tmp)
+	for _, d := range []string{"kvdir", "kvc"} {
+		if err := os.MkdirAll(filepath.Join(tmp, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fresh := func(t *testing.T) {
+		for _, d := range []string{"kvdir", "kvc"} {
+			os.RemoveAll(filepath.Join(tmp, d))
+		}
+		portsFree(t, guidePorts...)
+	}
+
+	t.Run("directory", func(t *testing.T) {
+		fresh(t)
+		guide{file: "cmd/directory/README.md", rewrite: rw, undo: undo}.run(t, newShell(t))
+	})
+	t.Run("engine-side", func(t *testing.T) {
+		fresh(t)
+		guide{file: "docs/engine-side.md", rewrite: rw, undo: undo}.run(t, newShell(t))
+	})
+	t.Run("running-by-hand", func(t *testing.T) {
+		fresh(t)
+		guide{file: "docs/running.md", rewrite: rw, undo: undo,
+			headings: []string{"Build and test", "A directory cluster", "An engine simulator and its agent", "The router", "kvdirctl", "Stopping"},
+		}.run(t, newShell(t))
+	})
+	t.Logf("guides took %v", time.Since(start).Round(time.Second))
+}
