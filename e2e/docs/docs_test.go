@@ -5,7 +5,9 @@ package docs
 
 import (
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,6 +111,9 @@ type guide struct {
 	undo    func(string) string
 	// extraRules are added to the live rules (for this guide only).
 	extraRules []transcript.Rule
+	// only, when set, runs just the steps whose command contains one of
+	// these (the rest of the selected blocks are listed as not run).
+	only []string
 	// before runs before a step whose command contains the key.
 	before map[string]func(t *testing.T, sh *transcript.Shell)
 }
@@ -138,10 +143,20 @@ func (g guide) run(t *testing.T, sh *transcript.Shell) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range transcript.Parse(g.file, src) {
-		if !g.selected(b) {
-			continue
+	blocks := transcript.Parse(g.file, src)
+	if g.headings != nil {
+		// In the order of g.headings: a guide may describe its setup last.
+		var ordered []*transcript.Block
+		for _, h := range g.headings {
+			for _, b := range blocks {
+				if b.Heading == h {
+					ordered = append(ordered, b)
+				}
+			}
 		}
+		blocks = ordered
+	}
+	for _, b := range blocks {
 		if file, ok := fileBlock(b); ok {
 			content := strings.Join(b.Lines[1:], "\n") + "\n"
 			if err := os.WriteFile(g.rewrite(file), []byte(content), 0o644); err != nil {
@@ -169,6 +184,10 @@ func (g guide) step(t *testing.T, sh *transcript.Shell, b *transcript.Block, st 
 	cmd := strings.TrimSpace(st.Cmd)
 	if r, ok := lookup(notRun, g.file, cmd, rowKey); ok {
 		t.Logf("%s: not run (%s): %s", where, r.reason, firstLine(cmd))
+		return
+	}
+	if g.only != nil && !containsAny(cmd, g.only) {
+		t.Logf("%s: not run (the state this capture shows is not rebuilt by the test yet): %s", where, firstLine(cmd))
 		return
 	}
 	// "make bin" was done by the test, once.
@@ -247,6 +266,23 @@ func waitLog(t *testing.T, file string, want []string, rules []transcript.Rule, 
 	}
 }
 
+func containsAny(s string, subs []string) bool {
+	for _, x := range subs {
+		if strings.Contains(s+"\n", x) {
+			return true
+		}
+	}
+	return false
+}
+
+func tail(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
+
 func firstLine(s string) string {
 	l, _, _ := strings.Cut(s, "\n")
 	return l
@@ -288,6 +324,55 @@ func waitCond(t *testing.T, what string, timeout time.Duration, cond func() bool
 	}
 }
 
+func httpGet(url string) string {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func httpOK(url string) bool {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func kvdirctl(args ...string) string {
+	out, _ := exec.Command(filepath.Join(root, "bin", "kvdirctl"), args...).CombinedOutput()
+	return string(out)
+}
+
+// leaderIs moves leadership to the member the capture shows leading.
+func leaderIs(dir, id string) func(*testing.T, *transcript.Shell) {
+	return func(t *testing.T, _ *transcript.Shell) {
+		waitCond(t, id+" leading", 20*time.Second, func() bool {
+			if regexp.MustCompile(`leader:\s+` + id + ` `).MatchString(kvdirctl("-d", dir, "status")) {
+				return true
+			}
+			kvdirctl("-d", dir, "leader", "transfer", id)
+			return false
+		})
+	}
+}
+
+// waitSession waits until the directory has recorded a session.
+func waitSession(dir, session string) func(*testing.T, *transcript.Shell) {
+	return func(t *testing.T, _ *transcript.Shell) {
+		waitCond(t, "session "+session+" recorded", 20*time.Second, func() bool {
+			out, err := exec.Command(filepath.Join(root, "bin", "kvdirctl"), "-d", dir, "sessions", "--prefix", session).CombinedOutput()
+			return err == nil && strings.Contains(string(out), session+" ")
+		})
+	}
+}
+
 func TestGuides(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts directory clusters, engines, agents and routers as processes (e2e tier); not with -short")
@@ -314,13 +399,58 @@ func TestGuides(t *testing.T) {
 	})
 	t.Run("engine-side", func(t *testing.T) {
 		fresh(t)
-		guide{file: "docs/engine-side.md", rewrite: rw, undo: undo}.run(t, newShell(t))
+		guide{file: "docs/engine-side.md", rewrite: rw, undo: undo,
+			before: map[string]func(*testing.T, *transcript.Shell){
+				// The capture was taken a second or two later, after the
+				// agent's first heartbeat, with n2 leading.
+				"9400/metrics": func(t *testing.T, _ *transcript.Shell) {
+					waitCond(t, "the agent's first heartbeat", 20*time.Second, func() bool {
+						return strings.Contains(httpGet("http://127.0.0.1:9400/metrics"), `kvdir_agent_heartbeats_total{result="ok"`)
+					})
+				},
+				"7012/metrics": leaderIs("127.0.0.1:7001,127.0.0.1:7011,127.0.0.1:7021", "n2"),
+				"agentbench -list": func(t *testing.T, _ *transcript.Shell) {
+					waitCond(t, "the engine's load in the directory", 20*time.Second, func() bool {
+						return regexp.MustCompile(`prefix_hits: [1-9]`).MatchString(kvdirctl("-d", "127.0.0.1:7011", "workers", "get", "enginesim-0", "-o", "yaml"))
+					})
+				},
+			}}.run(t, newShell(t))
 	})
 	t.Run("running-by-hand", func(t *testing.T) {
 		fresh(t)
 		guide{file: "docs/running.md", rewrite: rw, undo: undo,
 			headings: []string{"Build and test", "A directory cluster", "An engine simulator and its agent", "The router", "kvdirctl", "Stopping"},
+			// A reader types the kvdirctl commands well after the router
+			// has recorded the session (every 250 ms); the test waits for it.
+			before: map[string]func(*testing.T, *transcript.Shell){
+				"who-holds demo-1": waitSession("127.0.0.1:7001,127.0.0.1:7011,127.0.0.1:7021", "demo-1"),
+			},
 		}.run(t, newShell(t))
+	})
+	t.Run("kvdirctl", func(t *testing.T) {
+		fresh(t)
+		guide{file: "cmd/kvdirctl/README.md", rewrite: rw, undo: undo,
+			headings: []string{"The cluster behind the examples", "Failover and errors"},
+			only: []string{"export PATH", "for i in 0 1", "chat() {", "kvdirctl who-holds chat-0000", "workers get enginesim-9",
+				"kvdirctl who-holds\n", "--chat hi --tokens", "127.0.0.1:7901", "127.0.0.1:8090"},
+			before: map[string]func(*testing.T, *transcript.Shell){
+				"chat() {": func(t *testing.T, _ *transcript.Shell) {
+					t.Cleanup(func() {
+						if t.Failed() {
+							logs, _ := filepath.Glob(filepath.Join(tmp, "kvc", "*.log"))
+							for _, l := range logs {
+								b, _ := os.ReadFile(l)
+								t.Logf("%s:\n%s", l, tail(string(b), 8))
+							}
+						}
+					})
+					waitCond(t, "the router ready with both workers", 30*time.Second, func() bool {
+						return httpOK("http://127.0.0.1:8080/readyz") &&
+							strings.Count(kvdirctl("-d", "127.0.0.1:7001,127.0.0.1:7011,127.0.0.1:7021", "workers"), "ACTIVE") == 2
+					})
+				},
+			},
+		}.run(t, newShell(t, "KVDIR_CTL_DIRECTORY=127.0.0.1:7001,127.0.0.1:7011,127.0.0.1:7021"))
 	})
 	t.Logf("guides took %v", time.Since(start).Round(time.Second))
 }
