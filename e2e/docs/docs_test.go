@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -100,7 +101,10 @@ func buildBin(t *testing.T) {
 }
 
 // guide runs the steps of some of a file's blocks in one shell.
+type stats struct{ compared, ran, skipped int }
+
 type guide struct {
+	st   *stats
 	file string
 	// blocks selects the blocks by heading; nil runs every block.
 	headings []string
@@ -143,6 +147,11 @@ func (g guide) run(t *testing.T, sh *transcript.Shell) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	g.st = &stats{}
+	defer func() {
+		t.Logf("%s: %d steps compared with their output, %d run without output to compare, %d not run (listed above)",
+			g.file, g.st.compared, g.st.ran, g.st.skipped)
+	}()
 	blocks := transcript.Parse(g.file, src)
 	if g.headings != nil {
 		// In the order of g.headings: a guide may describe its setup last.
@@ -184,10 +193,12 @@ func (g guide) step(t *testing.T, sh *transcript.Shell, b *transcript.Block, st 
 	cmd := strings.TrimSpace(st.Cmd)
 	if r, ok := lookup(notRun, g.file, cmd, rowKey); ok {
 		t.Logf("%s: not run (%s): %s", where, r.reason, firstLine(cmd))
+		g.st.skipped++
 		return
 	}
 	if g.only != nil && !containsAny(cmd, g.only) {
 		t.Logf("%s: not run (the state this capture shows is not rebuilt by the test yet): %s", where, firstLine(cmd))
+		g.st.skipped++
 		return
 	}
 	// "make bin" was done by the test, once.
@@ -208,12 +219,15 @@ func (g guide) step(t *testing.T, sh *transcript.Shell, b *transcript.Block, st 
 		return
 	}
 	if !st.HasOutput {
+		g.st.ran++
 		return
 	}
 	if r, ok := lookup(uncheckedOutput, g.file, cmd, rowKey); ok {
 		t.Logf("%s: output not compared (%s)", where, r.reason)
+		g.st.ran++
 		return
 	}
+	g.st.compared++
 	rules := append(append([]transcript.Rule{}, g.extraRules...), transcript.Live...)
 	if _, ok := lookup(exact, g.file, cmd, func(r struct{ file, contains string }) (string, string) { return r.file, r.contains }); ok {
 		rules = transcript.Exact
@@ -335,6 +349,51 @@ func httpGet(url string) string {
 	return string(b)
 }
 
+type syncWriter struct {
+	mu sync.Mutex
+	w  *strings.Builder
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
+}
+
+// checkDevOutput compares what kvbench dev printed with the output of
+// make dev that docs/running.md shows.
+func checkDevOutput(t *testing.T, got string) {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join(root, "docs/running.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The output is the first plain block after the make dev block.
+	seen := false
+	for _, b := range transcript.Parse("docs/running.md", src) {
+		if b.Lang == "sh" && strings.TrimSpace(b.Text()) == "make dev" {
+			seen = true
+			continue
+		}
+		if seen && b.Lang == "" {
+			want := transcript.Normalise(b.Lines, transcript.Live)
+			gotN := transcript.Normalise(strings.Split(got, "\n"), transcript.Live)
+			if !transcript.Match(want, gotN) {
+				t.Errorf("docs/running.md:%d: make dev\noutput differs from the document (normalised by: %s; - document, + run):\n%s",
+					b.Line, transcript.RuleNames(transcript.Live), transcript.Diff(want, gotN))
+			}
+			return
+		}
+	}
+	t.Errorf("docs/running.md: no make dev block with its output")
+}
+
 func httpOK(url string) bool {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get(url)
@@ -451,6 +510,43 @@ func TestGuides(t *testing.T) {
 				},
 			},
 		}.run(t, newShell(t, "KVDIR_CTL_DIRECTORY=127.0.0.1:7001,127.0.0.1:7011,127.0.0.1:7021"))
+	})
+	t.Run("dev-fleet", func(t *testing.T) {
+		fresh(t)
+		// make dev: ./bin/kvbench dev, until it prints the export line.
+		dev := exec.Command(filepath.Join(root, "bin", "kvbench"), "dev")
+		dev.Dir = root
+		var out strings.Builder
+		dev.Stdout = &syncWriter{w: &out}
+		if err := dev.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = dev.Process.Signal(os.Interrupt); _ = dev.Wait() })
+		var export string
+		waitCond(t, "kvbench dev to print its export line", 90*time.Second, func() bool {
+			m := regexp.MustCompile(`(?m)^  export (.*)$`).FindStringSubmatch(dev.Stdout.(*syncWriter).String())
+			if m != nil {
+				export = m[1]
+			}
+			return m != nil
+		})
+		checkDevOutput(t, dev.Stdout.(*syncWriter).String())
+		env := strings.Fields(export)
+		router := strings.TrimPrefix(env[0], "ROUTER=")
+		tiebreak := transcript.NewRule("tiebreak", "sim-0 and sim-1: with both workers idle and empty, turn 1's worker is chosen at random",
+			`\bsim-[01]\b`, "sim-<k>")
+		guide{file: "docs/running.md", rewrite: rw, undo: undo, headings: []string{"A local fleet: `make dev`"},
+			extraRules: []transcript.Rule{tiebreak}}.run(t, newShell(t, env...))
+		host := strings.TrimPrefix(router, "http://")
+		guide{file: "cmd/router/README.md", headings: []string{"What a request looks like"},
+			// running.md's session demo-1 already ran on this fleet; the
+			// router guide's capture starts a fresh one.
+			rewrite: func(s string) string {
+				return strings.ReplaceAll(strings.ReplaceAll(s, "localhost:8080", host), "demo-1", "demo-r")
+			},
+			undo:       func(s string) string { return strings.ReplaceAll(s, "demo-r", "demo-1") },
+			extraRules: []transcript.Rule{tiebreak},
+		}.run(t, newShell(t, env...))
 	})
 	t.Logf("guides took %v", time.Since(start).Round(time.Second))
 }

@@ -17,6 +17,9 @@ type Rule struct {
 
 func (r Rule) Apply(s string) string { return r.fn(s) }
 
+// NewRule is a rule replacing a regular expression's matches.
+func NewRule(name, doc, pattern, repl string) Rule { return reRule(name, doc, pattern, repl) }
+
 func reRule(name, doc, pattern, repl string) Rule {
 	re := regexp.MustCompile(pattern)
 	return Rule{Name: name, Doc: doc, fn: func(s string) string { return re.ReplaceAllString(s, repl) }}
