@@ -36,7 +36,7 @@ var notRun = []struct{ file, contains, reason string }{
 	{"*", "kvdirctl completion", "writes a completion script into the shell; the unit tests check the scripts"},
 	{"*", "--workers a=http://10.0.0.7", "addresses of engines that do not exist here"},
 	{"*", "members add n4", "a template (HOST:PORT), not a command"},
-	{"cmd/directory/README.md", "--config /tmp/kvdir/n3.yaml\n", "runs a node in the foreground until Ctrl-C"},
+	{"cmd/directory/README.md", "KVDIR_DIRECTORY_LOG_LEVEL=info ./bin/directory --config", "runs a node in the foreground until Ctrl-C"},
 	{"docs/running.md", "make cluster-up", "Docker; the chaos tier (make test-chaos) runs the compose cluster"},
 	{"*", "--watch", "runs until Ctrl-C"},
 }
