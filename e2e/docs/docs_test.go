@@ -118,8 +118,67 @@ type guide struct {
 	// only, when set, runs just the steps whose command contains one of
 	// these (the rest of the selected blocks are listed as not run).
 	only []string
+	// order, when set, runs the file's steps in this order (the order of
+	// the capture, which the guide describes) instead of the document's;
+	// a step in neither order nor notRun is an error.
+	order []seq
 	// before runs before a step whose command contains the key.
 	before map[string]func(t *testing.T, sh *transcript.Shell)
+}
+
+// seq names a step by its command's first line (and which occurrence),
+// with what to wait for before it.
+type seq struct {
+	first  string
+	nth    int // 0 or 1: the first occurrence
+	before func(t *testing.T)
+}
+
+func (g guide) runOrdered(t *testing.T, sh *transcript.Shell, blocks []*transcript.Block) {
+	type ref struct {
+		b  *transcript.Block
+		st transcript.Step
+	}
+	var all []ref
+	for _, b := range blocks {
+		for _, st := range b.Steps() {
+			all = append(all, ref{b, st})
+		}
+	}
+	used := map[int]bool{}
+	find := func(e seq) int {
+		n := 0
+		for i, r := range all {
+			if strings.TrimSpace(firstLine(r.st.Cmd)) == e.first {
+				n++
+				if n == max(e.nth, 1) {
+					return i
+				}
+			}
+		}
+		return -1
+	}
+	for _, e := range g.order {
+		i := find(e)
+		if i < 0 {
+			t.Fatalf("%s: no step %q (occurrence %d): the guide changed; update the capture order in the test", g.file, e.first, max(e.nth, 1))
+		}
+		used[i] = true
+		if e.before != nil {
+			e.before(t)
+		}
+		g.step(t, sh, all[i].b, all[i].st)
+	}
+	for i, r := range all {
+		if used[i] {
+			continue
+		}
+		if _, ok := lookup(notRun, g.file, strings.TrimSpace(r.st.Cmd), rowKey); ok {
+			g.step(t, sh, r.b, r.st) // logs the reason
+			continue
+		}
+		t.Errorf("%s:%d: %s: neither in the capture order nor listed as not run", g.file, r.st.Line, firstLine(r.st.Cmd))
+	}
 }
 
 func (g guide) selected(b *transcript.Block) bool {
@@ -164,6 +223,10 @@ func (g guide) run(t *testing.T, sh *transcript.Shell) {
 			}
 		}
 		blocks = ordered
+	}
+	if g.order != nil {
+		g.runOrdered(t, sh, blocks)
+		return
 	}
 	for _, b := range blocks {
 		if file, ok := fileBlock(b); ok {
@@ -243,8 +306,8 @@ func (g guide) step(t *testing.T, sh *transcript.Shell, b *transcript.Block, st 
 	want := transcript.Normalise(st.Want, rules)
 	gotN := transcript.Normalise(got, rules)
 	if !transcript.Match(want, gotN) {
-		t.Errorf("%s: %s\noutput differs from the document (normalised by: %s; - document, + run):\n%s",
-			where, cmd, transcript.RuleNames(rules), transcript.Diff(want, gotN))
+		t.Errorf("%s: %s\noutput differs from the document (normalised by: %s; - document, + run):\n%s\n(%d vs %d lines) raw output:\n%q",
+			where, cmd, transcript.RuleNames(rules), transcript.Diff(want, gotN), len(want), len(gotN), got)
 	}
 }
 
@@ -332,7 +395,8 @@ func waitCond(t *testing.T, what string, timeout time.Duration, cond func() bool
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+			t.Fatalf("timed out after %v waiting for %s\nkvdirctl workers --all:\n%s", timeout, what,
+				kvdirctl("-d", "127.0.0.1:7001,127.0.0.1:7011,127.0.0.1:7021", "workers", "--all"))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -488,28 +552,7 @@ func TestGuides(t *testing.T) {
 	})
 	t.Run("kvdirctl", func(t *testing.T) {
 		fresh(t)
-		guide{file: "cmd/kvdirctl/README.md", rewrite: rw, undo: undo,
-			headings: []string{"The cluster behind the examples", "Failover and errors"},
-			only: []string{"export PATH", "for i in 0 1", "chat() {", "kvdirctl who-holds chat-0000", "workers get enginesim-9",
-				"kvdirctl who-holds\n", "--chat hi --tokens", "127.0.0.1:7901", "127.0.0.1:8090"},
-			before: map[string]func(*testing.T, *transcript.Shell){
-				"chat() {": func(t *testing.T, _ *transcript.Shell) {
-					t.Cleanup(func() {
-						if t.Failed() {
-							logs, _ := filepath.Glob(filepath.Join(tmp, "kvc", "*.log"))
-							for _, l := range logs {
-								b, _ := os.ReadFile(l)
-								t.Logf("%s:\n%s", l, tail(string(b), 8))
-							}
-						}
-					})
-					waitCond(t, "the router ready with both workers", 30*time.Second, func() bool {
-						return httpOK("http://127.0.0.1:8080/readyz") &&
-							strings.Count(kvdirctl("-d", "127.0.0.1:7001,127.0.0.1:7011,127.0.0.1:7021", "workers"), "ACTIVE") == 2
-					})
-				},
-			},
-		}.run(t, newShell(t, "KVDIR_CTL_DIRECTORY=127.0.0.1:7001,127.0.0.1:7011,127.0.0.1:7021"))
+		kvdirctlGuide(t, tmp, rw, undo)
 	})
 	t.Run("dev-fleet", func(t *testing.T) {
 		fresh(t)

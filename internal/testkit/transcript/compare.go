@@ -150,13 +150,13 @@ func Diff(want, got []string) string {
 	for i < n || j < m {
 		switch {
 		case i < n && j < m && lineMatch(want[i], got[j]):
-			fmt.Fprintf(&b, "  %s\n", got[j])
+			fmt.Fprintf(&b, "  %q\n", got[j])
 			i, j = i+1, j+1
 		case j < m && (i == n || lcs[i][j+1] >= lcs[i+1][j]):
-			fmt.Fprintf(&b, "+ %s\n", got[j])
+			fmt.Fprintf(&b, "+ %q\n", got[j])
 			j++
 		default:
-			fmt.Fprintf(&b, "- %s\n", want[i])
+			fmt.Fprintf(&b, "- %q\n", want[i])
 			i++
 		}
 	}

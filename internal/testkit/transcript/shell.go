@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,7 +41,10 @@ func NewShell(dir string, env []string) (*Shell, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd.Stdout, cmd.Stderr = pw, pw
+	// The steps' stderr joins their stdout (2>&1 around each step); the
+	// shell's own messages, such as its reports of killed jobs, are not
+	// part of any command's output.
+	cmd.Stdout, cmd.Stderr = pw, io.Discard
 	if err := cmd.Start(); err != nil {
 		pr.Close()
 		pw.Close()
@@ -58,7 +62,7 @@ func (s *Shell) Run(command string, timeout time.Duration) (string, int, error) 
 	mark := fmt.Sprintf("__transcript_done_%d_", s.n)
 	// The command runs in the shell itself (not a subshell), so that its
 	// variables, functions and jobs stay; its output goes to the shared pipe.
-	script := fmt.Sprintf("{\n%s\n} </dev/null\n__rc=$?; echo; echo %s$__rc\n", command, mark)
+	script := fmt.Sprintf("{\n%s\n} </dev/null 2>&1\n__rc=$?; echo; echo %s$__rc\n", command, mark)
 	if _, err := io.WriteString(s.stdin, script); err != nil {
 		return "", -1, err
 	}
@@ -78,7 +82,9 @@ func (s *Shell) Run(command string, timeout time.Duration) (string, int, error) 
 				done <- result{out, rc, nil}
 				return
 			}
-			b.WriteString(line)
+			if !jobReport.MatchString(line) {
+				b.WriteString(line)
+			}
 			if err != nil {
 				done <- result{b.String(), -1, fmt.Errorf("shell ended: %w", err)}
 				return
@@ -93,6 +99,10 @@ func (s *Shell) Run(command string, timeout time.Duration) (string, int, error) 
 		return "", -1, errors.New("step did not finish within " + timeout.String())
 	}
 }
+
+// jobReport is bash's report of a background job killed by a signal,
+// which a non-interactive shell writes into whatever command runs next.
+var jobReport = regexp.MustCompile(`^bash: line \d+: +\d+ (Killed|Terminated|Aborted|Segmentation fault)\s`)
 
 // Close stops every process of the shell's process group: SIGTERM, then
 // SIGKILL to what is left after a grace period.
