@@ -547,6 +547,10 @@ func TestGuides(t *testing.T) {
 				},
 			}}.run(t, newShell(t))
 	})
+	t.Run("enginesim", func(t *testing.T) {
+		fresh(t)
+		guide{file: "cmd/enginesim/README.md", rewrite: rw, undo: undo}.run(t, newShell(t))
+	})
 	t.Run("running-by-hand", func(t *testing.T) {
 		fresh(t)
 		guide{file: "docs/running.md", rewrite: rw, undo: undo,
