@@ -524,6 +524,9 @@ func TestGuides(t *testing.T) {
 		portsFree(t, guidePorts...)
 	}
 
+	t.Run("readme", func(t *testing.T) {
+		guide{file: "README.md", rewrite: rw, undo: undo}.run(t, newShell(t))
+	})
 	t.Run("directory", func(t *testing.T) {
 		fresh(t)
 		guide{file: "cmd/directory/README.md", rewrite: rw, undo: undo}.run(t, newShell(t))
