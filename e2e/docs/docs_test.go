@@ -272,7 +272,7 @@ func (g guide) step(t *testing.T, sh *transcript.Shell, b *transcript.Block, st 
 		}
 	}
 	run := g.rewrite(cmd)
-	out, rc, err := sh.Run(run, 90*time.Second)
+	out, rc, err := sh.Run(run, 60*time.Second)
 	if err != nil {
 		t.Fatalf("%s: %s: %v", where, firstLine(cmd), err)
 	}
@@ -522,6 +522,19 @@ func TestGuides(t *testing.T) {
 			os.RemoveAll(filepath.Join(tmp, d))
 		}
 		portsFree(t, guidePorts...)
+		// On failure, the ends of the logs the guide's processes wrote.
+		t.Cleanup(func() {
+			if !t.Failed() {
+				return
+			}
+			for _, d := range []string{"kvdir", "kvc"} {
+				logs, _ := filepath.Glob(filepath.Join(tmp, d, "*.log"))
+				for _, l := range logs {
+					b, _ := os.ReadFile(l)
+					t.Logf("%s:\n%s", undo(l), tail(string(b), 6))
+				}
+			}
+		})
 	}
 
 	t.Run("readme", func(t *testing.T) {
@@ -567,7 +580,7 @@ func TestGuides(t *testing.T) {
 	})
 	t.Run("kvdirctl", func(t *testing.T) {
 		fresh(t)
-		kvdirctlGuide(t, tmp, rw, undo)
+		kvdirctlGuide(t, rw, undo)
 	})
 	t.Run("dev-fleet", func(t *testing.T) {
 		fresh(t)

@@ -2,8 +2,6 @@ package docs
 
 import (
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"regexp"
 	"testing"
 	"time"
@@ -39,17 +37,7 @@ func workersNow() map[string]workerRow {
 // kvdirctlGuide runs cmd/kvdirctl/README.md in the order of its capture,
 // as "The cluster behind the examples" describes it, waiting before each
 // step for the state the capture shows.
-func kvdirctlGuide(t *testing.T, tmp string, rw, undo func(string) string) {
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("kvdirctl workers --all:\n%s\nkvdirctl sessions:\n%s", kvdirctl("-d", kvcDir, "workers", "--all"), kvdirctl("-d", kvcDir, "sessions"))
-			logs, _ := filepath.Glob(filepath.Join(tmp, "kvc", "*.log"))
-			for _, l := range logs {
-				b, _ := os.ReadFile(l)
-				t.Logf("%s:\n%s", l, tail(string(b), 8))
-			}
-		}
-	})
+func kvdirctlGuide(t *testing.T, rw, undo func(string) string) {
 	ready := func(t *testing.T) {
 		waitCond(t, "both workers registered", 30*time.Second, func() bool {
 			w := workersNow()
