@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -112,6 +113,9 @@ type guide struct {
 	// router's URL); undo turns the output back (the temporary folder).
 	rewrite func(string) string
 	undo    func(string) string
+	// bind, when set, names consistently what a run may choose
+	// differently from the capture (see transcript.Binding).
+	bind *transcript.Binding
 	// extraRules are added to the live rules (for this guide only).
 	extraRules []transcript.Rule
 	// only, when set, runs just the steps whose command contains one of
@@ -306,8 +310,14 @@ func (g guide) step(t *testing.T, sh *transcript.Shell, b *transcript.Block, st 
 			got = waitLog(t, log, st.Want, rules, g.undo)
 		}
 	}
-	want := transcript.Normalise(st.Want, rules)
-	gotN := transcript.Normalise(got, rules)
+	wantRules, gotRules := rules, rules
+	if g.bind != nil && !slices.Equal(ruleNames(rules), ruleNames(transcript.Exact)) {
+		wantRules = append([]transcript.Rule{g.bind.Doc}, rules...)
+		gotRules = append([]transcript.Rule{g.bind.Run}, rules...)
+		rules = gotRules
+	}
+	want := transcript.Normalise(st.Want, wantRules)
+	gotN := transcript.Normalise(got, gotRules)
 	if !transcript.Match(want, gotN) {
 		t.Errorf("%s: %s\noutput differs from the document (normalised by: %s; - document, + run):\n%s\n(%d vs %d lines) raw output:\n%q",
 			where, cmd, transcript.RuleNames(rules), transcript.Diff(want, gotN), len(want), len(gotN), got)
@@ -321,6 +331,14 @@ var logOf = []row{
 }
 
 var logRE = regexp.MustCompile(`2> (\S+) &\s*$`)
+
+func ruleNames(rs []transcript.Rule) []string {
+	var n []string
+	for _, r := range rs {
+		n = append(n, r.Name)
+	}
+	return n
+}
 
 func logFile(cmd string) string {
 	lines := strings.Split(strings.TrimSpace(cmd), "\n")
@@ -619,10 +637,13 @@ func TestGuides(t *testing.T) {
 		checkDevOutput(t, dev.Stdout.(*syncWriter).String())
 		env := strings.Fields(export)
 		router := strings.TrimPrefix(env[0], "ROUTER=")
-		tiebreak := transcript.NewRule("tiebreak", "sim-0 and sim-1: with both workers idle and empty, turn 1's worker is chosen at random",
-			`\bsim-[01]\b`, "sim-<k>")
+		// With both workers idle and empty, turn 1's worker is chosen at
+		// random; every later turn must go where turn 1 went.
+		tiebreak := func() *transcript.Binding {
+			return transcript.NewBinding("worker", "sim-0 and sim-1, named in the order they first appear", `\bsim-[01]\b`)
+		}
 		guide{file: "docs/running.md", rewrite: rw, undo: undo, headings: []string{"A local fleet: `make dev`"},
-			extraRules: []transcript.Rule{tiebreak}}.run(t, newShell(t, env...))
+			bind: tiebreak()}.run(t, newShell(t, env...))
 		host := strings.TrimPrefix(router, "http://")
 		guide{file: "cmd/router/README.md", headings: []string{"What a request looks like"},
 			// running.md's session demo-1 already ran on this fleet; the
@@ -630,8 +651,8 @@ func TestGuides(t *testing.T) {
 			rewrite: func(s string) string {
 				return strings.ReplaceAll(strings.ReplaceAll(s, "localhost:8080", host), "demo-1", "demo-r")
 			},
-			undo:       func(s string) string { return strings.ReplaceAll(s, "demo-r", "demo-1") },
-			extraRules: []transcript.Rule{tiebreak},
+			undo: func(s string) string { return strings.ReplaceAll(s, "demo-r", "demo-1") },
+			bind: tiebreak(),
 		}.run(t, newShell(t, env...))
 	})
 	t.Logf("guides took %v", time.Since(start).Round(time.Second))

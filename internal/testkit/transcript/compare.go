@@ -171,3 +171,31 @@ func RuleNames(rules []Rule) string {
 	}
 	return strings.Join(s, ", ")
 }
+
+// Binding is a rule for names a run may choose differently from the
+// capture but must use consistently, such as the worker a random
+// tie-break picks: the first name matched in the document and the first
+// matched in the run both become <name:a>, the second ones <name:b>, and
+// so on, across every step it is used for. Doc and Run are the two sides'
+// rules.
+type Binding struct {
+	Doc, Run Rule
+}
+
+// NewBinding returns the binding rule for a pattern.
+func NewBinding(name, doc, pattern string) *Binding {
+	re := regexp.MustCompile(pattern)
+	side := func() Rule {
+		seen := map[string]int{}
+		return Rule{Name: name, Doc: doc, fn: func(s string) string {
+			return re.ReplaceAllStringFunc(s, func(m string) string {
+				if _, ok := seen[m]; !ok {
+					seen[m] = len(seen) + 1
+				}
+				// Letters, not digits, which the number rule would replace.
+				return fmt.Sprintf("<%s:%c>", name, 'a'+rune(seen[m]-1))
+			})
+		}}
+	}
+	return &Binding{Doc: side(), Run: side()}
+}

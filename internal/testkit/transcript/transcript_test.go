@@ -88,3 +88,18 @@ func TestShellKeepsStateAcrossSteps(t *testing.T) {
 		t.Fatalf("background job not kept: %q", out)
 	}
 }
+
+func TestBindingNamesConsistently(t *testing.T) {
+	b := NewBinding("worker", "w", `\bsim-[01]\b`)
+	want := Normalise([]string{"turn 1 on sim-1", "turn 2 on sim-1"}, append([]Rule{b.Doc}, Live...))
+	same := Normalise([]string{"turn 1 on sim-0", "turn 2 on sim-0"}, append([]Rule{b.Run}, Live...))
+	if !Match(want, same) {
+		t.Errorf("the other worker, used consistently, did not match: %q vs %q", want, same)
+	}
+	b = NewBinding("worker", "w", `\bsim-[01]\b`)
+	want = Normalise([]string{"turn 1 on sim-1", "turn 2 on sim-1"}, append([]Rule{b.Doc}, Live...))
+	moved := Normalise([]string{"turn 1 on sim-0", "turn 2 on sim-1"}, append([]Rule{b.Run}, Live...))
+	if Match(want, moved) {
+		t.Errorf("turn 2 on another worker matched: %q vs %q", want, moved)
+	}
+}
