@@ -377,8 +377,10 @@ func logFile(cmd string) string {
 	return ""
 }
 
-// waitLog waits until the log holds the document's lines in a row (or the
-// deadline passes) and returns the matching window, or the whole log.
+// waitLog waits until the log holds the document's lines in order (or
+// the deadline passes) and returns those lines, or the whole log. Other
+// lines may come between them: a log interleaves what its goroutines
+// write, and a capture shows the lines it is about.
 func waitLog(t *testing.T, file string, want []string, rules []transcript.Rule, undo func(string) string) []string {
 	w := transcript.Normalise(want, rules)
 	deadline := time.Now().Add(20 * time.Second)
@@ -387,10 +389,15 @@ func waitLog(t *testing.T, file string, want []string, rules []transcript.Rule, 
 		b, _ := os.ReadFile(file)
 		lines = strings.Split(strings.TrimRight(undo(string(b)), "\n"), "\n")
 		n := transcript.Normalise(lines, rules)
-		for i := 0; i+len(w) <= len(n); i++ {
-			if transcript.Match(w, n[i:i+len(w)]) {
-				return lines[i : i+len(w)]
+		var picked []string
+		for i, k := 0, 0; i < len(n) && k < len(w); i++ {
+			if transcript.Match(w[k:k+1], n[i:i+1]) {
+				picked = append(picked, lines[i])
+				k++
 			}
+		}
+		if len(picked) == len(w) {
+			return picked
 		}
 		if time.Now().After(deadline) {
 			return lines
