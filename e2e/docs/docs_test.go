@@ -369,12 +369,16 @@ func ruleNames(rs []transcript.Rule) []string {
 	return n
 }
 
+// logFile is the log of the last process the step starts in the
+// background (... 2> FILE &).
 func logFile(cmd string) string {
-	lines := strings.Split(strings.TrimSpace(cmd), "\n")
-	if m := logRE.FindStringSubmatch(lines[len(lines)-1]); m != nil {
-		return m[1]
+	log := ""
+	for _, l := range strings.Split(strings.TrimSpace(cmd), "\n") {
+		if m := logRE.FindStringSubmatch(l); m != nil {
+			log = m[1]
+		}
 	}
-	return ""
+	return log
 }
 
 // waitLog waits until the log holds the document's lines in order (or
