@@ -37,8 +37,7 @@ var (
 		`\b\d{1,3}(\.\d{1,3}){3}:\d+\b|\blocalhost:\d+\b|\[::\]:\d+|\*:\d+|/tmp/kvdir-dev-\d+`, "<addr>")
 	IDs = reRule("id", "request ids the engine makes up",
 		`chatcmpl-[a-z0-9]+-\d+`, "chatcmpl-<id>")
-	Hashes = reRule("hash", "hexadecimal digests and block hashes (12 or more hex digits)",
-		`\b[0-9a-f]{12,}\b`, "<hex>")
+	Hashes    = Rule{Name: "hash", Doc: "hexadecimal digests and block hashes (12 or more hex digits, not the decimals of a number)", fn: hashes}
 	Durations = reRule("duration", "durations with a unit: 5ms, 3m1s, 767 µs, +4.2 ms",
 		`[-+]?\b(\d+(\.\d+)?(h|ms|µs|us|ns|m|s))+\b|[-+]?\b\d+(\.\d+)? (ms|µs|s)\b`, "<dur>")
 	Numbers = Rule{Name: "number", Doc: "numbers not part of a name (enginesim-0, llama3-8b and n1 stay)", fn: numbers}
@@ -49,6 +48,25 @@ var (
 	// Exact keeps everything but the build's version and column padding.
 	Exact = []Rule{Version, Spaces}
 )
+
+var hexRE = regexp.MustCompile(`\b[0-9a-f]{12,}\b`)
+
+// hashes replaces runs of 12 or more hex digits by <hex>, except after a
+// decimal point: 0.007531268000123 is a number, whatever its length.
+func hashes(s string) string {
+	var b strings.Builder
+	last := 0
+	for _, m := range hexRE.FindAllStringIndex(s, -1) {
+		if m[0] > 0 && s[m[0]-1] == '.' {
+			continue
+		}
+		b.WriteString(s[last:m[0]])
+		b.WriteString("<hex>")
+		last = m[1]
+	}
+	b.WriteString(s[last:])
+	return b.String()
+}
 
 var numRE = regexp.MustCompile(`[-+]?\d+(\.\d+)?([eE][-+]?\d+)?%?`)
 

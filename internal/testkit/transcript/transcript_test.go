@@ -40,6 +40,7 @@ func TestLiveNormalisation(t *testing.T) {
 			"n3 <addr> Leader yes <n> <n> <n> <n> <dur> <n> <hex>"},
 		{"pick: enginesim-1, predicted cached tokens 96 (decided in 767 µs)", "pick: enginesim-1, predicted cached tokens <n> (decided in <dur>)"},
 		{"Date: Tue, 01 Dec 2026 08:06:29 GMT", "Date: <time>"},
+		{`ttft_sum{engine="0"} 0.007531268000123`, `ttft_sum{engine="<n>"} <n>`},
 		{`"last_seen": "2026-12-01T08:24:32.146000493Z",`, `"last_seen": "<time>",`},
 		{"kvdir directory v0.1.0 (commit 0123456789ab, go1.26.8 linux/amd64)", "kvdir directory <version> (commit <commit>, <go> <os/arch>)"},
 	} {
