@@ -234,6 +234,9 @@ func (a *app) snapshot(ctx context.Context, only []string) error {
 			}
 			targets = append(targets, ctlview.Snapshot{Node: m.Id, Address: m.ApiAddress})
 		}
+		// By node id, as status and members list print them; the
+		// membership's own order changes with the leader.
+		slices.SortFunc(targets, func(x, y snapshotView) int { return strings.Compare(x.Node, y.Node) })
 	}
 	var wg sync.WaitGroup
 	for i := range targets {
