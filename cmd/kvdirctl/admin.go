@@ -236,7 +236,7 @@ func (a *app) snapshot(ctx context.Context, only []string) error {
 		}
 		// By node id, as status and members list print them; the
 		// membership's own order changes with the leader.
-		slices.SortFunc(targets, func(x, y snapshotView) int { return strings.Compare(x.Node, y.Node) })
+		slices.SortFunc(targets, func(x, y ctlview.Snapshot) int { return strings.Compare(x.Node, y.Node) })
 	}
 	var wg sync.WaitGroup
 	for i := range targets {

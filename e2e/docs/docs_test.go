@@ -4,6 +4,7 @@
 package docs
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/testkit/transcript"
 )
 
@@ -105,8 +107,11 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	wd, _ := os.Getwd()
-	root = filepath.Dir(filepath.Dir(wd))
+	var err error
+	if root, err = testkit.ModuleRoot(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	os.Exit(m.Run())
 }
 
@@ -114,17 +119,17 @@ func TestMain(m *testing.M) {
 func buildBin(t *testing.T) {
 	t.Helper()
 	start := time.Now()
-	cmd := exec.Command("go", "build", "-o", filepath.Join(root, "bin")+"/",
-		"./cmd/directory", "./cmd/agent", "./cmd/router", "./cmd/enginesim", "./cmd/kvdirctl", "./bench/cmd/kvbench")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("make bin: %v\n%s", err, out)
+	if _, err := testkit.Build(filepath.Join(root, "bin"), "directory", "agent", "router", "enginesim", "kvdirctl", "bench/cmd/kvbench"); err != nil {
+		t.Fatalf("make bin: %v", err)
 	}
 	t.Logf("built ./bin in %v", time.Since(start).Round(time.Millisecond))
 }
 
 // guide runs the steps of some of a file's blocks in one shell.
-type stats struct{ compared, ran, skipped int }
+type stats struct {
+	compared, ran, skipped int
+	used                   map[string]bool // keys of guide.before that met their step
+}
 
 type guide struct {
 	st   *stats
@@ -232,8 +237,13 @@ func (g guide) run(t *testing.T, sh *transcript.Shell) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g.st = &stats{}
+	g.st = &stats{used: map[string]bool{}}
 	defer func() {
+		for k := range g.before {
+			if !g.st.used[k] {
+				t.Errorf("%s: no step's command contains %q, so what the test waits for before it never ran; the guide changed", g.file, k)
+			}
+		}
 		t.Logf("%s: %d steps compared with their output, %d run without output to compare, %d not run (listed above)",
 			g.file, g.st.compared, g.st.ran, g.st.skipped)
 	}()
@@ -294,6 +304,7 @@ func (g guide) step(t *testing.T, sh *transcript.Shell, b *transcript.Block, st 
 	cmd = regexp.MustCompile(`(?m)^make bin.*$`).ReplaceAllString(cmd, ":")
 	for k, f := range g.before {
 		if strings.Contains(cmd, k) {
+			g.st.used[k] = true
 			f(t, sh)
 		}
 	}
@@ -387,27 +398,24 @@ func logFile(cmd string) string {
 // write, and a capture shows the lines it is about.
 func waitLog(t *testing.T, file string, want []string, rules []transcript.Rule, undo func(string) string) []string {
 	w := transcript.Normalise(want, rules)
-	deadline := time.Now().Add(20 * time.Second)
-	var lines []string
-	for {
+	var lines, picked []string
+	err := testkit.Poll(context.Background(), 20*time.Second, "the captured lines in "+file, func() (bool, string) {
 		b, _ := os.ReadFile(file)
 		lines = strings.Split(strings.TrimRight(undo(string(b)), "\n"), "\n")
 		n := transcript.Normalise(lines, rules)
-		var picked []string
+		picked = picked[:0]
 		for i, k := 0, 0; i < len(n) && k < len(w); i++ {
 			if transcript.Match(w[k:k+1], n[i:i+1]) {
 				picked = append(picked, lines[i])
 				k++
 			}
 		}
-		if len(picked) == len(w) {
-			return picked
-		}
-		if time.Now().After(deadline) {
-			return lines
-		}
-		time.Sleep(100 * time.Millisecond)
+		return len(picked) == len(w), ""
+	})
+	if err != nil {
+		return lines // the caller's comparison shows what is missing
 	}
+	return picked
 }
 
 func containsAny(s string, subs []string) bool {
@@ -464,16 +472,13 @@ func newShell(t *testing.T, env ...string) *transcript.Shell {
 	return sh
 }
 
-// waitCond polls cond until it holds or the deadline passes.
+// waitCond waits, with testkit.Poll, until cond holds; on a timeout it
+// fails t with what kvdirctl sees of the workers.
 func waitCond(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s\nkvdirctl workers --all:\n%s", timeout, what,
-				kvdirctl("-d", "127.0.0.1:7001,127.0.0.1:7011,127.0.0.1:7021", "workers", "--all"))
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := testkit.Poll(context.Background(), timeout, what, func() (bool, string) { return cond(), "" }); err != nil {
+		t.Fatalf("%v\nkvdirctl workers --all:\n%s", err,
+			kvdirctl("-d", "127.0.0.1:7001,127.0.0.1:7011,127.0.0.1:7021", "workers", "--all"))
 	}
 }
 
@@ -628,7 +633,7 @@ func TestGuides(t *testing.T) {
 					})
 				},
 				"7012/metrics": leaderIs("127.0.0.1:7001,127.0.0.1:7011,127.0.0.1:7021", "n2"),
-				"agentbench -list": func(t *testing.T, _ *transcript.Shell) {
+				"kvbench agent list": func(t *testing.T, _ *transcript.Shell) {
 					waitCond(t, "the engine's load in the directory", 20*time.Second, func() bool {
 						return regexp.MustCompile(`prefix_hits: [1-9]`).MatchString(kvdirctl("-d", "127.0.0.1:7011", "workers", "get", "enginesim-0", "-o", "yaml"))
 					})

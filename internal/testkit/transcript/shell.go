@@ -2,6 +2,7 @@ package transcript
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // Shell is one bash process that runs steps in turn, as a reader pasting a
@@ -115,12 +118,9 @@ func (s *Shell) close() {
 	waited := make(chan struct{})
 	go func() { _ = s.cmd.Wait(); close(waited) }()
 	<-waited
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if err := syscall.Kill(-pgid, 0); err != nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	// Whatever of the group outlives SIGTERM by 10 s is killed.
+	_ = testkit.Poll(context.Background(), 10*time.Second, "the shell's process group to exit", func() (bool, string) {
+		return syscall.Kill(-pgid, 0) != nil, ""
+	})
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 }
