@@ -101,10 +101,7 @@ type row = struct{ file, contains, reason string }
 
 func rowKey(r row) (string, string) { return r.file, r.contains }
 
-var (
-	root   string
-	tmpDir string
-)
+var root string
 
 func TestMain(m *testing.M) {
 	var err error
@@ -136,7 +133,6 @@ type guide struct {
 	file string
 	// blocks selects the blocks by heading; nil runs every block.
 	headings []string
-	env      []string
 	// rewrite turns the document's command into the one run (e.g. the
 	// router's URL); undo turns the output back (the temporary folder).
 	rewrite func(string) string
@@ -210,18 +206,6 @@ func (g guide) runOrdered(t *testing.T, sh *transcript.Shell, blocks []*transcri
 		}
 		t.Errorf("%s:%d: %s: neither in the capture order nor listed as not run", g.file, r.st.Line, firstLine(r.st.Cmd))
 	}
-}
-
-func (g guide) selected(b *transcript.Block) bool {
-	if g.headings == nil {
-		return true
-	}
-	for _, h := range g.headings {
-		if b.Heading == h {
-			return true
-		}
-	}
-	return false
 }
 
 // tmpRewrite maps the guides' /tmp folders into the test's own.
@@ -536,16 +520,6 @@ func checkDevOutput(t *testing.T, got string) {
 		}
 	}
 	t.Errorf("docs/running.md: no make dev block with its output")
-}
-
-func httpOK(url string) bool {
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
 }
 
 func kvdirctl(args ...string) string {
