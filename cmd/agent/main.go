@@ -48,6 +48,7 @@ type options struct {
 	cfg        agent.Config
 	directory  []string
 	engineKind string
+	reportMode string
 	httpAddr   string
 	token      string
 	dpSize     int
@@ -87,6 +88,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 		Usage: "agent --directory HOST:PORT,... --worker-id ID [flags]", Getenv: getenv, Stdout: stdout, Stderr: stderr}
 	o := &options{cfg: agent.DefaultConfig(), httpAddr: defaultHTTPAddr, dpSize: 1}
 	o.engineKind = engineKindName(o.cfg.Engine)
+	o.reportMode = "incremental"
 	c := &o.cfg
 	fs := p.Flags()
 	p.Group("Directory and worker")
@@ -102,6 +104,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.BoolVar(&c.Bind, "kv-events-bind", c.Bind, "bind the KV-events address (the engine's PUB connects)")
 	fs.StringVar(&c.ReplayEndpoint, "kv-events-replay-endpoint", c.ReplayEndpoint, "engine replay (ROUTER) `ENDPOINT`; empty disables replay")
 	fs.StringVar(&c.Topic, "topic", c.Topic, "KV-events topic prefix")
+	fs.Var(cli.Choice(&o.reportMode, "incremental", "full"), "kv-report-mode", "how the engine reports stores: incremental (vLLM's default) or full (vLLM's kv_cache_report_mode=\"full\", which re-sends the stores of reused prefixes without removals; each held block then counts once)")
 	fs.IntVar(&o.dpSize, "data-parallel-size", o.dpSize, "data-parallel ranks of the engine: one event stream (port + rank, as vLLM offsets them) and one worker (<worker-id>-dp<rank>) per rank")
 	fs.StringVar(&c.MetricsURL, "metrics-url", c.MetricsURL, "engine metrics `URL` (default worker-address + /metrics): vLLM's or SGLang's Prometheus text or trtllm-serve's JSON iteration stats, as --engine-kind says (detected for vllm and enginesim); with --data-parallel-size each rank reads its own series")
 	p.Group("Agent")
@@ -127,6 +130,11 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	if o.dpSize < 1 || o.dpSize > 256 {
 		return p, nil, cli.Usagef("--data-parallel-size %d: must be 1 to 256", o.dpSize)
 	}
+	mode, err := agent.ParseReportMode(o.reportMode)
+	if err != nil {
+		return p, nil, cli.Usage(err)
+	}
+	o.cfg.ReportMode = mode
 	kind, err := engineKind(o.engineKind)
 	if err != nil {
 		return p, nil, cli.Usage(err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/cli"
 )
 
@@ -50,5 +51,28 @@ func TestRunStopsCleanly(t *testing.T) {
 		"--kv-events-endpoint", "tcp://127.0.0.1:1", "--log-level", "error"}, env(nil), io.Discard)
 	if err != nil {
 		t.Fatalf("run: %v", err)
+	}
+}
+
+// --kv-report-mode maps onto the agent's report mode; the default is
+// vLLM's incremental reports, and another word is a usage error.
+func TestReportModeFlag(t *testing.T) {
+	base := map[string]string{"KVDIR_AGENT_DIRECTORY": "a:1", "KVDIR_AGENT_WORKER_ID": "w"}
+	_, o, err := parseFlags(nil, env(base), io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.cfg.ReportMode != agent.ReportIncremental {
+		t.Fatalf("default report mode %v", o.cfg.ReportMode)
+	}
+	_, o, err = parseFlags([]string{"--kv-report-mode", "full"}, env(base), io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.cfg.ReportMode != agent.ReportFull {
+		t.Fatalf("--kv-report-mode full gave %v", o.cfg.ReportMode)
+	}
+	if _, _, err := parseFlags([]string{"--kv-report-mode", "sometimes"}, env(base), io.Discard, io.Discard); err == nil || !cli.IsUsage(err) {
+		t.Fatalf("a bad report mode was accepted, or not as a usage error: %v", err)
 	}
 }

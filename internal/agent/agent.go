@@ -56,6 +56,11 @@ type Config struct {
 	MetricsRank   int
 	MetricsByRank bool
 
+	// ReportMode is how the engine reports stores: ReportIncremental
+	// (vLLM's default) or ReportFull (kv_cache_report_mode="full", where
+	// prefix reuse re-sends stores without removals).
+	ReportMode ReportMode
+
 	// BatchInterval and BatchBlocks bound how long and how big a batch of
 	// directory events grows before it is sent.
 	BatchInterval time.Duration
@@ -157,6 +162,7 @@ func New(cfg Config, dir *dirclient.Client) (*Agent, error) {
 		lastQueries:  -1,
 	}
 	a.tr.SetBlockSize(cfg.BlockSize)
+	a.tr.SetReportMode(cfg.ReportMode)
 	a.m = newMetrics(a)
 	return a, nil
 }

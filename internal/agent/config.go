@@ -45,6 +45,9 @@ func (c Config) Validate() error {
 	if c.WorkerID == "" {
 		return errors.New("agent: worker id is required")
 	}
+	if c.ReportMode != ReportIncremental && c.ReportMode != ReportFull {
+		return fmt.Errorf("agent: unknown report mode %d", c.ReportMode)
+	}
 	if c.Endpoint == "" {
 		return errors.New("agent: kv-events endpoint is required")
 	}

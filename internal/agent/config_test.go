@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/dirclient"
 )
 
 func TestDefaultConfigValidate(t *testing.T) {
@@ -38,5 +40,37 @@ func TestDefaultConfigValidate(t *testing.T) {
 		if _, err := New(cfg, nil); err == nil {
 			t.Errorf("%s: New accepted it", c.name)
 		}
+	}
+}
+
+// The report mode reaches the agent's translator; an unknown mode is
+// refused by Validate, an unknown word by ParseReportMode.
+func TestConfigReportMode(t *testing.T) {
+	c := DefaultConfig()
+	c.WorkerID = "w"
+	c.ReportMode = ReportFull
+	dir, err := dirclient.New(dirclient.Config{Addrs: []string{"127.0.0.1:1"}}) // never dialled here
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	a, err := New(c, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.tr.mode != ReportFull {
+		t.Fatalf("the translator counts stores in mode %v, the config says %v", a.tr.mode, ReportFull)
+	}
+	c.ReportMode = ReportMode(7)
+	if err := c.Validate(); err == nil {
+		t.Fatal("an unknown report mode was accepted")
+	}
+	for _, s := range []string{"incremental", "full"} {
+		if _, err := ParseReportMode(s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	if _, err := ParseReportMode("sometimes"); err == nil {
+		t.Fatal("ParseReportMode accepted a bad word")
 	}
 }

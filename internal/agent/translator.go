@@ -3,6 +3,7 @@ package agent
 import (
 	"cmp"
 	"container/list"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -61,6 +62,18 @@ const (
 	// reverse.
 	ReportFull
 )
+
+// ParseReportMode reads a report mode by its vLLM name: "incremental" or
+// "full".
+func ParseReportMode(s string) (ReportMode, error) {
+	switch s {
+	case "incremental", "":
+		return ReportIncremental, nil
+	case "full":
+		return ReportFull, nil
+	}
+	return 0, fmt.Errorf("agent: report mode %q: want incremental or full", s)
+}
 
 // maxGroups bounds the KV-cache groups a Layout records; maxBlockSizes the
 // distinct block sizes.
