@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -28,9 +29,11 @@ func ParseLoad(r io.Reader) *kvdirv1.Load {
 
 // ParseLoadWith reads the engine's load as o says (a forced kind, one
 // data-parallel rank); it fails on an exposition without the load metrics.
+// A TensorRT-LLM engine with no iteration since the last read is idle: a
+// heartbeat every few seconds has no fresher load to keep.
 func ParseLoadWith(r io.Reader, o enginemetrics.Options) (*kvdirv1.Load, error) {
 	l, err := enginemetrics.ParseWith(io.LimitReader(r, maxMetricsBody), o)
-	if err != nil {
+	if err != nil && !errors.Is(err, enginemetrics.ErrNoNewStats) {
 		return nil, err
 	}
 	return toLoad(l), nil

@@ -95,6 +95,14 @@ type Options struct {
 // none of the load metrics of the kinds looked for.
 var ErrUnknownExposition = errors.New("unknown metrics exposition")
 
+// ErrNoNewStats is the error of a TensorRT-LLM read that found no
+// iteration since the previous read: trtllm-serve drains its iteration
+// stats on every read, so an empty answer means no engine step since the
+// last reader, whoever that was. Its Load is the zero load of an idle
+// engine; a caller that shares the engine with another reader may keep
+// its last load for a while instead (the router does).
+var ErrNoNewStats = errors.New("no TensorRT-LLM iteration since the previous read")
+
 // Metric names of vLLM (and of the engine simulator) read here; the "old"
 // ones are the names vLLM used before v0.10, read when the new ones are
 // absent. vLLM labels each series model_name and engine (the data-parallel

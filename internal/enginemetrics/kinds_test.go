@@ -136,13 +136,21 @@ func TestParseVLLMPreferredOverSGLang(t *testing.T) {
 	}
 }
 
+// An empty array is no iteration since the last read: an idle engine's
+// zero load, flagged so that a reader sharing the engine can tell.
+func TestParseTRTLLMNoNewStats(t *testing.T) {
+	l, err := Parse(strings.NewReader(" \n[]"))
+	if !errors.Is(err, ErrNoNewStats) || l != (Load{Kind: KindTRTLLM}) {
+		t.Fatalf("empty array: %+v, %v; want the zero TensorRT-LLM load and ErrNoNewStats", l, err)
+	}
+}
+
 func TestParseTRTLLMShapes(t *testing.T) {
 	for _, tc := range []struct {
 		name, body string
 		want       Load
 		bad        bool
 	}{
-		{"empty array is idle", " \n[]", Load{Kind: KindTRTLLM}, false},
 		{"single object", `{"numActiveRequests": 2, "numQueuedRequests": 1}`, Load{Running: 2, Waiting: 1, Kind: KindTRTLLM}, false},
 		{"free blocks only", `[{"numActiveRequests": 1, "kvCacheStats": {"maxNumBlocks": 100, "freeNumBlocks": 75}}]`,
 			Load{Running: 1, KVUsage: 0.25, Kind: KindTRTLLM}, false},

@@ -46,8 +46,8 @@ const maxJSON = 16 << 20
 //     not report block reuse);
 //   - HitRate: kvCacheStats.cacheHitRate.
 //
-// An empty array means no iteration ran since the previous read: an idle
-// engine, a zero load. The stats carry no data-parallel rank: only rank 0
+// An empty array means no iteration ran since the previous read: a zero
+// load and ErrNoNewStats. The stats carry no data-parallel rank: only rank 0
 // may be asked for.
 func parseTRTLLM(br *bufio.Reader, o Options) (Load, error) {
 	if o.ByRank && o.Rank != 0 {
@@ -70,7 +70,7 @@ func parseTRTLLM(br *bufio.Reader, o Options) (Load, error) {
 	}
 	out := Load{Kind: KindTRTLLM}
 	if len(list) == 0 {
-		return out, nil
+		return out, ErrNoNewStats
 	}
 	st := list[len(list)-1]
 	if st.NumActiveRequests == nil && st.NumQueuedRequests == nil && st.KVCacheStats == nil {

@@ -14,11 +14,21 @@ import (
 // maxRank bounds a worker's data-parallel rank.
 const maxRank = 1 << 16
 
+// DefaultNoStatsHold is how long a TensorRT-LLM worker keeps its last load
+// while its reads find no new iteration. trtllm-serve drains its stats on
+// every read, so with the agent (or another router) reading too, a busy
+// engine's stats can be empty for one read; an engine with requests runs
+// many iterations a second, so a second without one means it is idle.
+const DefaultNoStatsHold = time.Second
+
 // scraper polls each worker's /metrics.
 type scraper struct {
 	client   *http.Client
 	interval time.Duration
 	failures int // consecutive failures after which a worker is considered down
+	// noStatsHold is how long the last load holds while reads find no new
+	// TensorRT-LLM iteration (DefaultNoStatsHold).
+	noStatsHold time.Duration
 	// kind, with force, is the only metrics shape accepted; without force
 	// each scrape's shape is detected.
 	kind      enginemetrics.Kind
@@ -74,6 +84,13 @@ func (s *scraper) run(ctx context.Context, w *worker) {
 // once scrapes w one time and stores the result.
 func (s *scraper) once(ctx context.Context, w *worker) {
 	l, err := s.fetch(ctx, w)
+	if errors.Is(err, enginemetrics.ErrNoNewStats) {
+		w.scrapeKO.Store(0)
+		if last := w.scrapeAt.Load(); last != 0 && time.Since(time.Unix(0, last)) < s.noStatsHold {
+			return // the last iteration's load still holds
+		}
+		err = nil // no iteration for a while: idle, l is the zero load
+	}
 	if err != nil {
 		if s.onFailure != nil && ctx.Err() == nil {
 			s.onFailure(w, scrapeReason(err))
@@ -114,6 +131,8 @@ func (s *scraper) fetch(ctx context.Context, w *worker) (enginemetrics.Load, err
 	o := enginemetrics.Options{Kind: s.kind, Force: s.force, Rank: w.rank, ByRank: w.hasRank}
 	l, err := enginemetrics.ParseWith(io.LimitReader(resp.Body, 16<<20), o)
 	switch {
+	case errors.Is(err, enginemetrics.ErrNoNewStats):
+		return l, err
 	case errors.Is(err, enginemetrics.ErrUnknownExposition):
 		return l, &scrapeError{"unknown-exposition", fmt.Errorf("GET %s: %w", url, err)}
 	case err != nil:

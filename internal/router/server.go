@@ -177,7 +177,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.scraper = &scraper{client: &http.Client{Transport: s.transport}, interval: cfg.ScrapeInterval, failures: 3,
+	s.scraper = &scraper{client: &http.Client{Transport: s.transport}, interval: cfg.ScrapeInterval, failures: 3, noStatsHold: DefaultNoStatsHold,
 		kind: kind, force: force,
 		onFailure: func(w *worker, reason string) { s.metrics.scrapeFailures.WithLabelValues(w.id, reason).Inc() },
 		onError: func(w *worker, err error) {
