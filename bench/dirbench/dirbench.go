@@ -82,32 +82,6 @@ func (o Options) withDefaults() Options {
 	return d
 }
 
-// Measures are a run's numbers as the tool measured them; their JSON names
-// are the figure and detail names.
-type Measures struct {
-	Nodes            int     `json:"nodes"`
-	Workers          int     `json:"workers"`
-	Entries          int64   `json:"entries"`
-	Events           int64   `json:"events"`
-	Batches          int     `json:"batches"`
-	BatchBlocks      int     `json:"batch_blocks"`
-	InflightPerWkr   int     `json:"inflight_per_worker"`
-	EventsPerSec     float64 `json:"events_per_sec"`
-	BurstCommitP99ms float64 `json:"burst_commit_p99_ms"`
-	LatencyRate      float64 `json:"latency_phase_events_per_sec"`
-	CommitP50ms      float64 `json:"publish_commit_p50_ms"`
-	CommitP99ms      float64 `json:"publish_commit_p99_ms"`
-	MatchChain       int     `json:"match_chain_blocks"`
-	HealthP50us      float64 `json:"rpc_baseline_p50_us"`
-	HealthP99us      float64 `json:"rpc_baseline_p99_us"`
-	MatchP50us       float64 `json:"match_p50_us"`
-	MatchP99us       float64 `json:"match_p99_us"`
-	SnapshotSeconds  float64 `json:"snapshot_seconds"`
-	SnapshotBytes    int64   `json:"snapshot_bytes"`
-	RestartCatchupS  float64 `json:"restart_catchup_seconds"`
-	DigestsAgree     bool    `json:"digests_agree"`
-}
-
 // Details are the envelope's details: what was published, and how.
 type Details struct {
 	Nodes          int   `json:"nodes"`
@@ -121,6 +95,25 @@ type Details struct {
 	// DigestsAgree is whether every node had the same state digest at the
 	// same applied index before the matches.
 	DigestsAgree bool `json:"digests_agree"`
+}
+
+// Measures are a run's numbers as the tool measured them: the details of
+// the run and its figures; their JSON names are the detail and figure
+// names.
+type Measures struct {
+	Details
+	EventsPerSec     float64 `json:"events_per_sec"`
+	BurstCommitP99ms float64 `json:"burst_commit_p99_ms"`
+	LatencyRate      float64 `json:"latency_phase_events_per_sec"`
+	CommitP50ms      float64 `json:"publish_commit_p50_ms"`
+	CommitP99ms      float64 `json:"publish_commit_p99_ms"`
+	HealthP50us      float64 `json:"rpc_baseline_p50_us"`
+	HealthP99us      float64 `json:"rpc_baseline_p99_us"`
+	MatchP50us       float64 `json:"match_p50_us"`
+	MatchP99us       float64 `json:"match_p99_us"`
+	SnapshotSeconds  float64 `json:"snapshot_seconds"`
+	SnapshotBytes    int64   `json:"snapshot_bytes"`
+	RestartCatchupS  float64 `json:"restart_catchup_seconds"`
 }
 
 // Results fills res (from benchjson.New) with m's figures and details.
@@ -141,8 +134,7 @@ func (m *Measures) Results(res *benchjson.Results) error {
 		fig{Name: "snapshot_bytes", Unit: "B", Measured: float64(m.SnapshotBytes), Note: "its size on disk"},
 		fig{Name: "restart_catchup_seconds", Unit: "s", Measured: m.RestartCatchupS, Note: "a follower killed and restarted, until it applied what the leader had committed"},
 	)
-	return res.SetDetails(Details{Nodes: m.Nodes, Workers: m.Workers, Entries: m.Entries, Events: m.Events, Batches: m.Batches,
-		BatchBlocks: m.BatchBlocks, InflightPerWkr: m.InflightPerWkr, MatchChain: m.MatchChain, DigestsAgree: m.DigestsAgree})
+	return res.SetDetails(m.Details)
 }
 
 // Run starts the cluster, measures and returns the results (without their
@@ -179,7 +171,7 @@ func measure(ctx context.Context, cfg Options) (res *Measures, err error) {
 	}
 	log.Info("cluster up", "leader", c.Nodes[leader].ID)
 
-	res = &Measures{Nodes: Nodes, BatchBlocks: cfg.BatchBlocks, InflightPerWkr: cfg.Inflight, MatchChain: cfg.ChainBlocks}
+	res = &Measures{Details: Details{Nodes: Nodes, BatchBlocks: cfg.BatchBlocks, InflightPerWkr: cfg.Inflight, MatchChain: cfg.ChainBlocks}}
 	wl := radixtest.Generate(radixtest.Full.Scaled(cfg.Scale))
 	res.Workers = wl.Shape.Workers
 	work := batches(wl, cfg.BatchBlocks)
