@@ -51,7 +51,8 @@ tidy-check: ## Fail if go.mod or go.sum is not tidy (go mod tidy -diff prints th
 
 .PHONY: standalone-check
 standalone-check: ## Fail if a tracked file names a path outside the repository or a tracker number instead of the requirement
-	@if git grep -nIiE '\.\./shared/|/work/|\bissues? #?[0-9]+\b' -- . ':!Makefile'; then \
+	@# The patterns spell the paths with character classes, so this line does not match itself.
+	@if git grep -nIiE '[.][.]/share[d]/|/wor[k]/|\bissue[s]? #?[0-9]+\b' -- .; then \
 	  echo "the lines above refer to a path outside the repository or to a tracker number; say the requirement itself" >&2; exit 1; \
 	fi
 
