@@ -133,7 +133,8 @@ type Program struct {
 	Stdout, Stderr io.Writer
 	// OldEnv, if set, returns the variable that set flag before the
 	// KVDIR_<NAME>_<FLAG> scheme ("" if none). Such a variable, set while
-	// the flag's own is not, is a usage error that names the new one:
+	// the flag's own is not, is a usage error that names the new one
+	// (unless it is in another binary's scheme today, see Binaries):
 	// a deployment not yet updated fails at once instead of running
 	// without its settings.
 	OldEnv func(flag string) string
@@ -249,6 +250,22 @@ func (p *Program) Parse(args []string) error {
 	return nil
 }
 
+// Binaries are the NAMEs of kvdir's binaries in KVDIR_<NAME>_<FLAG>.
+var Binaries = []string{"DIRECTORY", "AGENT", "ROUTER", "ENGINESIM", "CTL", "BENCH"}
+
+// anotherBinarys reports whether v is in some binary's KVDIR_<NAME>_
+// scheme: a variable of today's scheme, never a stale one (the
+// directory's old KVDIR_AGENT_TOKEN is the agent's KVDIR_AGENT_TOKEN now,
+// and both may be set in one environment).
+func anotherBinarys(v string) bool {
+	for _, n := range Binaries {
+		if strings.HasPrefix(v, "KVDIR_"+n+"_") {
+			return true
+		}
+	}
+	return false
+}
+
 // EnvVar returns the environment variable of flag of the binary env:
 // EnvVar("AGENT", "worker-id") is KVDIR_AGENT_WORKER_ID.
 func EnvVar(env, flag string) string {
@@ -277,7 +294,7 @@ func (p *Program) applyEnv(fs *pflag.FlagSet, want func(*pflag.Flag) bool) error
 		v := p.getenv(name)
 		if strings.TrimSpace(v) == "" {
 			if p.OldEnv != nil {
-				if old := p.OldEnv(f.Name); old != "" && old != name && strings.TrimSpace(p.getenv(old)) != "" {
+				if old := p.OldEnv(f.Name); old != "" && old != name && !anotherBinarys(old) && strings.TrimSpace(p.getenv(old)) != "" {
 					errs = append(errs, fmt.Errorf("environment variable %s is no longer read: rename it %s", old, name))
 				}
 			}

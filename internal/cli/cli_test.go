@@ -278,6 +278,22 @@ func TestOldEnv(t *testing.T) {
 	}
 }
 
+// An old name that is another binary's variable today (the directory's
+// KVDIR_AGENT_TOKEN, now the agent's --token) is not refused: an
+// environment shared by both binaries may hold it.
+func TestOldEnvOfAnotherBinary(t *testing.T) {
+	tp := newTest(map[string]string{"KVDIR_AGENT_NAME": "the agent's"})
+	tp.p.OldEnv = func(flag string) string { return "KVDIR_AGENT_" + strings.ToUpper(flag) }
+	if err := tp.p.Parse(nil); err != nil {
+		t.Fatalf("another binary's variable refused as an old name: %v", err)
+	}
+	tp = newTest(map[string]string{"KVDIR_NAME": "old"})
+	tp.p.OldEnv = func(flag string) string { return "KVDIR_" + strings.ToUpper(flag) }
+	if err := tp.p.Parse(nil); !IsUsage(err) {
+		t.Fatalf("an old name outside every binary's scheme was not refused: %v", err)
+	}
+}
+
 func TestPlaceholderAndDeferredLogger(t *testing.T) {
 	tp := newTest(map[string]string{"KVDIR_DEMO_LOG_LEVEL": "error"})
 	SetPlaceholder(tp.p.Flags(), "join", "HOST:PORT,...")
