@@ -92,7 +92,13 @@ func TestMinorityPartitionAndHeal(t *testing.T) {
 	}
 	// Only Raft is cut: a write sent to the isolated node is forwarded over
 	// gRPC to the leader and committed by the majority, though the isolated
-	// node itself does not see it until the partition heals.
+	// node itself does not see it until the partition heals. That holds
+	// also once the isolated node has given up on its leader and is
+	// campaigning: it forwards to the last leader it knew.
+	testkit.Eventually(t, 10*time.Second, "the isolated node to forget its leader", func() (bool, string) {
+		addr, id := c.Node(f).Raft().LeaderWithID()
+		return addr == "" && id == "", string(id)
+	})
 	if _, err := kvdirv1.NewAgentServiceClient(c.Conn(f)).Register(context.Background(),
 		&kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{Id: "w9", BlockSize: 16}}); err != nil {
 		t.Fatalf("write through the isolated node: %v", err)

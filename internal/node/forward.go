@@ -3,6 +3,9 @@ package node
 import (
 	"context"
 	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -29,6 +32,12 @@ type forwarder struct {
 	mu   sync.Mutex
 	addr string
 	conn *grpc.ClientConn
+	// last is the ID of the last leader Raft reported. A follower cut off
+	// from Raft forgets its leader after one heartbeat timeout, though that
+	// leader may still be serving; forwarding there is safe (a node that is
+	// no longer leader refuses a forwarded write) and keeps a node whose
+	// Raft port alone is cut useful for writes.
+	last atomic.Value // raft.ServerID
 }
 
 func newForwarder(n *Node) *forwarder { return &forwarder{n: n} }
@@ -76,6 +85,9 @@ func (f *forwarder) leader(ctx context.Context) (*leaderClient, error) {
 	}
 	addr, ok := f.n.leaderAPI()
 	if !ok {
+		addr, ok = f.lastLeaderAPI()
+	}
+	if !ok {
 		return nil, status.Error(codes.Unavailable, "no leader is known; the cluster may be electing one, retry")
 	}
 	f.mu.Lock()
@@ -99,6 +111,42 @@ func (f *forwarder) leader(ctx context.Context) (*leaderClient, error) {
 		dir:   kvdirv1.NewDirectoryServiceClient(f.conn),
 		admin: kvdirv1.NewAdminServiceClient(f.conn),
 	}, nil
+}
+
+// watchLeader records every leader Raft reports until stop closes.
+func (f *forwarder) watchLeader(r *raft.Raft, stop <-chan struct{}, wg *sync.WaitGroup) {
+	ch := make(chan raft.Observation, 4)
+	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	r.RegisterObserver(obs)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer r.DeregisterObserver(obs)
+		for {
+			select {
+			case <-stop:
+				return
+			case o := <-ch:
+				if lo, ok := o.Data.(raft.LeaderObservation); ok && lo.LeaderID != "" {
+					f.last.Store(lo.LeaderID)
+				}
+			}
+		}
+	}()
+}
+
+// lastLeaderAPI returns the API address of the last leader Raft reported,
+// when that is another node whose address is known.
+func (f *forwarder) lastLeaderAPI() (string, bool) {
+	id, _ := f.last.Load().(raft.ServerID)
+	if id == "" || string(id) == f.n.cfg.ID {
+		return "", false
+	}
+	addr := f.n.fsm.MemberAPI(string(id))
+	return addr, addr != ""
 }
 
 func (f *forwarder) close() {

@@ -247,6 +247,7 @@ func (n *Node) startRaft() error {
 		return fmt.Errorf("node: start raft: %w", err)
 	}
 	n.raft = r
+	n.fwd.watchLeader(r, n.stop, &n.wg)
 	if hasState {
 		return nil
 	}
