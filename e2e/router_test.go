@@ -41,12 +41,20 @@ type answer struct {
 }
 
 func send(ctx context.Context, url, session string, c chatRequest) (answer, error) {
+	return sendWith(ctx, url, session, c, nil)
+}
+
+// sendWith is send with extra request headers.
+func sendWith(ctx context.Context, url, session string, c chatRequest, header map[string]string) (answer, error) {
 	b, _ := json.Marshal(c)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+router.PathChat, strings.NewReader(string(b)))
 	if err != nil {
 		return answer{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
 	if session != "" {
 		req.Header.Set("X-Session-Id", session)
 	}
@@ -105,36 +113,8 @@ func TestEndToEnd(t *testing.T) {
 	t.Run("turn 2 follows turn 1 through the directory", func(t *testing.T) {
 		workers := map[string]bool{}
 		for i := range 6 {
-			sess := fmt.Sprintf("session-%d", i)
-			c := chatRequest{Model: "llama3-8b", MaxTokens: 4, Messages: []message{
-				{Role: "system", Content: systemPrompt(i)}, {Role: "user", Content: fmt.Sprintf("Question %d: what does a prefix cache save?", i)}}}
-			a1, err := send(ctx, r0, sess, c)
-			if err != nil || a1.status != 200 {
-				t.Fatalf("turn 1 of %s: %v %+v", sess, err, a1)
-			}
+			a1, _ := turnTwoFollowsTurnOne(t, ctx, r0, r1, fmt.Sprintf("session-%d", i), i, turnCheck{})
 			workers[a1.worker] = true
-			c.Messages = append(c.Messages, message{Role: "assistant", Content: a1.content}, message{Role: "user", Content: "And what does it cost?"})
-			// Wait until router 1's directory view has turn 1's blocks.
-			testkit.Eventually(t, 10*time.Second, "directory to hold turn 1", func() (bool, string) {
-				e, err := explain(ctx, r1, sess, c)
-				return err == nil && e.Pick == a1.worker && e.PredictedCachedTokens > 0 && e.Fallback == "", ""
-			})
-			a2, err := send(ctx, r1, sess, c)
-			if err != nil || a2.status != 200 {
-				t.Fatalf("turn 2 of %s: %v %+v", sess, err, a2)
-			}
-			if a2.worker != a1.worker || a2.fallback != "" {
-				t.Fatalf("%s: turn 1 on %s, turn 2 on %s (fallback %q)", sess, a1.worker, a2.worker, a2.fallback)
-			}
-			// Turn 1's prompt ends with the generation prompt, which turn 2
-			// renders differently, so all but its last partial block and
-			// those few tokens must come from the cache.
-			if a2.cached < (a1.prompt/16-1)*16 || a2.cached == 0 {
-				t.Fatalf("%s: engine reported %d cached tokens of turn 2 (turn 1 had %d prompt tokens)", sess, a2.cached, a1.prompt)
-			}
-			if a2.predicted == "0" {
-				t.Fatalf("%s: router predicted no cached tokens", sess)
-			}
 		}
 		if len(workers) < 2 {
 			t.Errorf("6 idle-cluster sessions all went to %v: load is not spread", workers)
@@ -237,11 +217,14 @@ func TestEndToEnd(t *testing.T) {
 	})
 }
 
-// explain asks a router how it would place c.
-func explain(ctx context.Context, url, session string, c chatRequest) (router.Explanation, error) {
+// explainWith asks a router how it would place c, with extra request headers.
+func explainWith(ctx context.Context, url, session string, c chatRequest, header map[string]string) (router.Explanation, error) {
 	b, _ := json.Marshal(c)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+router.PathExplain, strings.NewReader(string(b)))
 	req.Header.Set("X-Session-Id", session)
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return router.Explanation{}, err
