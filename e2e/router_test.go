@@ -21,6 +21,9 @@ type chatRequest struct {
 	Model     string    `json:"model"`
 	Messages  []message `json:"messages"`
 	MaxTokens int       `json:"max_tokens"`
+	// CacheSalt is the body's cache_salt, as vLLM and SGLang accept it
+	// (and the router reads it into the hashing namespace).
+	CacheSalt string `json:"cache_salt,omitempty"`
 }
 
 type message struct {

@@ -2,9 +2,13 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/ctlview"
 
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/testkit/fleet"
@@ -19,6 +23,12 @@ type turnCheck struct {
 	BlockSize int
 	// Header is set on both turns' requests (e.g. a cache salt carrier).
 	Header map[string]string
+	// CacheSalt is both turns' cache_salt; then a third request, turn 2
+	// with another salt, must not be predicted as cached.
+	CacheSalt string
+	// SystemRepeat repeats the system prompt (default once), so that turn
+	// 1 spans several blocks of a large block size.
+	SystemRepeat int
 }
 
 // turnTwoFollowsTurnOne sends turn 1 of session sess through router r0
@@ -35,11 +45,15 @@ func turnTwoFollowsTurnOne(t *testing.T, ctx context.Context, r0, r1, sess strin
 	if tc.BlockSize == 0 {
 		tc.BlockSize = 16
 	}
-	c := chatRequest{Model: tc.Model, MaxTokens: 4, Messages: []message{
-		{Role: "system", Content: systemPrompt(i)}, {Role: "user", Content: fmt.Sprintf("Question %d: what does a prefix cache save?", i)}}}
+	system := strings.Repeat(systemPrompt(i), max(tc.SystemRepeat, 1))
+	c := chatRequest{Model: tc.Model, MaxTokens: 4, CacheSalt: tc.CacheSalt, Messages: []message{
+		{Role: "system", Content: system}, {Role: "user", Content: fmt.Sprintf("Question %d: what does a prefix cache save?", i)}}}
 	a1, err := sendWith(ctx, r0, sess, c, tc.Header)
 	if err != nil || a1.status != 200 {
 		t.Fatalf("turn 1 of %s: %v %+v", sess, err, a1)
+	}
+	if a1.prompt < 2*tc.BlockSize {
+		t.Fatalf("%s: turn 1 has %d prompt tokens, less than two blocks of %d: lengthen it (SystemRepeat)", sess, a1.prompt, tc.BlockSize)
 	}
 	c.Messages = append(c.Messages, message{Role: "assistant", Content: a1.content}, message{Role: "user", Content: "And what does it cost?"})
 	testkit.Eventually(t, 15*time.Second, "the directory to hold turn 1's blocks", func() (bool, string) {
@@ -66,6 +80,19 @@ func turnTwoFollowsTurnOne(t *testing.T, ctx context.Context, r0, r1, sess strin
 	if a2.predicted == "" || a2.predicted == "0" {
 		t.Fatalf("%s: router predicted no cached tokens (%q)", sess, a2.predicted)
 	}
+	if tc.CacheSalt != "" {
+		// The same conversation under another salt is another namespace:
+		// nothing of it is cached anywhere.
+		other := c
+		other.CacheSalt = tc.CacheSalt + "-other"
+		e, err := explainWith(ctx, r1, sess+"-other", other, tc.Header)
+		if err != nil {
+			t.Fatalf("%s: explain with another salt: %v", sess, err)
+		}
+		if e.PredictedCachedTokens != 0 {
+			t.Fatalf("%s: salt %q predicted %d cached tokens on %s; only salt %q's blocks exist", sess, other.CacheSalt, e.PredictedCachedTokens, e.Pick, tc.CacheSalt)
+		}
+	}
 	return a1, a2
 }
 
@@ -76,13 +103,44 @@ type engineShape struct {
 	name                              string
 	engineArgs, agentArgs, routerArgs []string
 	check                             turnCheck
+	// loadCounters, if set, are the engine's prompt-token and cached-token
+	// counters: after the sessions the directory's load of every worker
+	// must show their values (the agent read the engine's metrics).
+	loadCounters [2]string
 }
 
 // engineShapes are the model families and engines kvdir serves; each
 // runs end to end: simulator in that shape, ZMQ, agent, 3-node
 // directory, two routers.
+//
+// Rows with a block size other than 16 pass it to the agent too: the
+// router hashes with the block size the worker registered (the agent's
+// --block-size) until it learns the size from the events.
 var engineShapes = []engineShape{
 	{name: "vllm full attention, block 16"},
+	{name: "vllm MLA, block 64",
+		engineArgs: []string{"--kv-cache-groups", "mla_attention", "--block-size", "64"},
+		agentArgs:  []string{"--block-size", "64"},
+		check:      turnCheck{BlockSize: 64}},
+	{name: "vllm hybrid, sliding window group 0, full attention group 1, block 528",
+		engineArgs: []string{"--kv-cache-groups", "sliding_window:1024,full_attention", "--block-size", "528", "--kv-blocks", "1024",
+			"--kv-events-form", "map"},
+		agentArgs: []string{"--block-size", "528"},
+		check:     turnCheck{BlockSize: 528, SystemRepeat: 12}},
+	{name: "vllm salted",
+		check: turnCheck{CacheSalt: "tenant-v"}},
+	{name: "sglang array layout, EAGLE bigrams, salt in metadata",
+		engineArgs: []string{"--kv-events-dialect", "sglang", "--kv-events-form", "array", "--speculative-bigrams", "--metrics-format", "sglang"},
+		agentArgs:  []string{"--engine-kind", "sglang"},
+		check:      turnCheck{CacheSalt: "tenant-a"}},
+	{name: "sglang map layout, top-level salt",
+		engineArgs: []string{"--kv-events-dialect", "sglang", "--kv-events-form", "map", "--metrics-format", "sglang"},
+		agentArgs:  []string{"--engine-kind", "sglang"},
+		check:      turnCheck{CacheSalt: "tenant-b"}},
+	{name: "sglang metrics",
+		engineArgs:   []string{"--kv-events-dialect", "sglang", "--metrics-format", "sglang"},
+		agentArgs:    []string{"--engine-kind", "sglang"},
+		loadCounters: [2]string{"sglang:prompt_tokens_total", "sglang:cached_tokens_total"}},
 }
 
 // TestEngineShapes checks, for every engine shape, that turn 2 of a
@@ -99,6 +157,42 @@ func TestEngineShapes(t *testing.T) {
 			for i := range 2 {
 				turnTwoFollowsTurnOne(t, ctx, f.Routers[0].URL, f.Routers[1].URL, fmt.Sprintf("shape-%d", i), i, sh.check)
 			}
+			if sh.loadCounters[0] != "" {
+				loadReachesDirectory(t, f, sh.loadCounters)
+			}
 		})
 	}
+}
+
+// loadReachesDirectory waits until the directory's load of every worker
+// shows its engine's prompt-token and cached-token counters (names as the
+// engine's /metrics spells them), which only happens when the agent read
+// them from the engine's metrics.
+func loadReachesDirectory(t *testing.T, f *fleet.Fleet, counters [2]string) {
+	t.Helper()
+	testkit.Eventually(t, 15*time.Second, "the engines' "+counters[0]+" and "+counters[1]+" in the directory", func() (bool, string) {
+		out, errOut, code := ctl(t, "--directory", f.DirectoryAddrs(), "workers", "-o", "json")
+		if code != 0 {
+			return false, errOut
+		}
+		var workers ctlview.WorkerList
+		if err := json.Unmarshal([]byte(out), &workers); err != nil {
+			return false, err.Error()
+		}
+		byID := map[string]ctlview.Worker{}
+		for _, w := range workers.Workers {
+			byID[w.ID] = w
+		}
+		var prompt, cached float64
+		for _, e := range f.Engines {
+			q, h := engineMetric(t, e.URL, counters[0]), engineMetric(t, e.URL, counters[1])
+			w := byID[e.WorkerID]
+			if float64(w.PrefixQueries) != q || float64(w.PrefixHits) != h {
+				return false, fmt.Sprintf("%s: directory %d/%d, engine %v/%v", e.WorkerID, w.PrefixQueries, w.PrefixHits, q, h)
+			}
+			prompt, cached = prompt+q, cached+h
+		}
+		// Turn 2 of each session hit turn 1's blocks.
+		return prompt > 0 && cached > 0, fmt.Sprintf("engines' totals %v/%v", prompt, cached)
+	})
 }

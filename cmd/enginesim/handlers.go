@@ -240,7 +240,7 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 	id := prefix + strconv.FormatUint(uint64(s.start.UnixNano()), 36) + "-" + strconv.FormatUint(s.nextID.Add(1), 10)
 	in := s.current()
 	st, err := in.runner.Submit(simengine.Request{
-		ID: id, Tokens: g.prompt, MaxTokens: g.maxTokens, Namespace: s.namespace(g.cacheSalt),
+		ID: id, Tokens: g.prompt, MaxTokens: g.maxTokens, Namespace: s.namespace(g.cacheSalt), CacheSalt: g.cacheSalt,
 	})
 	switch {
 	case errors.Is(err, simengine.ErrTooLong), errors.Is(err, simengine.ErrInvalidRequest):

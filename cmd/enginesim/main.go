@@ -48,6 +48,12 @@ type config struct {
 	replayLayout      string
 	replayBufferSteps int
 	dpRank            int
+
+	kvCacheGroups      string
+	eventsDialect      string
+	speculativeBigrams bool
+	metricsFormat      string
+	shape              simengine.Shape // parsed from the four above by check
 }
 
 const summary = `enginesim is a simulated vLLM engine for kvdir tests, benchmarks and demos.
@@ -108,6 +114,11 @@ func newProgram(cfg *config, getenv func(string) string, stdout, stderr io.Write
 	fs.StringVar(&cfg.replayLayout, "replay-layout", "old", "replay reply framing: old (vLLM <= v0.25) or new (v0.26+)")
 	fs.IntVar(&cfg.replayBufferSteps, "replay-buffer-steps", 10000, "event batches kept for replay")
 	fs.IntVar(&cfg.dpRank, "data-parallel-rank", 0, "data-parallel rank: offsets the event ports as vLLM does, written into every batch and used as the metrics' engine label")
+	fs.StringVar(&cfg.kvCacheGroups, "kv-cache-groups", "", "KV-cache groups the events report, in group_idx order: `SPEC` kinds full_attention, mla_attention, sink_full_attention, sliding_window:WINDOW, sliding_window_mla:WINDOW, comma-separated (e.g. sliding_window:1024,full_attention); empty: one group without group_idx (vllm dialect only)")
+	fs.StringVar(&cfg.eventsDialect, "kv-events-dialect", "vllm", "event encoding of `ENGINE`: vllm, or sglang (one page per BlockStored, no lora_name, cache_salt in BlockStoredWithMetadata with --kv-events-form array, top-level with map)")
+	fs.BoolVar(&cfg.speculativeBigrams, "speculative-bigrams", false, "token_ids as SGLang's EAGLE/NEXTN/MTP bigram pairs [[t0,t1],[t1,t2],...] (sglang dialect only)")
+	p.Group("Metrics")
+	fs.StringVar(&cfg.metricsFormat, "metrics-format", "vllm", "/metrics names of `ENGINE`: vllm (vllm:*) or sglang (sglang:*)")
 	return p
 }
 
@@ -143,6 +154,27 @@ func (c *config) check() error {
 	}
 	if c.replayLayout != "old" && c.replayLayout != "new" {
 		return fmt.Errorf("--replay-layout %q, want old or new", c.replayLayout)
+	}
+	if c.metricsFormat != "vllm" && c.metricsFormat != "sglang" {
+		return fmt.Errorf("--metrics-format %q, want vllm or sglang", c.metricsFormat)
+	}
+	return c.checkShape()
+}
+
+// checkShape parses --kv-cache-groups, --kv-events-dialect and
+// --speculative-bigrams into c.shape.
+func (c *config) checkShape() error {
+	groups, err := simengine.ParseKVGroups(c.kvCacheGroups)
+	if err != nil {
+		return fmt.Errorf("--kv-cache-groups: %w", err)
+	}
+	dialect, err := simengine.ParseDialect(c.eventsDialect)
+	if err != nil {
+		return fmt.Errorf("--kv-events-dialect: %w", err)
+	}
+	c.shape = simengine.Shape{Groups: groups, Dialect: dialect, Bigrams: c.speculativeBigrams}
+	if err := c.shape.Validate(); err != nil {
+		return fmt.Errorf("--kv-cache-groups, --kv-events-dialect, --speculative-bigrams: %w", err)
 	}
 	return nil
 }

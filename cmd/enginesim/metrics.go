@@ -30,6 +30,9 @@ type statsCollector struct {
 }
 
 func newMetrics(s *server) *metrics {
+	if s.cfg.metricsFormat == "sglang" {
+		return newSGLangMetrics(s)
+	}
 	labels := prometheus.Labels{"model_name": s.cfg.model, "engine": s.engineLabel()}
 	desc := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, nil, labels)

@@ -80,6 +80,7 @@ func newServer(ctx context.Context, cfg config, logger *slog.Logger) (*server, e
 			MaxBatchedTokens: cfg.maxBatchedTokens,
 			MaxRunning:       cfg.maxRunning,
 			Seed:             cfg.seed,
+			Shape:            cfg.shape,
 		},
 		fault:   faults{SlowFactor: 1},
 		baseCtx: ctx,
@@ -219,9 +220,32 @@ func (s *server) publishBatch(b simengine.EventBatch) {
 		TS:     float64(time.Now().UnixNano()) / 1e9,
 		Events: b.Events,
 	}
-	if _, err := s.pub.Publish(out); err != nil && !errors.Is(err, kvevents.ErrClosed) {
+	var err error
+	if s.cfg.shape.Dialect == simengine.DialectSGLang {
+		err = s.publishSGLang(out)
+	} else {
+		_, err = s.pub.Publish(out)
+	}
+	if err != nil && !errors.Is(err, kvevents.ErrClosed) {
 		s.log.Warn("publish kv events", "err", err)
 	}
+}
+
+// publishSGLang publishes b in SGLang's encoding, its attn_dp_rank the
+// configured rank (SGLang's publisher fills it in as vLLM's does).
+func (s *server) publishSGLang(b kvevents.Batch) error {
+	rank := s.cfg.dpRank
+	b.DPRank = &rank
+	form := kvevents.FormArray
+	if s.cfg.eventsForm == "map" {
+		form = kvevents.FormMap
+	}
+	payload, err := simengine.EncodeSGLangBatch(b, form)
+	if err != nil {
+		return fmt.Errorf("encode sglang batch: %w", err)
+	}
+	_, err = s.pub.PublishPayload(payload)
+	return err
 }
 
 // Addr returns the HTTP listener's address.

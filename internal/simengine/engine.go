@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/costmodel"
-	"github.com/kvdir/kvdir/internal/kvevents"
 )
 
 // Scheduler defaults (vLLM V1's).
@@ -42,6 +41,7 @@ type Config struct {
 	MaxBatchedTokens int               // token budget per step (max_num_batched_tokens); default 8192
 	MaxRunning       int               // most running requests (max_num_seqs); default 256
 	Seed             uint64            // seeds the block-hash roots and the generated tokens
+	Shape            Shape             // how the events present the cache (see Shape); zero: plain vLLM
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -69,6 +69,9 @@ func (c Config) withDefaults() (Config, error) {
 	if err := c.Profile.Validate(); err != nil {
 		return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if err := c.Shape.Validate(); err != nil {
+		return c, err
+	}
 	return c, nil
 }
 
@@ -79,6 +82,7 @@ type Request struct {
 	MaxTokens int      // tokens to generate (no EOS: exactly this many)
 	Namespace string   // model, cache_salt, …: blocks are shared only within a namespace
 	LoRAName  string   // LoRA adapter; part of the namespace, reported in BlockStored
+	CacheSalt string   // the request's cache_salt, reported in the events (Namespace must include it)
 }
 
 // Result is a finished request.
@@ -145,6 +149,8 @@ type seq struct {
 	maxTokens   int
 	root        BlockHash
 	lora        string
+	salt        string
+	swNext      []int       // per group: the first block a windowed group still holds (see slideWindows)
 	hashes      []BlockHash // hashes of the full blocks of tokens computed so far
 	blocks      []int32     // KV blocks for positions [0, len(blocks)·B)
 	numComputed int         // tokens whose KV is computed (or scheduled)
@@ -232,7 +238,7 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 	copy(tokens, r.Tokens)
 	s := &seq{
 		id: r.ID, tokens: tokens, promptLen: len(r.Tokens), maxTokens: r.MaxTokens,
-		root: namespaceRoot(e.cfg.Seed, r.Namespace, r.LoRAName), lora: r.LoRAName,
+		root: namespaceRoot(e.cfg.Seed, r.Namespace, r.LoRAName), lora: r.LoRAName, salt: r.CacheSalt, swNext: e.newWindows(),
 		hashes:  make([]BlockHash, 0, min(len(tokens)+r.MaxTokens, 1<<20)/e.cfg.BlockSize),
 		arrival: now, cached: -1,
 	}
@@ -374,6 +380,7 @@ func (e *Engine) admit(s *seq, budget int) bool {
 	e.cache.touch(hits)
 	s.blocks = append(s.blocks[:0], hits...)
 	s.numComputed, s.numStored = hitTokens, len(hits)
+	e.resetWindows(s)
 	e.cache.queries += int64(len(s.tokens))
 	e.cache.hits += int64(hitTokens)
 	if s.cached < 0 {
@@ -402,32 +409,20 @@ func (e *Engine) schedule(s *seq, n int, cost *costmodel.StepCost, res *StepResu
 	e.batch = append(e.batch, scheduled{s: s, n: n})
 
 	bs := e.cfg.BlockSize
-	full := s.numComputed / bs
-	if full <= s.numStored {
-		return
-	}
-	e.ensureHashes(s, full)
-	first := s.numStored
-	ev := &kvevents.BlockStored{
-		BlockHashes: wireHashes(s.hashes[first:full]),
-		TokenIDs:    slices.Clone(s.tokens[first*bs : full*bs]),
-		BlockSize:   bs,
-		LoRAName:    s.lora,
-		Medium:      MediumGPU,
-	}
-	if first > 0 {
-		parent := s.hashes[first-1].Wire()
-		ev.Parent = &parent
-	}
-	for i := first; i < full; i++ {
-		var parent BlockHash
-		if i > 0 {
-			parent = s.hashes[i-1]
+	if full := e.storable(s); full > s.numStored {
+		e.ensureHashes(s, full)
+		first := s.numStored
+		for i := first; i < full; i++ {
+			var parent BlockHash
+			if i > 0 {
+				parent = s.hashes[i-1]
+			}
+			e.cache.store(s.blocks[i], s.hashes[i], parent, i > 0, s.tokens[i*bs:(i+1)*bs])
 		}
-		e.cache.store(s.blocks[i], s.hashes[i], parent, i > 0, s.tokens[i*bs:(i+1)*bs])
+		s.numStored = full
+		e.cache.events = e.appendStored(e.cache.events, s, first, full)
 	}
-	s.numStored = full
-	e.cache.events = append(e.cache.events, ev)
+	e.cache.events = e.slideWindows(e.cache.events, s)
 }
 
 // outputSeed seeds the token generator of s from its namespace and prompt,
@@ -461,6 +456,7 @@ func (e *Engine) preempt(s *seq) {
 	e.cache.release(s.blocks)
 	s.blocks = s.blocks[:0]
 	s.numComputed, s.numStored = 0, 0
+	e.resetWindows(s)
 	s.preemptions++
 	e.preemptions++
 	if e.head > 0 {
@@ -482,7 +478,7 @@ func (e *Engine) compactWaiting() {
 }
 
 func (e *Engine) publish(at time.Duration) {
-	ev := e.cache.takeEvents()
+	ev := e.groupRemovals(e.cache.takeEvents())
 	if len(ev) > 0 && e.sink != nil {
 		e.sink.Publish(EventBatch{Time: at, Events: ev})
 	}

@@ -36,7 +36,11 @@ const MediumGPU = "GPU"
 // became full (Parent nil when the run starts at the request's first block,
 // Medium [MediumGPU], LoRAName the request's adapter), a
 // *[kvevents.BlockRemoved] with exactly one hash per evicted block, and
-// *[kvevents.AllBlocksCleared] on a reset. Every other field is left None.
+// *[kvevents.AllBlocksCleared] on a reset. Every other field is left None,
+// but for a salted request's extra_keys (vLLM's: the salt is the last key of
+// its first block) and what the engine's [Shape] adds: one store per
+// KV-cache group with its group_idx and kind, SGLang's one page per store
+// with its cache salt and bigrams.
 //
 // Time is engine time, not the wall clock of a [kvevents.Batch]: a
 // publisher stamps the batch it sends, a simulator on a virtual clock

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"log/slog"
+	"math"
 	"os/exec"
 	"slices"
 	"strings"
@@ -199,6 +200,24 @@ func shapeCases(t *testing.T) map[string]shapeCase {
 			form: noForm,
 			check: func(t *testing.T, evs []*kvdirv1.Event, st agent.TranslatorStats) {
 				expectStored(t, evs, []storedOut{{0, chain(t, "tenant-b", tk[:4]), cpu}}, nil)
+			},
+		},
+		"sglang_removed": {
+			want: b(&kvevents.BlockStored{BlockHashes: []kvevents.Hash{kvevents.HashFromInt64(-5)}, TokenIDs: tk[:4], BlockSize: 4, Medium: "GPU"},
+				&kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{kvevents.HashFromInt64(-5), kvevents.HashFromInt64(math.MaxInt64)}, Medium: "GPU"},
+				&kvevents.AllBlocksCleared{}),
+			form: noForm, // kvdir's encoder writes hashes unsigned
+			check: func(t *testing.T, evs []*kvdirv1.Event, st agent.TranslatorStats) {
+				expectStored(t, evs, []storedOut{{0, exp[:1], gpu}}, exp[:1])
+			},
+		},
+		"sglang_map_removed": {
+			want: b(&kvevents.BlockStored{BlockHashes: []kvevents.Hash{kvevents.HashFromInt64(-5)}, TokenIDs: tk[:4], BlockSize: 4},
+				&kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{kvevents.HashFromInt64(-5)}, Medium: "GPU"},
+				&kvevents.AllBlocksCleared{}),
+			form: noForm,
+			check: func(t *testing.T, evs []*kvdirv1.Event, st agent.TranslatorStats) {
+				expectStored(t, evs, []storedOut{{0, exp[:1], gpu}}, exp[:1])
 			},
 		},
 		"trtllm_strings": {

@@ -143,6 +143,18 @@ def payloads():
         "token_ids": toks[:4], "block_size": 4, "lora_id": None, "medium": "CPU_TIER1",
         "cache_salt": "tenant-b",
     }], 0]
+    # SGLang hashes are int64: negative ones are msgpack negative ints.
+    out["sglang_removed"] = sglang_batch([
+        sglang_stored([-5], None, toks[:4], 4),
+        ["BlockRemoved", [-5, 2**63 - 1], "GPU"],
+        ["AllBlocksCleared"],
+    ])
+    out["sglang_map_removed"] = [TS, [
+        {"type": "BlockStored", "block_hashes": [-5], "parent_block_hash": None,
+         "token_ids": toks[:4], "block_size": 4, "lora_id": None},
+        {"type": "BlockRemoved", "block_hashes": [-5], "medium": "GPU"},
+        {"type": "AllBlocksCleared"},
+    ], 0]
     mm = ["<mm:9f2c>"] * 2
     out["trtllm_strings"] = [TS, [
         trtllm_stored([61, 62, 63], None, toks[:4] + [104, mm[0], mm[1], 107] + toks[:4], locality="LOCAL"),
