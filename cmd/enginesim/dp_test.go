@@ -229,6 +229,7 @@ func TestDataParallelSizeFlag(t *testing.T) {
 		{"--data-parallel-size", "0"},
 		{"--data-parallel-size", "257"},
 		{"--data-parallel-size", "2", "--data-parallel-rank", "1"},
+		{"--data-parallel-size", "2", "--metrics-format", "sglang"},
 	} {
 		if _, err := parseConfig(args, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), "data-parallel") {
 			t.Errorf("%v: %v, want a data-parallel usage error", args, err)

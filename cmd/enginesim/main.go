@@ -166,6 +166,11 @@ func (c *config) check() error {
 	if c.metricsFormat != "vllm" && c.metricsFormat != "sglang" {
 		return fmt.Errorf("--metrics-format %q, want vllm or sglang", c.metricsFormat)
 	}
+	if c.dpSize > 1 && c.metricsFormat != "vllm" {
+		// SGLang's tokenizer series carry no rank: one server's ranks
+		// would export the same series.
+		return fmt.Errorf("--data-parallel-size %d needs --metrics-format vllm (per-rank series with the engine label)", c.dpSize)
+	}
 	return c.checkShape()
 }
 
