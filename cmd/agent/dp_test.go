@@ -77,6 +77,12 @@ func TestDataParallelRanks(t *testing.T) {
 	if _, ok := dir.FSM().Worker("eng"); ok {
 		t.Fatal("a worker without a rank suffix was registered")
 	}
+	for r := range 2 {
+		w, _ := dir.FSM().Worker(fmt.Sprintf("eng-dp%d", r))
+		if got := w.GetSpec().DataParallelRank; got == nil || *got != uint32(r) {
+			t.Fatalf("worker eng-dp%d registered rank %v, want %d", r, got, r)
+		}
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run: %v", err)

@@ -231,6 +231,9 @@ func serve(ctx context.Context, o *options) error {
 			// The engine's one API server exports every rank's series:
 			// this rank's worker reads its own.
 			cfg.MetricsRank, cfg.MetricsByRank = r, true
+			// Routers pin the worker's requests to its rank.
+			rank := uint32(r)
+			cfg.DataParallelRank = &rank
 		}
 		a, err := agent.New(cfg, dir)
 		if err != nil {

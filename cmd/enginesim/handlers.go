@@ -25,8 +25,8 @@ func (s *server) routes() http.Handler {
 		method, path string
 		h            http.Handler
 	}{
-		{http.MethodPost, "/v1/chat/completions", http.HandlerFunc(s.handleChat)},
-		{http.MethodPost, "/v1/completions", http.HandlerFunc(s.handleCompletion)},
+		{http.MethodPost, "/v1/chat/completions", s.onRank((*server).handleChat)},
+		{http.MethodPost, "/v1/completions", s.onRank((*server).handleCompletion)},
 		{http.MethodGet, "/v1/models", http.HandlerFunc(s.handleModels)},
 		{http.MethodGet, "/health", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })},
 		{http.MethodPost, "/tokenize", http.HandlerFunc(s.handleTokenize)},
@@ -494,13 +494,15 @@ func (s *server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) handleResetPrefixCache(w http.ResponseWriter, _ *http.Request) {
-	if err := s.current().runner.Reset(); err != nil {
-		if errors.Is(err, simengine.ErrCacheBusy) {
-			writeError(w, http.StatusConflict, "ConflictError", "cannot reset the prefix cache while requests are running")
+	for _, rs := range s.all() { // every data-parallel rank's cache
+		if err := rs.current().runner.Reset(); err != nil {
+			if errors.Is(err, simengine.ErrCacheBusy) {
+				writeError(w, http.StatusConflict, "ConflictError", "cannot reset the prefix cache while requests are running")
+				return
+			}
+			writeError(w, http.StatusInternalServerError, "InternalServerError", err.Error())
 			return
 		}
-		writeError(w, http.StatusInternalServerError, "InternalServerError", err.Error())
-		return
 	}
 	s.log.Info("prefix cache reset")
 	w.WriteHeader(http.StatusOK)
@@ -536,7 +538,29 @@ func (s *server) handleSetFaults(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "slow_factor must be in [1, 1000], got %v", *u.SlowFactor)
 		return
 	}
+	var f faults
+	for _, rs := range s.all() { // every data-parallel rank alike
+		f = rs.setFaults(u)
+	}
+	s.log.Info("faults set", "drop_event_fraction", f.DropEventFraction, "loss_fraction", f.LossFraction,
+		"slow_factor", f.SlowFactor, "fail_fraction", f.FailFraction)
+	writeJSON(w, http.StatusOK, f)
+}
+
+func (s *server) handleRestart(w http.ResponseWriter, _ *http.Request) {
+	for _, rs := range s.all() { // every data-parallel rank restarts
+		if err := rs.restart(); err != nil {
+			writeError(w, http.StatusInternalServerError, "InternalServerError", err.Error())
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]bool{"restarted": true})
+}
+
+// setFaults applies u to s's switches and returns them.
+func (s *server) setFaults(u faultsUpdate) faults {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if u.DropEventFraction != nil {
 		s.fault.DropEventFraction = *u.DropEventFraction
 	}
@@ -549,21 +573,9 @@ func (s *server) handleSetFaults(w http.ResponseWriter, r *http.Request) {
 	if u.FailFraction != nil {
 		s.fault.FailFraction = *u.FailFraction
 	}
-	f := s.fault
 	if s.pub != nil {
-		s.pub.SetDropRate(f.DropEventFraction)
-		s.pub.SetLossRate(f.LossFraction)
+		s.pub.SetDropRate(s.fault.DropEventFraction)
+		s.pub.SetLossRate(s.fault.LossFraction)
 	}
-	s.mu.Unlock()
-	s.log.Info("faults set", "drop_event_fraction", f.DropEventFraction, "loss_fraction", f.LossFraction,
-		"slow_factor", f.SlowFactor, "fail_fraction", f.FailFraction)
-	writeJSON(w, http.StatusOK, f)
-}
-
-func (s *server) handleRestart(w http.ResponseWriter, _ *http.Request) {
-	if err := s.restart(); err != nil {
-		writeError(w, http.StatusInternalServerError, "InternalServerError", err.Error())
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]bool{"restarted": true})
+	return s.fault
 }

@@ -48,6 +48,7 @@ type config struct {
 	replayLayout      string
 	replayBufferSteps int
 	dpRank            int
+	dpSize            int
 
 	kvCacheGroups      string
 	eventsDialect      string
@@ -114,6 +115,7 @@ func newProgram(cfg *config, getenv func(string) string, stdout, stderr io.Write
 	fs.StringVar(&cfg.replayLayout, "replay-layout", "old", "replay reply framing: old (vLLM <= v0.25) or new (v0.26+)")
 	fs.IntVar(&cfg.replayBufferSteps, "replay-buffer-steps", 10000, "event batches kept for replay")
 	fs.IntVar(&cfg.dpRank, "data-parallel-rank", 0, "data-parallel rank: offsets the event ports as vLLM does, written into every batch and used as the metrics' engine label")
+	fs.IntVar(&cfg.dpSize, "data-parallel-size", 1, "data-parallel ranks behind this one server, as vLLM's --data-parallel-size: each rank has its own cache, events on the ports + rank and metrics (engine label); a request goes to the rank its X-data-parallel-rank header names, else to the least loaded")
 	fs.StringVar(&cfg.kvCacheGroups, "kv-cache-groups", "", "KV-cache groups the events report, in group_idx order: `SPEC` kinds full_attention, mla_attention, sink_full_attention, sliding_window:WINDOW, sliding_window_mla:WINDOW, comma-separated (e.g. sliding_window:1024,full_attention); empty: one group without group_idx (vllm dialect only)")
 	fs.StringVar(&cfg.eventsDialect, "kv-events-dialect", "vllm", "event encoding of `ENGINE`: vllm, or sglang (one page per BlockStored, no lora_name, cache_salt in BlockStoredWithMetadata with --kv-events-form array, top-level with map)")
 	fs.BoolVar(&cfg.speculativeBigrams, "speculative-bigrams", false, "token_ids as SGLang's EAGLE/NEXTN/MTP bigram pairs [[t0,t1],[t1,t2],...] (sglang dialect only)")
@@ -137,6 +139,12 @@ func (c *config) check() error {
 	if c.dpRank < 0 {
 		return fmt.Errorf("--data-parallel-rank %d, want >= 0", c.dpRank)
 	}
+	if c.dpSize < 1 || c.dpSize > maxDataParallelSize {
+		return fmt.Errorf("--data-parallel-size %d, want 1 to %d", c.dpSize, maxDataParallelSize)
+	}
+	if c.dpSize > 1 && c.dpRank != 0 {
+		return fmt.Errorf("--data-parallel-rank %d with --data-parallel-size %d: the server runs ranks 0 to %d itself; give one or the other", c.dpRank, c.dpSize, c.dpSize-1)
+	}
 	if c.blockSize < 1 || c.kvBlocks < 1 || c.maxBatchedTokens < 1 || c.maxRunning < 1 {
 		return errors.New("--block-size, --kv-blocks, --max-batched-tokens and --max-running must be positive")
 	}
@@ -157,6 +165,11 @@ func (c *config) check() error {
 	}
 	if c.metricsFormat != "vllm" && c.metricsFormat != "sglang" {
 		return fmt.Errorf("--metrics-format %q, want vllm or sglang", c.metricsFormat)
+	}
+	if c.dpSize > 1 && c.metricsFormat != "vllm" {
+		// SGLang's tokenizer series carry no rank: one server's ranks
+		// would export the same series.
+		return fmt.Errorf("--data-parallel-size %d needs --metrics-format vllm (per-rank series with the engine label)", c.dpSize)
 	}
 	return c.checkShape()
 }

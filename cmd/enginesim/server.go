@@ -52,14 +52,45 @@ type server struct {
 	fault  faults
 	nextID atomic.Uint64
 	start  time.Time
+
+	// ranks are the engines behind this server with --data-parallel-size
+	// N > 1 (ranks[0] is s itself); nil for a single engine. See dp.go.
+	ranks    []*server
+	nextRank atomic.Uint64 // where the least-loaded search starts
 }
 
-// newServer validates cfg, builds the engine and the publisher and binds the
-// HTTP listener.
+// newServer validates cfg, builds the engine (one per data-parallel rank)
+// and the publisher and binds the HTTP listener.
 func newServer(ctx context.Context, cfg config, logger *slog.Logger) (*server, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
+	s, err := newEngine(ctx, cfg, logger)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.addRanks(ctx); err != nil {
+		s.stopAll()
+		s.closePublishers()
+		return nil, err
+	}
+	s.listener, err = net.Listen("tcp", cfg.addr)
+	if err != nil {
+		s.stopAll()
+		s.closePublishers()
+		return nil, fmt.Errorf("listen %s: %w", cfg.addr, err)
+	}
+	s.httpSrv = &http.Server{
+		Handler:           s.routes(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	return s, nil
+}
+
+// newEngine builds one engine: its runner, publisher and metrics, without
+// the HTTP side.
+func newEngine(ctx context.Context, cfg config, logger *slog.Logger) (*server, error) {
 	prof, err := loadProfile(cfg.profile)
 	if err != nil {
 		return nil, err
@@ -96,17 +127,6 @@ func newServer(ctx context.Context, cfg config, logger *slog.Logger) (*server, e
 		return nil, err
 	}
 	s.metrics = newMetrics(s)
-	s.listener, err = net.Listen("tcp", cfg.addr)
-	if err != nil {
-		s.cur.stop()
-		s.closePublisher()
-		return nil, fmt.Errorf("listen %s: %w", cfg.addr, err)
-	}
-	s.httpSrv = &http.Server{
-		Handler:           s.routes(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}
 	return s, nil
 }
 
@@ -272,7 +292,8 @@ func (s *server) ReplayAddr() string {
 func (s *server) serve(ctx context.Context, ready func(*server)) error {
 	s.log.Info("enginesim listening", "addr", s.Addr(), "model", s.cfg.model,
 		"profile", s.engCfg.Profile.Name, "kv_blocks", s.cfg.kvBlocks, "block_size", s.cfg.blockSize,
-		"time_scale", s.cfg.timeScale, "kv_events", s.cfg.eventsEndpoint, "events_addr", s.EventsAddr())
+		"time_scale", s.cfg.timeScale, "kv_events", s.cfg.eventsEndpoint, "events_addr", s.EventsAddr(),
+		"data_parallel_size", max(len(s.ranks), 1))
 	errc := make(chan error, 1)
 	go func() { errc <- s.httpSrv.Serve(s.listener) }()
 	if ready != nil {
@@ -284,15 +305,15 @@ func (s *server) serve(ctx context.Context, ready func(*server)) error {
 		err = fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 		shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		// Stop the engine first so streaming handlers end promptly.
-		s.current().stop()
+		// Stop the engines first so streaming handlers end promptly.
+		s.stopAll()
 		if e := s.httpSrv.Shutdown(shutCtx); e != nil {
 			err = fmt.Errorf("shutdown: %w", e)
 		}
 		cancel()
 	}
-	s.current().stop()
-	s.closePublisher()
+	s.stopAll()
+	s.closePublishers()
 	s.log.Info("enginesim stopped")
 	return err
 }

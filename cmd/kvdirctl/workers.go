@@ -26,11 +26,25 @@ func (a *app) workerView(w *kvdirv1.Worker) ctlview.Worker {
 		KVUsage: l.GetKvUsage(), KVBlocks: l.GetKvBlocks(), Running: l.GetRunning(), Waiting: l.GetWaiting(),
 		PrefixQueries: l.GetPrefixQueries(), PrefixHits: l.GetPrefixHits(), Labels: s.GetLabels(),
 	}
+	if r := s.DataParallelRank; r != nil {
+		rank := *r
+		v.DataParallelRank = &rank
+	}
 	if w.LoadTimeUnixNano > 0 {
 		age := a.now().Sub(time.Unix(0, w.LoadTimeUnixNano)).Seconds()
 		v.HeartbeatAge = &age
 	}
 	return v
+}
+
+// rankedAddress is v's address, with "#rank" for a worker that is one
+// data-parallel rank behind a shared API server (the router's
+// --workers id=url#rank form).
+func rankedAddress(v ctlview.Worker) string {
+	if v.DataParallelRank == nil {
+		return v.Address
+	}
+	return fmt.Sprintf("%s#%d", v.Address, *v.DataParallelRank)
 }
 
 func stateName(s kvdirv1.WorkerState) string { return enumName(s.String(), "WORKER_STATE_") }
@@ -96,7 +110,7 @@ since the engine started) and how long ago the load was recorded.
 					}
 					t := clitable.NewTab("ID", "ADDRESS", "MODEL", "STATE", "EPOCH", "BLOCKS", "KV-USAGE", "RUNNING", "WAITING", "PREFIX-HIT", "HEARTBEAT")
 					for _, v := range doc.Workers {
-						t.Add(v.ID, v.Address, v.Model, v.State, v.Epoch, v.Blocks, clitable.Percent(v.KVUsage, 1),
+						t.Add(v.ID, rankedAddress(v), v.Model, v.State, v.Epoch, v.Blocks, clitable.Percent(v.KVUsage, 1),
 							v.Running, v.Waiting, clitable.Percent(float64(v.PrefixHits), float64(v.PrefixQueries)), heartbeat(v))
 					}
 					_, err := t.WriteTo(out)
@@ -168,6 +182,9 @@ func (a *app) workerGet(ctx context.Context, id string, top uint32, withSessions
 		kv := clitable.NewTab()
 		kv.Add("id:", v.ID)
 		kv.Add("address:", v.Address)
+		if v.DataParallelRank != nil {
+			kv.Add("data-parallel rank:", fmt.Sprintf("%d (requests carry X-data-parallel-rank: %d)", *v.DataParallelRank, *v.DataParallelRank))
+		}
 		kv.Add("model:", fmt.Sprintf("%s (engine %s, block size %d)", v.Model, v.Engine, v.BlockSize))
 		kv.Add("state:", fmt.Sprintf("%s, epoch %d, last applied event batch seq %d", v.State, v.Epoch, v.AppliedSeq))
 		kv.Add("blocks:", fmt.Sprintf("%d held (gpu %d, cpu %d, disk %d, remote %d) = %d tokens",

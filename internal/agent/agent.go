@@ -55,6 +55,11 @@ type Config struct {
 	// an engine whose API server exports every rank's series).
 	MetricsRank   int
 	MetricsByRank bool
+	// DataParallelRank, when set, is the data-parallel rank this worker is
+	// behind an API server shared with the engine's other ranks; it is
+	// registered with the worker so that routers pin its requests to the
+	// rank (X-data-parallel-rank). Nil for a worker that is its own server.
+	DataParallelRank *uint32
 
 	// ReportMode is how the engine reports stores: ReportIncremental
 	// (vLLM's default) or ReportFull (kv_cache_report_mode="full", where
@@ -320,6 +325,7 @@ func (a *Agent) register(ctx context.Context) {
 	resp, err := a.dir.Register(rctx, &kvdirv1.WorkerSpec{
 		Id: a.cfg.WorkerID, Address: a.cfg.WorkerAddress, Model: a.cfg.Model,
 		BlockSize: uint32(max(a.cfg.BlockSize, 0)), Engine: a.cfg.Engine, Labels: a.cfg.Labels,
+		DataParallelRank: a.cfg.DataParallelRank,
 	})
 	if err != nil {
 		a.log.Warn("agent: register failed; will retry", "worker", a.cfg.WorkerID, "err", err)

@@ -63,6 +63,9 @@ func (c Config) Validate() error {
 	if c.MetricsByRank && c.MetricsRank < 0 {
 		return fmt.Errorf("agent: metrics data-parallel rank %d is negative", c.MetricsRank)
 	}
+	if c.DataParallelRank != nil && *c.DataParallelRank > MaxDataParallelRank {
+		return fmt.Errorf("agent: data-parallel rank %d is not 0 to %d", *c.DataParallelRank, MaxDataParallelRank)
+	}
 	for _, n := range []struct {
 		name string
 		v    int
@@ -82,3 +85,7 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// MaxDataParallelRank is the highest data-parallel rank a worker may
+// register (the directory refuses higher ones).
+const MaxDataParallelRank = 255

@@ -70,6 +70,9 @@ const (
 	DefaultMaxGoneWorkers = 1024
 	maxIDLen              = 256
 	maxLabels             = 64
+	// maxDataParallelRank bounds WorkerSpec.data_parallel_rank (the agent
+	// runs at most 256 ranks behind one server).
+	maxDataParallelRank = 255
 )
 
 func (o Options) withDefaults() Options {
@@ -265,6 +268,8 @@ func (f *FSM) register(c *kvdirv1.RegisterCommand, index uint64) (any, []string)
 		return fmt.Errorf("register %q: %w: address or model too long", spec.Id, ErrInvalid), nil
 	case len(spec.Labels) > maxLabels:
 		return fmt.Errorf("register %q: %w: %d labels, limit %d", spec.Id, ErrInvalid, len(spec.Labels), maxLabels), nil
+	case spec.DataParallelRank != nil && *spec.DataParallelRank > maxDataParallelRank:
+		return fmt.Errorf("register %q: %w: data-parallel rank %d not in [0, %d]", spec.Id, ErrInvalid, *spec.DataParallelRank, maxDataParallelRank), nil
 	}
 	for k, v := range spec.Labels {
 		if len(k) > maxIDLen || len(v) > maxIDLen {

@@ -93,6 +93,7 @@ func TestRegisterInvalid(t *testing.T) {
 		{"block size 65537", &kvdirv1.WorkerSpec{Id: "w", BlockSize: 65537}},
 		{"address too long", &kvdirv1.WorkerSpec{Id: "w", BlockSize: 16, Address: long(2049)}},
 		{"model too long", &kvdirv1.WorkerSpec{Id: "w", BlockSize: 16, Model: long(1025)}},
+		{"data-parallel rank 256", &kvdirv1.WorkerSpec{Id: "w", BlockSize: 16, DataParallelRank: proto.Uint32(256)}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -125,6 +126,7 @@ func TestRegisterLimitsInclusive(t *testing.T) {
 	for _, spec := range []*kvdirv1.WorkerSpec{
 		{Id: strings.Repeat("i", 256), BlockSize: 1},
 		{Id: "big", BlockSize: 1 << 16, Address: strings.Repeat("a", 2048), Model: strings.Repeat("m", 1024)},
+		{Id: "rank", BlockSize: 16, DataParallelRank: proto.Uint32(255)},
 	} {
 		if e := h.registerSpec(spec); e != 1 {
 			t.Fatalf("register %.10q: epoch %d", spec.Id, e)

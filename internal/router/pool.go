@@ -80,7 +80,8 @@ type workerSpec struct {
 	BlockSize          int
 	Draining           bool
 	// Rank, with HasRank, is the engine's data-parallel rank this worker
-	// stands for (static workers only for now: the registry has no rank).
+	// stands for (a static worker's #rank, or the registered
+	// data_parallel_rank). Several such workers share one address.
 	Rank    int
 	HasRank bool
 	// Load from the directory (agents' heartbeats), used until the router's

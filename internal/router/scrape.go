@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,9 @@ type scraper struct {
 	force     bool
 	onFailure func(w *worker, reason string) // every failed scrape
 	onError   func(w *worker, err error)     // the failure that makes w down
+	// reads, when set, shares each read among the workers at one address
+	// (the data-parallel ranks behind one API server).
+	reads *sharedReads
 }
 
 // engineKind reads Config.EngineKind.
@@ -115,21 +119,19 @@ func (s *scraper) fetch(ctx context.Context, w *worker) (enginemetrics.Load, err
 	url := w.address + "/metrics"
 	ctx, cancel := context.WithTimeout(ctx, max(s.interval*5, time.Second))
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return enginemetrics.Load{}, &scrapeError{"unreachable", fmt.Errorf("GET %s: %w", url, err)}
+	read := func() ([]byte, error) { return s.read(ctx, url) }
+	var body []byte
+	var err error
+	if s.reads != nil {
+		body, err = s.reads.get(ctx, w.address, read)
+	} else {
+		body, err = read()
 	}
-	resp, err := s.client.Do(req)
 	if err != nil {
-		return enginemetrics.Load{}, &scrapeError{"unreachable", err}
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		return enginemetrics.Load{}, &scrapeError{"status", fmt.Errorf("GET %s: %s", url, resp.Status)}
+		return enginemetrics.Load{}, err
 	}
 	o := enginemetrics.Options{Kind: s.kind, Force: s.force, Rank: w.rank, ByRank: w.hasRank}
-	l, err := enginemetrics.ParseWith(io.LimitReader(resp.Body, 16<<20), o)
+	l, err := enginemetrics.ParseWith(bytes.NewReader(body), o)
 	switch {
 	case errors.Is(err, enginemetrics.ErrNoNewStats):
 		return l, err
@@ -139,4 +141,29 @@ func (s *scraper) fetch(ctx context.Context, w *worker) (enginemetrics.Load, err
 		return l, &scrapeError{"read", fmt.Errorf("GET %s: %w", url, err)}
 	}
 	return l, nil
+}
+
+// maxMetricsBytes bounds one read of an engine's /metrics.
+const maxMetricsBytes = 16 << 20
+
+// read GETs url and returns its body (at most maxMetricsBytes).
+func (s *scraper) read(ctx context.Context, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, &scrapeError{"unreachable", fmt.Errorf("GET %s: %w", url, err)}
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return nil, &scrapeError{"unreachable", err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		return nil, &scrapeError{"status", fmt.Errorf("GET %s: %s", url, resp.Status)}
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxMetricsBytes))
+	if err != nil {
+		return nil, &scrapeError{"read", fmt.Errorf("GET %s: %w", url, err)}
+	}
+	return body, nil
 }

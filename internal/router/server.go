@@ -178,7 +178,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.scraper = &scraper{client: &http.Client{Transport: s.transport}, interval: cfg.ScrapeInterval, failures: 3, noStatsHold: DefaultNoStatsHold,
-		kind: kind, force: force,
+		kind: kind, force: force, reads: newSharedReads(cfg.ScrapeInterval / 2),
 		onFailure: func(w *worker, reason string) { s.metrics.scrapeFailures.WithLabelValues(w.id, reason).Inc() },
 		onError: func(w *worker, err error) {
 			s.log.Warn("router: engine metrics unreachable or unreadable; avoiding the worker", "worker", w.id,
@@ -267,6 +267,7 @@ func (s *Server) Run(ctx context.Context) error {
 func specOf(w *kvdirv1.Worker) workerSpec {
 	sp := w.GetSpec()
 	return workerSpec{ID: sp.GetId(), Address: sp.GetAddress(), Model: sp.GetModel(), BlockSize: int(sp.GetBlockSize()),
+		Rank: int(sp.GetDataParallelRank()), HasRank: sp.DataParallelRank != nil,
 		Draining: w.GetState() == kvdirv1.WorkerState_WORKER_STATE_DRAINING,
 		Running:  int(w.GetLoad().GetRunning()), Waiting: int(w.GetLoad().GetWaiting()), KVUsage: w.GetLoad().GetKvUsage()}
 }

@@ -208,9 +208,15 @@ type WorkerSpec struct {
 	BlockSize uint32     `protobuf:"varint,4,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
 	Engine    EngineKind `protobuf:"varint,5,opt,name=engine,proto3,enum=kvdir.v1.EngineKind" json:"engine,omitempty"`
 	// Free-form labels (zone, GPU type, ...).
-	Labels        map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The data-parallel rank this worker is behind an API server it shares
+	// with the engine's other ranks (vLLM --data-parallel-size N with one
+	// server): routers send its requests to address with the rank in the
+	// X-data-parallel-rank header and read its load from that rank's
+	// metrics (the engine label). Unset for a worker that is its own server.
+	DataParallelRank *uint32 `protobuf:"varint,7,opt,name=data_parallel_rank,json=dataParallelRank,proto3,oneof" json:"data_parallel_rank,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *WorkerSpec) Reset() {
@@ -283,6 +289,13 @@ func (x *WorkerSpec) GetLabels() map[string]string {
 		return x.Labels
 	}
 	return nil
+}
+
+func (x *WorkerSpec) GetDataParallelRank() uint32 {
+	if x != nil && x.DataParallelRank != nil {
+		return *x.DataParallelRank
+	}
+	return 0
 }
 
 // Load is a worker's latest load, as its agent reads it from the engine.
@@ -1031,7 +1044,7 @@ var File_kvdir_v1_types_proto protoreflect.FileDescriptor
 
 const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\n" +
-	"\x14kvdir/v1/types.proto\x12\bkvdir.v1\"\x8e\x02\n" +
+	"\x14kvdir/v1/types.proto\x12\bkvdir.v1\"\xd8\x02\n" +
 	"\n" +
 	"WorkerSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
@@ -1040,10 +1053,12 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"block_size\x18\x04 \x01(\rR\tblockSize\x12,\n" +
 	"\x06engine\x18\x05 \x01(\x0e2\x14.kvdir.v1.EngineKindR\x06engine\x128\n" +
-	"\x06labels\x18\x06 \x03(\v2 .kvdir.v1.WorkerSpec.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x06 \x03(\v2 .kvdir.v1.WorkerSpec.LabelsEntryR\x06labels\x121\n" +
+	"\x12data_parallel_rank\x18\a \x01(\rH\x00R\x10dataParallelRank\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xba\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x15\n" +
+	"\x13_data_parallel_rank\"\xba\x01\n" +
 	"\x04Load\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x19\n" +
@@ -1186,6 +1201,7 @@ func file_kvdir_v1_types_proto_init() {
 	if File_kvdir_v1_types_proto != nil {
 		return
 	}
+	file_kvdir_v1_types_proto_msgTypes[0].OneofWrappers = []any{}
 	file_kvdir_v1_types_proto_msgTypes[7].OneofWrappers = []any{
 		(*Event_Stored)(nil),
 		(*Event_Removed)(nil),
