@@ -163,6 +163,7 @@ func TestMisconfigWrongModelNameIsFlagged(t *testing.T) {
 			t.Fatalf("router 1 predicted %s cached tokens through a mismatched namespace", p)
 		}
 	}
+	t.Logf("traffic took %v", time.Since(start))
 	series := `kvdir_router_cache_mismatch{cause="model name",worker="sim-0"} 1`
 	testkit.Eventually(t, 30*time.Second-time.Since(start), "router 1 to flag sim-0", func() (bool, string) {
 		_, body, err := httpGet(m.r1.URL + "/metrics")
@@ -171,6 +172,7 @@ func TestMisconfigWrongModelNameIsFlagged(t *testing.T) {
 		}
 		return strings.Contains(body, series), "no " + series
 	})
+	t.Logf("router 1 flagged sim-0 %v after the traffic started", time.Since(start))
 	log := m.r1.Proc.Log()
 	if strings.Count(log, "router: cache mismatch:") != 1 || !strings.Contains(log, `likely_cause="model name"`) ||
 		!strings.Contains(log, "registered_model=llama3-8b-instruct") || !strings.Contains(log, "request_model=llama3-8b") {
@@ -185,6 +187,9 @@ func TestMisconfigWrongModelNameIsFlagged(t *testing.T) {
 		ok := cm.Worker == "sim-0" && cm.Condition == "unmatched-events" && strings.Contains(cm.LikelyCause, "model name") &&
 			cm.UnpredictedHits >= 6 && strings.Contains(human, "MISMATCH: worker sim-0 (model llama3-8b-instruct)") &&
 			strings.Contains(human, "likely cause: model name")
+		if ok {
+			t.Logf("kvdirctl status:\n%s", human)
+		}
 		return ok, fmt.Sprintf("%+v\n%s", cm, human)
 	})
 }
