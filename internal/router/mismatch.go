@@ -17,6 +17,10 @@ import (
 // directory holds blocks of it).
 const registrationRefresh = 5 * time.Second
 
+// maxMismatchWorkers bounds the workers the check keeps windows for (ids
+// come and go as workers re-register under new names).
+const maxMismatchWorkers = 1 << 14
+
 // workerGetter is the directory call the misconfiguration check needs;
 // *dirclient.Client implements it.
 type workerGetter interface {
@@ -102,12 +106,16 @@ func (c *mismatchChecker) state(id string) *MismatchState {
 
 // observe counts one turn on worker id and re-evaluates it. dirBlocks is
 // the number of blocks the directory matched on that worker for this
-// prompt; registeredBS the block size the router knows for it.
+// prompt. The first turn, and any turn 5 s after the last read, starts a
+// read of the worker's directory record in the background.
 func (c *mismatchChecker) observe(id string, t windowTurn, dirBlocks int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := c.byID[id]
 	if st == nil {
+		if len(c.byID) >= maxMismatchWorkers {
+			c.forgetUnflagged()
+		}
 		st = &mismatchState{}
 		c.byID[id] = st
 	}
@@ -123,6 +131,16 @@ func (c *mismatchChecker) observe(id string, t windowTurn, dirBlocks int) {
 	st.next = (st.next + 1) % len(st.win)
 	st.n = min(st.n+1, len(st.win))
 	c.evaluate(id, st)
+}
+
+// forgetUnflagged drops the windows of workers that are not flagged; c.mu
+// is held.
+func (c *mismatchChecker) forgetUnflagged() {
+	for id, st := range c.byID {
+		if st.kind == cachecheck.KindNone && !st.fetching {
+			delete(c.byID, id)
+		}
+	}
 }
 
 // fetch reads id's directory record into its state.
