@@ -33,7 +33,11 @@ comparison inconclusive. A node that does not answer is listed as
 unreachable.
 
 Below the table: the leader, and the index counters (workers, blocks,
-entries, sessions) as the leader reports them.`,
+entries, sessions) as the leader reports them; then the misconfiguration
+check: each worker whose routers' predicted cached tokens and its engine's
+reported ones disagree (MISMATCH lines: the condition, the numbers, the
+likely cause and what to check), judged from the worker's cache accounting
+by the same rule the routers apply.`,
 		Example: `  kvdirctl status
   kvdirctl status -o json
   kvdirctl status --watch --interval 1s`,
@@ -44,6 +48,7 @@ entries, sessions) as the leader reports them.`,
 				if err != nil {
 					return err
 				}
+				a.cacheMismatches(ctx, st)
 				return a.write(out, st, func(out io.Writer) error { return writeStatus(out, st) })
 			})
 		},
@@ -240,6 +245,7 @@ func writeStatus(w io.Writer, st *ctlview.Status) error {
 			c.Blocks, c.Workers, c.Entries, c.OrphanBlocks, c.Sessions, clitable.Bytes(c.ApproxBytes), st.CountersFrom)
 	}
 	fmt.Fprintf(w, "digests:  %s\n", st.Digests.Detail)
+	writeMismatches(w, st)
 	for _, n := range st.Nodes {
 		switch {
 		case n.Error != "":

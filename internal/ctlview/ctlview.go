@@ -18,6 +18,11 @@ type Status struct {
 	Counters      *Counters   `json:"counters,omitempty"`
 	CountersFrom  string      `json:"counters_from,omitempty"`
 	Digests       DigestCheck `json:"digests"`
+	// CacheMismatches are the workers the misconfiguration check flags
+	// (internal/cachecheck), from their directory accounting.
+	CacheMismatches []CacheMismatch `json:"cache_mismatches"`
+	// CacheCheckError says why the workers could not be read for it.
+	CacheCheckError string `json:"cache_check_error,omitempty"`
 }
 
 // Node is one member as it reports itself.

@@ -225,6 +225,7 @@ func (f *FSM) apply(d Decoded, index uint64) (any, []string) {
 			r := proto.Clone(s).(*kvdirv1.SessionRecord)
 			r.TimeUnixNano = d.TimeUnixNano
 			st.sessions.put(r)
+			f.account(r)
 		}
 		st.sessions.evictOver(f.opts.MaxSessions)
 		return nil, nil

@@ -49,6 +49,9 @@ type WorkerScore struct {
 	ColdPrefillMs       float64 `json:"cold_prefill_ms"`
 	ExtraMs             float64 `json:"extra_ms"` // delay its recomputation imposes on the requests waiting there
 	TotalMs             float64 `json:"total_ms"`
+	// CacheMismatch is the misconfiguration check's verdict while the
+	// worker is flagged (see the router's README).
+	CacheMismatch *MismatchState `json:"cache_mismatch,omitempty"`
 }
 
 // serveExplain scores a chat or completion request (told apart by the
@@ -96,7 +99,7 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 			DirectoryBlocks: d.dir[i], SpeculativeBlocks: d.spec[i],
 			MatchedTokens: min(c.MatchedBlocks*d.blockSize, max(d.tokens-1, 0)),
 			Running:       c.Load.Running, Waiting: c.Load.Waiting, KVUsage: c.Load.KVUsage, InFlight: c.Load.InFlight,
-			QueuedPrefillTokens: c.Load.QueuedPrefillTokens}
+			QueuedPrefillTokens: c.Load.QueuedPrefillTokens, CacheMismatch: s.mismatch.state(c.Worker)}
 		if i < len(d.pick.Scores) {
 			sc := d.pick.Scores[i]
 			ws.Retain, ws.CachedTokens, ws.QueueMs, ws.InterferenceMs = sc.Retain, sc.CachedTokens, sc.QueueMs, sc.InterferenceMs

@@ -235,12 +235,24 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 	if known {
 		s.metrics.engineCached.WithLabelValues(wk.id).Add(float64(cached))
 	}
+	// A turn placed with the directory's answer and reported by the engine
+	// compares a prediction with the truth: the misconfiguration check
+	// counts it, here and (through the session record) in the directory.
+	comparable := known && outcome == OutcomeOK && s.dir != nil && d.fallback == "" && needsDirectory(d.policy) && len(d.chain) > 0
+	if comparable {
+		s.observeTurn(req, d, cached)
+	}
 	if s.rec != nil && req.session != "" && len(d.chain) > 0 && outcome == OutcomeOK {
 		if !known {
 			cached = d.pick.PredictedCachedTokens
 		}
-		s.rec.add(&kvdirv1.SessionRecord{SessionId: req.session, Tail: d.chain[len(d.chain)-1], Blocks: uint32(len(d.chain)),
-			PromptTokens: uint32(d.tokens), CachedTokens: uint32(cached), WorkerId: wk.id, BlockSize: uint32(d.blockSize)})
+		rec := &kvdirv1.SessionRecord{SessionId: req.session, Tail: d.chain[len(d.chain)-1], Blocks: uint32(len(d.chain)),
+			PromptTokens: uint32(d.tokens), CachedTokens: uint32(cached), WorkerId: wk.id, BlockSize: uint32(d.blockSize)}
+		if comparable {
+			p := uint32(d.pick.PredictedCachedTokens)
+			rec.PredictedCachedTokens = &p
+		}
+		s.rec.add(rec)
 	}
 }
 

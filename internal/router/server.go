@@ -140,6 +140,7 @@ type Server struct {
 	scraper   *scraper
 	metrics   *metrics
 	rec       *recorder
+	mismatch  *mismatchChecker
 	transport *http.Transport
 	bufs      sync.Pool
 	log       *slog.Logger
@@ -185,9 +186,12 @@ func New(cfg Config) (*Server, error) {
 				"reason", scrapeReason(err), "err", err)
 			w.downUntil.Store(time.Now().Add(cfg.DownFor).UnixNano())
 		}}
+	var getter workerGetter
 	if cfg.Directory != nil {
 		s.rec = newRecorder(cfg.Directory, cfg.SessionInterval, 512, s.metrics, s.log)
+		getter = cfg.Directory
 	}
+	s.mismatch = newMismatchChecker(s.metrics.reg, getter, s.baseContext, s.log)
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("POST "+PathChat, func(w http.ResponseWriter, r *http.Request) { s.serveProxy(w, r, true) })
 	s.mux.HandleFunc("POST "+PathCompletions, func(w http.ResponseWriter, r *http.Request) { s.serveProxy(w, r, false) })
@@ -274,11 +278,15 @@ func specOf(w *kvdirv1.Worker) workerSpec {
 
 // startScraper starts polling a worker that joined the pool.
 func (s *Server) startScraper(w *worker) {
-	ctx := context.Background()
+	go s.scraper.run(s.baseContext(), w)
+}
+
+// baseContext is Run's context, or the background before Run.
+func (s *Server) baseContext() context.Context {
 	if p := s.runCtx.Load(); p != nil {
-		ctx = *p
+		return *p
 	}
-	go s.scraper.run(ctx, w)
+	return context.Background()
 }
 
 // models returns the models the known workers serve, sorted.

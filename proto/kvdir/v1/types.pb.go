@@ -406,6 +406,10 @@ type Worker struct {
 	LoadTimeUnixNano int64 `protobuf:"varint,11,opt,name=load_time_unix_nano,json=loadTimeUnixNano,proto3" json:"load_time_unix_nano,omitempty"`
 	// Raft log index of its latest registration.
 	RegisteredIndex uint64 `protobuf:"varint,12,opt,name=registered_index,json=registeredIndex,proto3" json:"registered_index,omitempty"`
+	// How the routers' predicted cached tokens compared with what its engine
+	// reported, over its recent session records (reset at registration);
+	// internal/cachecheck reads it.
+	CacheAccounting *CacheAccounting `protobuf:"bytes,14,opt,name=cache_accounting,json=cacheAccounting,proto3" json:"cache_accounting,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -524,6 +528,136 @@ func (x *Worker) GetRegisteredIndex() uint64 {
 	return 0
 }
 
+func (x *Worker) GetCacheAccounting() *CacheAccounting {
+	if x != nil {
+		return x.CacheAccounting
+	}
+	return nil
+}
+
+// CacheAccounting compares, for one worker, the cached tokens the routers
+// predicted with those its engine reported serving, over the session
+// records applied since its registration. The counts are halved whenever
+// turns reaches twice internal/cachecheck's window, so they weigh recent
+// turns most while staying deterministic (every replica halves at the same
+// record).
+type CacheAccounting struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Session records counted (those that carry a prediction).
+	Turns uint64 `protobuf:"varint,1,opt,name=turns,proto3" json:"turns,omitempty"`
+	// Turns whose engine reported at least one block cached.
+	HitTurns uint64 `protobuf:"varint,2,opt,name=hit_turns,json=hitTurns,proto3" json:"hit_turns,omitempty"`
+	// Hit turns the router predicted nothing for while the directory held
+	// blocks of the worker: its events do not match the routers' hashes.
+	UnpredictedHits uint64 `protobuf:"varint,3,opt,name=unpredicted_hits,json=unpredictedHits,proto3" json:"unpredicted_hits,omitempty"`
+	// Turns the router predicted at least one block for.
+	PredictedTurns uint64 `protobuf:"varint,4,opt,name=predicted_turns,json=predictedTurns,proto3" json:"predicted_turns,omitempty"`
+	// Predicted turns whose engine reported less than half the prediction.
+	OverPredicted uint64 `protobuf:"varint,5,opt,name=over_predicted,json=overPredicted,proto3" json:"over_predicted,omitempty"`
+	// Sums of the predicted and the reported cached tokens.
+	PredictedTokens uint64 `protobuf:"varint,6,opt,name=predicted_tokens,json=predictedTokens,proto3" json:"predicted_tokens,omitempty"`
+	ReportedTokens  uint64 `protobuf:"varint,7,opt,name=reported_tokens,json=reportedTokens,proto3" json:"reported_tokens,omitempty"`
+	// Turns hashed in a block size other than the worker's registered one.
+	BlockSizeMismatches uint64 `protobuf:"varint,8,opt,name=block_size_mismatches,json=blockSizeMismatches,proto3" json:"block_size_mismatches,omitempty"`
+	// Block size the latest counted turn was hashed in.
+	LastBlockSize uint32 `protobuf:"varint,9,opt,name=last_block_size,json=lastBlockSize,proto3" json:"last_block_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CacheAccounting) Reset() {
+	*x = CacheAccounting{}
+	mi := &file_kvdir_v1_types_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CacheAccounting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CacheAccounting) ProtoMessage() {}
+
+func (x *CacheAccounting) ProtoReflect() protoreflect.Message {
+	mi := &file_kvdir_v1_types_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CacheAccounting.ProtoReflect.Descriptor instead.
+func (*CacheAccounting) Descriptor() ([]byte, []int) {
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CacheAccounting) GetTurns() uint64 {
+	if x != nil {
+		return x.Turns
+	}
+	return 0
+}
+
+func (x *CacheAccounting) GetHitTurns() uint64 {
+	if x != nil {
+		return x.HitTurns
+	}
+	return 0
+}
+
+func (x *CacheAccounting) GetUnpredictedHits() uint64 {
+	if x != nil {
+		return x.UnpredictedHits
+	}
+	return 0
+}
+
+func (x *CacheAccounting) GetPredictedTurns() uint64 {
+	if x != nil {
+		return x.PredictedTurns
+	}
+	return 0
+}
+
+func (x *CacheAccounting) GetOverPredicted() uint64 {
+	if x != nil {
+		return x.OverPredicted
+	}
+	return 0
+}
+
+func (x *CacheAccounting) GetPredictedTokens() uint64 {
+	if x != nil {
+		return x.PredictedTokens
+	}
+	return 0
+}
+
+func (x *CacheAccounting) GetReportedTokens() uint64 {
+	if x != nil {
+		return x.ReportedTokens
+	}
+	return 0
+}
+
+func (x *CacheAccounting) GetBlockSizeMismatches() uint64 {
+	if x != nil {
+		return x.BlockSizeMismatches
+	}
+	return 0
+}
+
+func (x *CacheAccounting) GetLastBlockSize() uint32 {
+	if x != nil {
+		return x.LastBlockSize
+	}
+	return 0
+}
+
 // Namespace separates prefix caches: a chain computed under one namespace
 // never matches one computed under another.
 type Namespace struct {
@@ -538,7 +672,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[3]
+	mi := &file_kvdir_v1_types_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +684,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[3]
+	mi := &file_kvdir_v1_types_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +697,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Namespace) GetModel() string {
@@ -608,7 +742,7 @@ type StoredBlocks struct {
 
 func (x *StoredBlocks) Reset() {
 	*x = StoredBlocks{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[4]
+	mi := &file_kvdir_v1_types_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -620,7 +754,7 @@ func (x *StoredBlocks) String() string {
 func (*StoredBlocks) ProtoMessage() {}
 
 func (x *StoredBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[4]
+	mi := &file_kvdir_v1_types_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -633,7 +767,7 @@ func (x *StoredBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredBlocks.ProtoReflect.Descriptor instead.
 func (*StoredBlocks) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StoredBlocks) GetParent() uint64 {
@@ -670,7 +804,7 @@ type RemovedBlocks struct {
 
 func (x *RemovedBlocks) Reset() {
 	*x = RemovedBlocks{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[5]
+	mi := &file_kvdir_v1_types_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +816,7 @@ func (x *RemovedBlocks) String() string {
 func (*RemovedBlocks) ProtoMessage() {}
 
 func (x *RemovedBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[5]
+	mi := &file_kvdir_v1_types_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,7 +829,7 @@ func (x *RemovedBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovedBlocks.ProtoReflect.Descriptor instead.
 func (*RemovedBlocks) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RemovedBlocks) GetHashes() []uint64 {
@@ -728,7 +862,7 @@ type AllCleared struct {
 
 func (x *AllCleared) Reset() {
 	*x = AllCleared{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[6]
+	mi := &file_kvdir_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +874,7 @@ func (x *AllCleared) String() string {
 func (*AllCleared) ProtoMessage() {}
 
 func (x *AllCleared) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[6]
+	mi := &file_kvdir_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +887,7 @@ func (x *AllCleared) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllCleared.ProtoReflect.Descriptor instead.
 func (*AllCleared) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 // Event is one change to what a worker holds, in content hashes.
@@ -771,7 +905,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[7]
+	mi := &file_kvdir_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +917,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[7]
+	mi := &file_kvdir_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +930,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Event) GetKind() isEvent_Kind {
@@ -871,7 +1005,7 @@ type EventBatch struct {
 
 func (x *EventBatch) Reset() {
 	*x = EventBatch{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[8]
+	mi := &file_kvdir_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +1017,7 @@ func (x *EventBatch) String() string {
 func (*EventBatch) ProtoMessage() {}
 
 func (x *EventBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[8]
+	mi := &file_kvdir_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +1030,7 @@ func (x *EventBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventBatch.ProtoReflect.Descriptor instead.
 func (*EventBatch) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EventBatch) GetWorkerId() string {
@@ -949,14 +1083,18 @@ type SessionRecord struct {
 	// Set by the directory when the record is committed (Unix nanoseconds).
 	TimeUnixNano int64 `protobuf:"varint,7,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
 	// Block size of the chain's namespace.
-	BlockSize     uint32 `protobuf:"varint,8,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	BlockSize uint32 `protobuf:"varint,8,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// Tokens the router predicted the worker would serve from its cache
+	// (absent from routers that predate it, so that they are not counted as
+	// predicting nothing).
+	PredictedCachedTokens *uint32 `protobuf:"varint,9,opt,name=predicted_cached_tokens,json=predictedCachedTokens,proto3,oneof" json:"predicted_cached_tokens,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *SessionRecord) Reset() {
 	*x = SessionRecord{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[9]
+	mi := &file_kvdir_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -968,7 +1106,7 @@ func (x *SessionRecord) String() string {
 func (*SessionRecord) ProtoMessage() {}
 
 func (x *SessionRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[9]
+	mi := &file_kvdir_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -981,7 +1119,7 @@ func (x *SessionRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRecord.ProtoReflect.Descriptor instead.
 func (*SessionRecord) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SessionRecord) GetSessionId() string {
@@ -1040,6 +1178,13 @@ func (x *SessionRecord) GetBlockSize() uint32 {
 	return 0
 }
 
+func (x *SessionRecord) GetPredictedCachedTokens() uint32 {
+	if x != nil && x.PredictedCachedTokens != nil {
+		return *x.PredictedCachedTokens
+	}
+	return 0
+}
+
 var File_kvdir_v1_types_proto protoreflect.FileDescriptor
 
 const file_kvdir_v1_types_proto_rawDesc = "" +
@@ -1066,7 +1211,7 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\tkv_blocks\x18\x04 \x01(\x04R\bkvBlocks\x12%\n" +
 	"\x0eprefix_queries\x18\x05 \x01(\x04R\rprefixQueries\x12\x1f\n" +
 	"\vprefix_hits\x18\x06 \x01(\x04R\n" +
-	"prefixHits\"\xb0\x03\n" +
+	"prefixHits\"\xf6\x03\n" +
 	"\x06Worker\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.kvdir.v1.WorkerSpecR\x04spec\x12+\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x15.kvdir.v1.WorkerStateR\x05state\x12\x14\n" +
@@ -1084,7 +1229,18 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\x04load\x18\n" +
 	" \x01(\v2\x0e.kvdir.v1.LoadR\x04load\x12-\n" +
 	"\x13load_time_unix_nano\x18\v \x01(\x03R\x10loadTimeUnixNano\x12)\n" +
-	"\x10registered_index\x18\f \x01(\x04R\x0fregisteredIndex\"s\n" +
+	"\x10registered_index\x18\f \x01(\x04R\x0fregisteredIndex\x12D\n" +
+	"\x10cache_accounting\x18\x0e \x01(\v2\x19.kvdir.v1.CacheAccountingR\x0fcacheAccounting\"\xef\x02\n" +
+	"\x0fCacheAccounting\x12\x14\n" +
+	"\x05turns\x18\x01 \x01(\x04R\x05turns\x12\x1b\n" +
+	"\thit_turns\x18\x02 \x01(\x04R\bhitTurns\x12)\n" +
+	"\x10unpredicted_hits\x18\x03 \x01(\x04R\x0funpredictedHits\x12'\n" +
+	"\x0fpredicted_turns\x18\x04 \x01(\x04R\x0epredictedTurns\x12%\n" +
+	"\x0eover_predicted\x18\x05 \x01(\x04R\roverPredicted\x12)\n" +
+	"\x10predicted_tokens\x18\x06 \x01(\x04R\x0fpredictedTokens\x12'\n" +
+	"\x0freported_tokens\x18\a \x01(\x04R\x0ereportedTokens\x122\n" +
+	"\x15block_size_mismatches\x18\b \x01(\x04R\x13blockSizeMismatches\x12&\n" +
+	"\x0flast_block_size\x18\t \x01(\rR\rlastBlockSize\"s\n" +
 	"\tNamespace\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
 	"\x04lora\x18\x02 \x01(\tR\x04lora\x12\x1d\n" +
@@ -1113,7 +1269,7 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
 	"\tfirst_seq\x18\x03 \x01(\x04R\bfirstSeq\x12\x19\n" +
 	"\blast_seq\x18\x04 \x01(\x04R\alastSeq\x12'\n" +
-	"\x06events\x18\x05 \x03(\v2\x0f.kvdir.v1.EventR\x06events\"\x86\x02\n" +
+	"\x06events\x18\x05 \x03(\v2\x0f.kvdir.v1.EventR\x06events\"\xdf\x02\n" +
 	"\rSessionRecord\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x12\n" +
@@ -1124,7 +1280,9 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\tworker_id\x18\x06 \x01(\tR\bworkerId\x12$\n" +
 	"\x0etime_unix_nano\x18\a \x01(\x03R\ftimeUnixNano\x12\x1d\n" +
 	"\n" +
-	"block_size\x18\b \x01(\rR\tblockSize*d\n" +
+	"block_size\x18\b \x01(\rR\tblockSize\x12;\n" +
+	"\x17predicted_cached_tokens\x18\t \x01(\rH\x00R\x15predictedCachedTokens\x88\x01\x01B\x1a\n" +
+	"\x18_predicted_cached_tokens*d\n" +
 	"\x06Medium\x12\x16\n" +
 	"\x12MEDIUM_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -1160,40 +1318,42 @@ func file_kvdir_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_kvdir_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kvdir_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_kvdir_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_kvdir_v1_types_proto_goTypes = []any{
-	(Medium)(0),           // 0: kvdir.v1.Medium
-	(EngineKind)(0),       // 1: kvdir.v1.EngineKind
-	(WorkerState)(0),      // 2: kvdir.v1.WorkerState
-	(*WorkerSpec)(nil),    // 3: kvdir.v1.WorkerSpec
-	(*Load)(nil),          // 4: kvdir.v1.Load
-	(*Worker)(nil),        // 5: kvdir.v1.Worker
-	(*Namespace)(nil),     // 6: kvdir.v1.Namespace
-	(*StoredBlocks)(nil),  // 7: kvdir.v1.StoredBlocks
-	(*RemovedBlocks)(nil), // 8: kvdir.v1.RemovedBlocks
-	(*AllCleared)(nil),    // 9: kvdir.v1.AllCleared
-	(*Event)(nil),         // 10: kvdir.v1.Event
-	(*EventBatch)(nil),    // 11: kvdir.v1.EventBatch
-	(*SessionRecord)(nil), // 12: kvdir.v1.SessionRecord
-	nil,                   // 13: kvdir.v1.WorkerSpec.LabelsEntry
+	(Medium)(0),             // 0: kvdir.v1.Medium
+	(EngineKind)(0),         // 1: kvdir.v1.EngineKind
+	(WorkerState)(0),        // 2: kvdir.v1.WorkerState
+	(*WorkerSpec)(nil),      // 3: kvdir.v1.WorkerSpec
+	(*Load)(nil),            // 4: kvdir.v1.Load
+	(*Worker)(nil),          // 5: kvdir.v1.Worker
+	(*CacheAccounting)(nil), // 6: kvdir.v1.CacheAccounting
+	(*Namespace)(nil),       // 7: kvdir.v1.Namespace
+	(*StoredBlocks)(nil),    // 8: kvdir.v1.StoredBlocks
+	(*RemovedBlocks)(nil),   // 9: kvdir.v1.RemovedBlocks
+	(*AllCleared)(nil),      // 10: kvdir.v1.AllCleared
+	(*Event)(nil),           // 11: kvdir.v1.Event
+	(*EventBatch)(nil),      // 12: kvdir.v1.EventBatch
+	(*SessionRecord)(nil),   // 13: kvdir.v1.SessionRecord
+	nil,                     // 14: kvdir.v1.WorkerSpec.LabelsEntry
 }
 var file_kvdir_v1_types_proto_depIdxs = []int32{
 	1,  // 0: kvdir.v1.WorkerSpec.engine:type_name -> kvdir.v1.EngineKind
-	13, // 1: kvdir.v1.WorkerSpec.labels:type_name -> kvdir.v1.WorkerSpec.LabelsEntry
+	14, // 1: kvdir.v1.WorkerSpec.labels:type_name -> kvdir.v1.WorkerSpec.LabelsEntry
 	3,  // 2: kvdir.v1.Worker.spec:type_name -> kvdir.v1.WorkerSpec
 	2,  // 3: kvdir.v1.Worker.state:type_name -> kvdir.v1.WorkerState
 	4,  // 4: kvdir.v1.Worker.load:type_name -> kvdir.v1.Load
-	0,  // 5: kvdir.v1.StoredBlocks.medium:type_name -> kvdir.v1.Medium
-	0,  // 6: kvdir.v1.RemovedBlocks.medium:type_name -> kvdir.v1.Medium
-	7,  // 7: kvdir.v1.Event.stored:type_name -> kvdir.v1.StoredBlocks
-	8,  // 8: kvdir.v1.Event.removed:type_name -> kvdir.v1.RemovedBlocks
-	9,  // 9: kvdir.v1.Event.cleared:type_name -> kvdir.v1.AllCleared
-	10, // 10: kvdir.v1.EventBatch.events:type_name -> kvdir.v1.Event
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	6,  // 5: kvdir.v1.Worker.cache_accounting:type_name -> kvdir.v1.CacheAccounting
+	0,  // 6: kvdir.v1.StoredBlocks.medium:type_name -> kvdir.v1.Medium
+	0,  // 7: kvdir.v1.RemovedBlocks.medium:type_name -> kvdir.v1.Medium
+	8,  // 8: kvdir.v1.Event.stored:type_name -> kvdir.v1.StoredBlocks
+	9,  // 9: kvdir.v1.Event.removed:type_name -> kvdir.v1.RemovedBlocks
+	10, // 10: kvdir.v1.Event.cleared:type_name -> kvdir.v1.AllCleared
+	11, // 11: kvdir.v1.EventBatch.events:type_name -> kvdir.v1.Event
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_kvdir_v1_types_proto_init() }
@@ -1202,18 +1362,19 @@ func file_kvdir_v1_types_proto_init() {
 		return
 	}
 	file_kvdir_v1_types_proto_msgTypes[0].OneofWrappers = []any{}
-	file_kvdir_v1_types_proto_msgTypes[7].OneofWrappers = []any{
+	file_kvdir_v1_types_proto_msgTypes[8].OneofWrappers = []any{
 		(*Event_Stored)(nil),
 		(*Event_Removed)(nil),
 		(*Event_Cleared)(nil),
 	}
+	file_kvdir_v1_types_proto_msgTypes[10].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvdir_v1_types_proto_rawDesc), len(file_kvdir_v1_types_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
