@@ -24,16 +24,26 @@ type upstream struct {
 	hits     atomic.Int64 // completion requests received
 	handler  http.HandlerFunc
 	lastHost atomic.Pointer[string]
+	adapters atomic.Pointer[[]string] // LoRA adapters its /v1/models lists, with model as parent
 }
 
 func newUpstream(t testing.TB, model string, h http.HandlerFunc) *upstream {
 	t.Helper()
 	u := &upstream{model: model, handler: h}
+	u.adapters.Store(&[]string{})
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=%q} 0\n", model)
 		fmt.Fprintf(w, "vllm:num_requests_waiting{engine=\"0\",model_name=%q} 0\n", model)
 		fmt.Fprintf(w, "vllm:kv_cache_usage_perc{engine=\"0\",model_name=%q} 0.25\n", model)
+	})
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model","root":%q,"parent":null}`, model, model)
+		for _, a := range *u.adapters.Load() {
+			fmt.Fprintf(w, `,{"id":%q,"object":"model","root":"/adapters/%s","parent":%q}`, a, a, model)
+		}
+		fmt.Fprint(w, "]}")
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		u.hits.Add(1)
