@@ -103,6 +103,15 @@ func TestLoRAServing(t *testing.T) {
 					if bs.LoRAName != "sql" || bs.LoRAID == nil || *bs.LoRAID != 1 {
 						t.Fatalf("BlockStored lora_name %q lora_id %v, want sql and 1", bs.LoRAName, bs.LoRAID)
 					}
+					// vLLM keys every block of an adapter's request by its name.
+					if len(bs.ExtraKeys) != len(bs.BlockHashes) {
+						t.Fatalf("BlockStored extra_keys %v for %d blocks", bs.ExtraKeys, len(bs.BlockHashes))
+					}
+					for _, k := range bs.ExtraKeys {
+						if len(k) != 1 || k[0] != "sql" {
+							t.Fatalf("BlockStored extra_keys %v, want [sql] per block", bs.ExtraKeys)
+						}
+					}
 					stored += len(bs.BlockHashes)
 				}
 			}

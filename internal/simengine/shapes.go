@@ -250,7 +250,7 @@ func (e *Engine) appendStored(dst []kvevents.Event, s *seq, first, full int) []k
 			if s.lora != "" {
 				k = append(k, s.lora)
 			}
-			if first+i == 0 {
+			if first+i == 0 && s.salt != "" {
 				k = append(k, s.salt)
 			}
 			ev.ExtraKeys[i] = k
