@@ -94,13 +94,26 @@ func (s *server) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool 
 	return true
 }
 
-// checkModel answers 404 (as vLLM) if model names another model.
+// checkModel answers 404 (as vLLM) if model names neither the served
+// model nor one of its LoRA adapters.
 func (s *server) checkModel(w http.ResponseWriter, model string) bool {
+	if _, _, ok := s.adapterOf(model); ok {
+		return true
+	}
 	if model != "" && model != s.cfg.model {
 		writeError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", model))
 		return false
 	}
 	return true
+}
+
+// useModel fills g's model and LoRA adapter from the request's model
+// (checked by checkModel): responses name the adapter, as vLLM's do.
+func (s *server) useModel(g *genRequest, model string) {
+	g.model = s.cfg.model
+	if name, id, ok := s.adapterOf(model); ok {
+		g.model, g.lora, g.loraID = name, name, id
+	}
 }
 
 // genRequest is a validated completion request of either API.
@@ -111,6 +124,9 @@ type genRequest struct {
 	stream       bool
 	includeUsage bool
 	cacheSalt    string
+	model        string // the name responses carry: the served model or the adapter
+	lora         string // LoRA adapter, "" for the base model
+	loraID       int64  // its integer id (vLLM's lora_int_id), 0 without one
 }
 
 func (s *server) handleChat(w http.ResponseWriter, r *http.Request) {
@@ -133,6 +149,7 @@ func (s *server) handleChat(w http.ResponseWriter, r *http.Request) {
 		maxTokens = req.MaxCompletionTokens
 	}
 	g := genRequest{chat: true, prompt: ids, stream: req.Stream, cacheSalt: req.CacheSalt}
+	s.useModel(&g, req.Model)
 	if !s.finishValidation(w, &g, maxTokens, req.N, req.StreamOptions) {
 		return
 	}
@@ -159,6 +176,7 @@ func (s *server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	g := genRequest{prompt: ids, stream: req.Stream, cacheSalt: req.CacheSalt}
+	s.useModel(&g, req.Model)
 	if !s.finishValidation(w, &g, req.MaxTokens, req.N, req.StreamOptions) {
 		return
 	}
@@ -241,6 +259,7 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 	in := s.current()
 	st, err := in.runner.Submit(simengine.Request{
 		ID: id, Tokens: g.prompt, MaxTokens: g.maxTokens, Namespace: s.namespace(g.cacheSalt), CacheSalt: g.cacheSalt,
+		LoRAName: g.lora, LoRAID: g.loraID,
 	})
 	switch {
 	case errors.Is(err, simengine.ErrTooLong), errors.Is(err, simengine.ErrInvalidRequest):
@@ -265,6 +284,7 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 	var sw *sseWriter
 	if g.stream {
 		sw = newSSEWriter(w)
+		sw.model = g.model
 		if g.chat {
 			sw.chatChunk(s, id, created, openai.ChatDelta{Role: "assistant", Content: ptr("")}, nil)
 		}
@@ -331,10 +351,10 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 		if g.includeUsage {
 			if g.chat {
 				sw.event(openai.ChatCompletionChunk{ID: id, Object: openai.ObjectChatCompletionChunk, Created: created,
-					Model: s.cfg.model, Choices: []openai.ChatChunkChoice{}, Usage: usage})
+					Model: g.model, Choices: []openai.ChatChunkChoice{}, Usage: usage})
 			} else {
 				sw.event(openai.Completion{ID: id, Object: openai.ObjectTextCompletion, Created: created,
-					Model: s.cfg.model, Choices: []openai.CompletionChoice{}, Usage: usage})
+					Model: g.model, Choices: []openai.CompletionChoice{}, Usage: usage})
 			}
 		}
 		sw.done()
@@ -343,14 +363,14 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 	text := s.tokenText(out...)
 	if g.chat {
 		writeJSON(w, http.StatusOK, openai.ChatCompletion{
-			ID: id, Object: openai.ObjectChatCompletion, Created: created, Model: s.cfg.model,
+			ID: id, Object: openai.ObjectChatCompletion, Created: created, Model: g.model,
 			Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: text}, FinishReason: reason}},
 			Usage:   usage,
 		})
 		return
 	}
 	writeJSON(w, http.StatusOK, openai.Completion{
-		ID: id, Object: openai.ObjectTextCompletion, Created: created, Model: s.cfg.model,
+		ID: id, Object: openai.ObjectTextCompletion, Created: created, Model: g.model,
 		Choices: []openai.CompletionChoice{{Text: text, FinishReason: &reason}},
 		Usage:   usage,
 	})
@@ -397,9 +417,10 @@ func ptr[T any](v T) *T { return &v }
 
 // sseWriter writes server-sent events, flushing each one.
 type sseWriter struct {
-	w   http.ResponseWriter
-	rc  *http.ResponseController
-	err error
+	w     http.ResponseWriter
+	rc    *http.ResponseController
+	err   error
+	model string // the model name chunks carry
 }
 
 func newSSEWriter(w http.ResponseWriter) *sseWriter {
@@ -445,23 +466,16 @@ func (sw *sseWriter) done() bool { return sw.write([]byte("[DONE]")) }
 
 func (sw *sseWriter) chatChunk(s *server, id string, created int64, d openai.ChatDelta, finish *string) bool {
 	return sw.event(openai.ChatCompletionChunk{
-		ID: id, Object: openai.ObjectChatCompletionChunk, Created: created, Model: s.cfg.model,
+		ID: id, Object: openai.ObjectChatCompletionChunk, Created: created, Model: sw.model,
 		Choices: []openai.ChatChunkChoice{{Delta: d, FinishReason: finish}},
 	})
 }
 
 func (sw *sseWriter) completionChunk(s *server, id string, created int64, text string, finish *string) bool {
 	return sw.event(openai.Completion{
-		ID: id, Object: openai.ObjectTextCompletion, Created: created, Model: s.cfg.model,
+		ID: id, Object: openai.ObjectTextCompletion, Created: created, Model: sw.model,
 		Choices: []openai.CompletionChoice{{Text: text, FinishReason: finish}},
 	})
-}
-
-func (s *server) handleModels(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, openai.ModelList{Object: openai.ObjectList, Data: []openai.Model{{
-		ID: s.cfg.model, Object: openai.ObjectModel, Created: s.start.Unix(), OwnedBy: "vllm",
-		Root: s.cfg.model, MaxModelLen: s.cfg.maxModelLen,
-	}}})
 }
 
 func (s *server) handleTokenize(w http.ResponseWriter, r *http.Request) {

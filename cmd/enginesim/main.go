@@ -55,6 +55,8 @@ type config struct {
 	speculativeBigrams bool
 	metricsFormat      string
 	shape              simengine.Shape // parsed from the four above by check
+
+	loraModules []loraModule
 }
 
 const summary = `enginesim is a simulated vLLM engine for kvdir tests, benchmarks and demos.
@@ -96,6 +98,7 @@ func newProgram(cfg *config, getenv func(string) string, stdout, stderr io.Write
 	p.Group("Server")
 	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:8000", "HTTP listen `address` (port 0 picks a free port)")
 	fs.StringVar(&cfg.model, "model", "llama3-8b", "model `name` served; requests naming another model get 404")
+	fs.Var(loraFlag{&cfg.loraModules}, "lora-modules", "LoRA adapters served beside --model, as vLLM's flag: name=path items (comma-separated or the flag repeated) or a JSON object {\"name\",\"path\",\"base_model_name\"}; requests naming an adapter are cached in its own namespace and their KV events carry lora_id and lora_name")
 	fs.IntVar(&cfg.defaultMaxTokens, "default-max-tokens", 16, "completion length when a request sets neither max_tokens nor max_completion_tokens")
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", 8<<20, "largest accepted request body in `bytes`")
 	p.Group("Engine model")
@@ -156,6 +159,9 @@ func (c *config) check() error {
 			return fmt.Errorf("--max-model-len %d, want >= 1", c.maxModelLen)
 		}
 		c.maxModelLen = capTokens
+	}
+	if err := c.checkLoRA(); err != nil {
+		return err
 	}
 	if c.eventsForm != "array" && c.eventsForm != "map" {
 		return fmt.Errorf("--kv-events-form %q, want array or map", c.eventsForm)

@@ -105,6 +105,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.IntVar(&o.hashBalance, "hash-balance-factor", o.hashBalance, "session-hash load bound, percent of the mean load (HAProxy's hash-balance-factor; 0 disables)")
 	fs.DurationVar(&c.MatchTimeout, "match-timeout", c.MatchTimeout, "directory look-up deadline; past it the fallback policy places the request")
 	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", c.ScrapeInterval, "how often each engine's /metrics is read for its load")
+	fs.DurationVar(&c.ModelsInterval, "models-interval", c.ModelsInterval, "how often each engine's /v1/models is read to learn the LoRA adapters it serves (a failed read keeps the last list; negative disables adapter routing)")
 	fs.DurationVar(&c.SpecTTL, "speculative-ttl", c.SpecTTL, "how long a placed prompt counts as cached on its worker after its first response byte (it counts from placement on; negative disables)")
 	fs.IntVar(&c.MaxAttempts, "max-attempts", c.MaxAttempts, "workers tried for a request whose worker fails before the first response byte")
 	fs.DurationVar(&c.DownFor, "down-for", c.DownFor, "how long a worker that refused a connection is avoided")

@@ -210,6 +210,9 @@ type Model struct {
 	OwnedBy     string `json:"owned_by"`
 	Root        string `json:"root"`
 	MaxModelLen int    `json:"max_model_len"`
+	// Parent is, for a LoRA adapter, the served name of its base model;
+	// nil (null) for a base model, as vLLM lists them.
+	Parent *string `json:"parent"`
 }
 
 // ModelList is the body of GET /v1/models.

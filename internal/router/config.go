@@ -19,6 +19,7 @@ func DefaultConfig() Config {
 		MaxBodyBytes:    DefaultMaxBodyBytes,
 		MatchTimeout:    DefaultMatchTimeout,
 		ScrapeInterval:  DefaultScrapeInterval,
+		ModelsInterval:  DefaultModelsInterval,
 		SpecTTL:         DefaultSpecTTL,
 		MaxAttempts:     DefaultMaxAttempts,
 		DownFor:         DefaultDownFor,

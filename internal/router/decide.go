@@ -50,9 +50,10 @@ type decision struct {
 
 	tokens    int      // prompt tokens
 	blockSize int      // block size of chain
-	chain     []uint64 // content-hash chain in the block size of the candidates (the first's if they differ)
+	chain     []uint64 // content-hash chain in the namespace of the candidates (the first's if they differ)
 
 	workers []*worker             // candidates, in candidate order
+	ns      []blockhash.Namespace // hashing namespace per candidate: its model, the request's adapter there, its block size
 	cands   []placement.Candidate // placement's view of them
 	dir     []int                 // blocks the directory reported per candidate (-1: not asked)
 	spec    []int                 // speculative blocks per candidate
@@ -70,18 +71,27 @@ func needsDirectory(policy string) bool {
 	return true
 }
 
-// candidates returns the workers serving model, the routable ones first
-// selected; with none routable, every worker of the model (a down mark may
-// be stale). An error is an apiError for the client.
-func (s *Server) candidates(model string, exclude []string, now time.Time) ([]*worker, *apiError) {
-	var all, ok []*worker
+// candidate is a worker that serves a request's model, with the LoRA
+// adapter the request names there ("" for the worker's base model).
+type candidate struct {
+	w    *worker
+	lora string
+}
+
+// candidates returns the workers serving model (as their own model, or as
+// a LoRA adapter their engine lists), the routable ones first selected;
+// with none routable, every worker of the model (a down mark may be
+// stale). An error is an apiError for the client.
+func (s *Server) candidates(model string, exclude []string, now time.Time) ([]candidate, *apiError) {
+	var all, ok []candidate
 	for _, w := range s.pool.sorted() {
-		if w.model() != model || slices.Contains(exclude, w.id) {
+		lora, serves := w.servesModel(model)
+		if !serves || slices.Contains(exclude, w.id) {
 			continue
 		}
-		all = append(all, w)
+		all = append(all, candidate{w, lora})
 		if w.routable(now) {
-			ok = append(ok, w)
+			ok = append(ok, candidate{w, lora})
 		}
 	}
 	if len(all) == 0 {
@@ -93,23 +103,23 @@ func (s *Server) candidates(model string, exclude []string, now time.Time) ([]*w
 			return nil, unavailable("no worker is registered yet, for model %q or any other (are the agents running and registered?)", model)
 		}
 		if !slices.Contains(models, model) {
-			return nil, notFound("The model `%s` does not exist. Served models: %s", model, strings.Join(models, ", "))
+			return nil, notFound("The model `%s` does not exist. Served models and LoRA adapters: %s", model, strings.Join(models, ", "))
 		}
 		return nil, unavailable("no worker serving model %q is available", model)
 	}
 	if len(ok) == 0 {
 		var draining int
-		for _, w := range all {
-			if w.draining.Load() {
+		for _, c := range all {
+			if c.w.draining.Load() {
 				draining++
 			}
 		}
 		if draining == len(all) {
 			return nil, unavailable("every worker serving model %q is draining", model)
 		}
-		for _, w := range all {
-			if !w.draining.Load() {
-				ok = append(ok, w)
+		for _, c := range all {
+			if !c.w.draining.Load() {
+				ok = append(ok, c)
 			}
 		}
 	}
@@ -120,11 +130,18 @@ func (s *Server) candidates(model string, exclude []string, now time.Time) ([]*w
 // its model, minus exclude.
 func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*decision, *apiError) {
 	now := time.Now()
-	ws, aerr := s.candidates(req.model, exclude, now)
+	cs, aerr := s.candidates(req.model, exclude, now)
 	if aerr != nil {
 		return nil, aerr
 	}
-	d := &decision{policy: s.policy.Name(), workers: ws}
+	ws := make([]*worker, len(cs))
+	d := &decision{policy: s.policy.Name(), workers: ws, ns: make([]blockhash.Namespace, len(cs))}
+	for i, c := range cs {
+		ws[i] = c.w
+		// The agent indexes its engine's blocks under the model it
+		// registered and the adapter the engine names in its events.
+		d.ns[i] = blockhash.Namespace{Model: c.w.model(), LoRA: c.lora, CacheSalt: req.cacheSalt, BlockSize: s.blockSizeOf(c.w)}
+	}
 
 	t0 := time.Now()
 	var ids []uint32
@@ -147,21 +164,21 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	t1 := time.Now()
 	d.renderDur = t1.Sub(t0)
 
-	d.blockSize = s.blockSizeOf(ws[0])
-	chains := map[int][]uint64{}
-	chainFor := func(bs int) ([]uint64, error) {
-		if c, ok := chains[bs]; ok {
+	d.blockSize = d.ns[0].BlockSize
+	chains := map[blockhash.Namespace][]uint64{}
+	chainFor := func(ns blockhash.Namespace) ([]uint64, error) {
+		if c, ok := chains[ns]; ok {
 			return c, nil
 		}
-		h, err := blockhash.New(blockhash.Namespace{Model: req.model, CacheSalt: req.cacheSalt, BlockSize: bs})
+		h, err := blockhash.New(ns)
 		if err != nil {
 			return nil, err
 		}
-		c := h.Chain(make([]uint64, 0, len(ids)/bs), ids, nil)
-		chains[bs] = c
+		c := h.Chain(make([]uint64, 0, len(ids)/ns.BlockSize), ids, nil)
+		chains[ns] = c
 		return c, nil
 	}
-	if d.chain, err = chainFor(d.blockSize); err != nil {
+	if d.chain, err = chainFor(d.ns[0]); err != nil {
 		return nil, badRequest("cannot hash the prompt: %v", err)
 	}
 	t2 := time.Now()
@@ -177,8 +194,8 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	if needsDirectory(d.policy) {
 		d.fallback = s.matchDirectory(ctx, d, chainFor)
 		for i, w := range ws {
-			bs := s.blockSizeOf(w)
-			chain, err := chainFor(bs)
+			bs := d.ns[i].BlockSize
+			chain, err := chainFor(d.ns[i])
 			if err != nil {
 				continue
 			}
@@ -210,7 +227,7 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 
 // matchDirectory fills d.dir from the directory and returns the fallback
 // reason, or "" on success.
-func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(int) ([]uint64, error)) string {
+func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(blockhash.Namespace) ([]uint64, error)) string {
 	if s.dir == nil {
 		return FallbackNoDirectory
 	}
@@ -237,22 +254,23 @@ func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(
 	return reason
 }
 
-// lookup asks the directory for d's chain in every block size of its
-// workers and fills d.dir; it returns the fallback reason, or "".
-func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(int) ([]uint64, error)) string {
-	sizes := map[int]bool{}
-	for _, w := range d.workers {
-		sizes[s.blockSizeOf(w)] = true
+// lookup asks the directory for d's chain in every namespace (model, LoRA
+// adapter, block size) of its workers and fills d.dir; it returns the
+// fallback reason, or "".
+func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhash.Namespace) ([]uint64, error)) string {
+	groups := map[blockhash.Namespace][]int{}
+	for i := range d.workers {
+		groups[d.ns[i]] = append(groups[d.ns[i]], i)
 	}
 	mctx, cancel := context.WithTimeout(ctx, s.cfg.MatchTimeout)
 	defer cancel()
-	for bs := range sizes {
-		chain, err := chainFor(bs)
+	for ns, idx := range groups {
+		chain, err := chainFor(ns)
 		if err != nil {
 			return FallbackError
 		}
 		start := time.Now()
-		resp, err := s.dir.MatchChain(mctx, chain, uint32(bs), false)
+		resp, err := s.dir.MatchChain(mctx, chain, uint32(ns.BlockSize), false)
 		s.metrics.dirLookup.Observe(time.Since(start).Seconds())
 		if err != nil {
 			if errors.Is(mctx.Err(), context.DeadlineExceeded) {
@@ -265,10 +283,8 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(int) ([]
 		for _, m := range resp.GetMatches() {
 			byID[m.GetWorkerId()] = int(m.GetBlocks())
 		}
-		for i, w := range d.workers {
-			if s.blockSizeOf(w) == bs {
-				d.dir[i] = byID[w.id]
-			}
+		for _, i := range idx {
+			d.dir[i] = byID[d.workers[i].id]
 		}
 	}
 	return ""

@@ -8,7 +8,8 @@
 //     token ids with the model's template; a per-session cache makes turn N
 //     tokenize only the messages that are new since turn N-1 ([Renderer]);
 //  2. hashes the ids into kvdir's content-hash chain (internal/blockhash),
-//     in the namespace of the model, the block size and the cache salt;
+//     in the namespace of the model, the LoRA adapter, the block size and
+//     the cache salt;
 //  3. asks the directory, with a deadline of a few milliseconds, how many
 //     leading blocks of the chain each worker holds, and adds the blocks it
 //     placed itself in the last seconds (speculative entries, [specSet]);
@@ -24,6 +25,11 @@
 // yet synchronised), the request is placed by bounded-load consistent
 // hashing on the session key, or on the prompt's first blocks, and still
 // served.
+//
+// A request whose model is a LoRA adapter goes only to workers whose engine
+// lists that adapter in its GET /v1/models (read every few seconds), and is
+// hashed under the worker's registered model with the adapter as LoRA: the
+// namespace the agent indexes that engine's adapter blocks in.
 //
 // Workers come from the directory (a watch of the worker list) or from a
 // static list. The router only ever proxies to a registered worker's

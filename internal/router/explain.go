@@ -9,7 +9,10 @@ import (
 // Explanation is the answer of POST /v1/kvdir/explain: how the router would
 // place a request, without sending it.
 type Explanation struct {
-	Model                 string        `json:"model"`
+	Model string `json:"model"`
+	// LoRA is the adapter the request is hashed under on the picked worker
+	// ("" when model is a base model).
+	LoRA                  string        `json:"lora"`
 	SessionID             string        `json:"session_id"`
 	Policy                string        `json:"policy"`
 	PromptTokens          int           `json:"prompt_tokens"`
@@ -90,9 +93,9 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 func (s *Server) explain(req *request, d *decision) Explanation {
 	e := Explanation{Model: req.model, SessionID: req.session, Policy: d.policy, PromptTokens: d.tokens,
 		BlockSize: d.blockSize, ChainBlocks: len(d.chain), Fallback: d.fallback, Pick: d.pick.Worker,
-		PredictedCachedTokens: d.pick.PredictedCachedTokens,
-		DecisionMicros:        float64((d.renderDur + d.hashDur + d.matchDur + d.scoreDur).Nanoseconds()) / 1e3,
-		RenderMicros:          us(d.renderDur), HashMicros: us(d.hashDur), MatchMicros: us(d.matchDur), ScoreMicros: us(d.scoreDur),
+		PredictedCachedTokens: d.pick.PredictedCachedTokens, LoRA: d.ns[d.pick.Index].LoRA,
+		DecisionMicros: float64((d.renderDur + d.hashDur + d.matchDur + d.scoreDur).Nanoseconds()) / 1e3,
+		RenderMicros:   us(d.renderDur), HashMicros: us(d.hashDur), MatchMicros: us(d.matchDur), ScoreMicros: us(d.scoreDur),
 		Workers: make([]WorkerScore, len(d.cands))}
 	for i, c := range d.cands {
 		ws := WorkerScore{Worker: c.Worker, Address: d.workers[i].address, MatchedBlocks: c.MatchedBlocks,

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,16 +26,26 @@ type upstream struct {
 	hits     atomic.Int64 // completion requests received
 	handler  http.HandlerFunc
 	lastHost atomic.Pointer[string]
+	adapters atomic.Pointer[[]string] // LoRA adapters its /v1/models lists, with model as parent
 }
 
 func newUpstream(t testing.TB, model string, h http.HandlerFunc) *upstream {
 	t.Helper()
 	u := &upstream{model: model, handler: h}
+	u.adapters.Store(&[]string{})
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=%q} 0\n", model)
 		fmt.Fprintf(w, "vllm:num_requests_waiting{engine=\"0\",model_name=%q} 0\n", model)
 		fmt.Fprintf(w, "vllm:kv_cache_usage_perc{engine=\"0\",model_name=%q} 0.25\n", model)
+	})
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model","root":%q,"parent":null}`, model, model)
+		for _, a := range *u.adapters.Load() {
+			fmt.Fprintf(w, `,{"id":%q,"object":"model","root":"/adapters/%s","parent":%q}`, a, a, model)
+		}
+		fmt.Fprint(w, "]}")
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		u.hits.Add(1)
@@ -121,4 +133,22 @@ func post(t *testing.T, url, body string, hdr ...string) (*http.Response, string
 		t.Fatal(err)
 	}
 	return resp, string(b)
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes (log handlers).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -33,6 +33,7 @@ type metrics struct {
 	sessionsLost   prometheus.Counter
 	sessionBatches *prometheus.CounterVec
 	scrapeFailures *prometheus.CounterVec
+	modelsFailures *prometheus.CounterVec
 }
 
 func newMetrics(numWorkers func() float64) *metrics {
@@ -69,8 +70,10 @@ func newMetrics(numWorkers func() float64) *metrics {
 			Help: "RecordSessions calls, by result."}, []string{"result"}),
 		scrapeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_engine_scrape_failures_total",
 			Help: "Failed scrapes of an engine's /metrics, by worker and reason (unreachable, status, unknown-exposition, read)."}, []string{"worker", "reason"}),
+		modelsFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_engine_models_failures_total",
+			Help: "Failed reads of an engine's /v1/models (the last list is kept), by worker and reason (unreachable, status, read)."}, []string{"worker", "reason"}),
 	}
-	m.reg.MustRegister(m.requests, m.decision, m.dirLookup, m.fallbacks, m.retries, m.predicted, m.engineCached,
+	m.reg.MustRegister(m.modelsFailures, m.requests, m.decision, m.dirLookup, m.fallbacks, m.retries, m.predicted, m.engineCached,
 		m.promptTokens, m.ttft, m.workers, m.inflight, m.sessionsLost, m.sessionBatches, m.scrapeFailures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

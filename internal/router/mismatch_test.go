@@ -1,12 +1,10 @@
 package router
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,24 +27,6 @@ func (f *fakeWorkers) GetWorker(context.Context, string, uint32) (*kvdirv1.GetWo
 		return nil, f.err
 	}
 	return &kvdirv1.GetWorkerResponse{Worker: f.w}, nil
-}
-
-// syncBuffer is a log sink safe for the checker's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func newTestChecker(t *testing.T, dir workerGetter) (*mismatchChecker, *syncBuffer) {

@@ -40,6 +40,11 @@ type worker struct {
 
 	spec *specSet // speculative entries: chains this router placed here recently
 
+	// served is the engine's last readable /v1/models (nil until one was
+	// read); modelsKO counts the failed reads since.
+	served   atomic.Pointer[servedModels]
+	modelsKO atomic.Int32
+
 	stop chan struct{} // closed when the worker leaves the pool (ends its scraper)
 }
 

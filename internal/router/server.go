@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,6 +71,10 @@ type Config struct {
 	MatchTimeout time.Duration
 	// ScrapeInterval is how often each engine's /metrics is read.
 	ScrapeInterval time.Duration
+	// ModelsInterval is how often each engine's /v1/models is read to learn
+	// the LoRA adapters it serves (0 uses the default; negative disables:
+	// then only base models are routed).
+	ModelsInterval time.Duration
 	// SpecTTL is how long a placed chain counts as present on its worker
 	// (0 uses the default; negative disables speculative entries).
 	SpecTTL time.Duration
@@ -106,6 +109,7 @@ func (c *Config) setDefaults() error {
 	}
 	def(&c.MatchTimeout, DefaultMatchTimeout)
 	def(&c.ScrapeInterval, DefaultScrapeInterval)
+	def(&c.ModelsInterval, DefaultModelsInterval)
 	def(&c.SpecTTL, DefaultSpecTTL)
 	def(&c.DownFor, DefaultDownFor)
 	def(&c.ConnectTimeout, DefaultConnectTimeout)
@@ -138,6 +142,7 @@ type Server struct {
 	dir       matcher
 	pool      *pool
 	scraper   *scraper
+	modelPoll *modelPoller // nil when disabled
 	metrics   *metrics
 	rec       *recorder
 	mismatch  *mismatchChecker
@@ -187,6 +192,11 @@ func New(cfg Config) (*Server, error) {
 			w.downUntil.Store(time.Now().Add(cfg.DownFor).UnixNano())
 		}}
 	var getter workerGetter
+	if cfg.ModelsInterval > 0 {
+		s.modelPoll = &modelPoller{client: &http.Client{Transport: s.transport}, interval: cfg.ModelsInterval,
+			timeout: min(max(cfg.ModelsInterval, time.Second), 5*time.Second), log: s.log,
+			onFailure: func(w *worker, reason string) { s.metrics.modelsFailures.WithLabelValues(w.id, reason).Inc() }}
+	}
 	if cfg.Directory != nil {
 		s.rec = newRecorder(cfg.Directory, cfg.SessionInterval, 512, s.metrics, s.log)
 		getter = cfg.Directory
@@ -278,7 +288,11 @@ func specOf(w *kvdirv1.Worker) workerSpec {
 
 // startScraper starts polling a worker that joined the pool.
 func (s *Server) startScraper(w *worker) {
-	go s.scraper.run(s.baseContext(), w)
+	ctx := s.baseContext()
+	go s.scraper.run(ctx, w)
+	if s.modelPoll != nil {
+		go s.modelPoll.run(ctx, w)
+	}
 }
 
 // baseContext is Run's context, or the background before Run.
@@ -289,22 +303,27 @@ func (s *Server) baseContext() context.Context {
 	return context.Background()
 }
 
-// models returns the models the known workers serve, sorted.
+// models returns the models the known workers serve, sorted, then the
+// LoRA adapters their engines list, sorted.
 func (s *Server) models() []string {
-	var out []string
-	for _, w := range s.pool.snapshot() {
-		if m := w.model(); m != "" && !slices.Contains(out, m) {
-			out = append(out, m)
-		}
+	cards := s.modelCards()
+	out := make([]string, len(cards))
+	for i, c := range cards {
+		out[i] = c.id
 	}
-	slices.Sort(out)
 	return out
 }
 
+// serveModels lists the workers' models and, as vLLM does, each LoRA
+// adapter with its parent (the base model) and root.
 func (s *Server) serveModels(w http.ResponseWriter, _ *http.Request) {
 	list := openai.ModelList{Object: "list", Data: []openai.Model{}}
-	for _, m := range s.models() {
-		list.Data = append(list.Data, openai.Model{ID: m, Object: "model", OwnedBy: "kvdir"})
+	for _, c := range s.modelCards() {
+		m := openai.Model{ID: c.id, Object: "model", OwnedBy: "kvdir", Root: c.root}
+		if c.parent != "" {
+			m.Parent = &c.parent
+		}
+		list.Data = append(list.Data, m)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(list)

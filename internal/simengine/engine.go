@@ -83,6 +83,10 @@ type Request struct {
 	Namespace string   // model, cache_salt, …: blocks are shared only within a namespace
 	LoRAName  string   // LoRA adapter; part of the namespace, reported in BlockStored
 	CacheSalt string   // the request's cache_salt, reported in the events (Namespace must include it)
+	// LoRAID is the adapter's integer id (vLLM's lora_int_id, from 1),
+	// reported as BlockStored's lora_id; 0 reports None. It is not part of
+	// the namespace: vLLM hashes by the adapter's name.
+	LoRAID int64
 }
 
 // Result is a finished request.
@@ -149,6 +153,7 @@ type seq struct {
 	maxTokens   int
 	root        BlockHash
 	lora        string
+	loraID      int64
 	salt        string
 	swNext      []int       // per group: the first block a windowed group still holds (see slideWindows)
 	hashes      []BlockHash // hashes of the full blocks of tokens computed so far
@@ -238,7 +243,7 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 	copy(tokens, r.Tokens)
 	s := &seq{
 		id: r.ID, tokens: tokens, promptLen: len(r.Tokens), maxTokens: r.MaxTokens,
-		root: namespaceRoot(e.cfg.Seed, r.Namespace, r.LoRAName), lora: r.LoRAName, salt: r.CacheSalt, swNext: e.newWindows(),
+		root: namespaceRoot(e.cfg.Seed, r.Namespace, r.LoRAName), lora: r.LoRAName, loraID: r.LoRAID, salt: r.CacheSalt, swNext: e.newWindows(),
 		hashes:  make([]BlockHash, 0, min(len(tokens)+r.MaxTokens, 1<<20)/e.cfg.BlockSize),
 		arrival: now, cached: -1,
 	}

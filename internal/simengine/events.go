@@ -34,7 +34,7 @@ const MediumGPU = "GPU"
 // package kvevents, filled in as vLLM's publisher fills them: a
 // *[kvevents.BlockStored] per request and step for the blocks that just
 // became full (Parent nil when the run starts at the request's first block,
-// Medium [MediumGPU], LoRAName the request's adapter), a
+// Medium [MediumGPU], LoRAName and LoRAID the request's adapter), a
 // *[kvevents.BlockRemoved] with exactly one hash per evicted block, and
 // *[kvevents.AllBlocksCleared] on a reset. Every other field is left None,
 // but for a salted request's extra_keys (vLLM's: the salt is the last key of

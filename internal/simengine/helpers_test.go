@@ -114,8 +114,14 @@ func (m *eventModel) apply(ev kvevents.Event) error {
 		if ev.Medium != MediumGPU || ev.BlockSize != m.blockSize {
 			return fmt.Errorf("bad BlockStored header %s", dumpEvents([]kvevents.Event{ev}))
 		}
-		if ev.LoRAID != nil || ev.ExtraKeys != nil || ev.GroupIdx != nil || ev.SpecKind != "" || ev.SlidingWindow != nil {
+		// An adapter's blocks carry its name as their extra key, as vLLM's do.
+		if ev.LoRAID != nil || (ev.ExtraKeys != nil && ev.LoRAName == "") || ev.GroupIdx != nil || ev.SpecKind != "" || ev.SlidingWindow != nil {
 			return fmt.Errorf("BlockStored sets a field vLLM's GPU publisher leaves None: %+v", *ev)
+		}
+		for i, k := range ev.ExtraKeys {
+			if len(k) != 1 || k[0] != ev.LoRAName {
+				return fmt.Errorf("BlockStored extra keys of block %d are %v, want [%q]", i, k, ev.LoRAName)
+			}
 		}
 		if len(ev.BlockHashes) == 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*m.blockSize {
 			return fmt.Errorf("BlockStored with %d hashes and %d tokens", len(ev.BlockHashes), len(ev.TokenIDs))

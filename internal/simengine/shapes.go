@@ -232,20 +232,25 @@ func (e *Engine) appendStored(dst []kvevents.Event, s *seq, first, full int) []k
 		LoRAName:    s.lora,
 		Medium:      MediumGPU,
 	}
+	if s.loraID != 0 {
+		id := s.loraID
+		ev.LoRAID = &id
+	}
 	if first > 0 {
 		parent := s.hashes[first-1].Wire()
 		ev.Parent = &parent
 	}
-	if s.salt != "" {
-		// vLLM hashes a salted request's first block with the salt as its
-		// last extra key, after the LoRA name that keys every block.
+	if s.salt != "" || s.lora != "" {
+		// vLLM hashes every block of an adapter's request with the
+		// adapter's name as its first extra key, and a salted request's
+		// first block with the salt as its last.
 		ev.ExtraKeys = make([][]any, full-first)
 		for i := range ev.ExtraKeys {
 			var k []any
 			if s.lora != "" {
 				k = append(k, s.lora)
 			}
-			if first+i == 0 {
+			if first+i == 0 && s.salt != "" {
 				k = append(k, s.salt)
 			}
 			ev.ExtraKeys[i] = k

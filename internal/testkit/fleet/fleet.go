@@ -83,6 +83,10 @@ type Config struct {
 	// --kv-blocks); AgentArgs extra agent flags; RouterArgs extra router
 	// flags (e.g. --policy); DirectoryArgs extra directory flags.
 	EngineArgs, AgentArgs, RouterArgs, DirectoryArgs []string
+	// PerEngineArgs[i] are extra enginesim flags of engine i only, after
+	// EngineArgs (e.g. --lora-modules on some engines); engines past its
+	// end get none.
+	PerEngineArgs [][]string
 }
 
 // Fleet is a running deployment.
@@ -137,6 +141,9 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 		args := append([]string{"--addr", fmt.Sprintf("127.0.0.1:%d", p[0]), "--model", cfg.Model, "--seed", fmt.Sprint(i + 1),
 			"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", p[1]), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", p[2])},
 			cfg.EngineArgs...)
+		if i < len(cfg.PerEngineArgs) {
+			args = append(args, cfg.PerEngineArgs[i]...)
+		}
 		if e.Sim, err = StartProc("enginesim-"+fmt.Sprint(i), f.bins["enginesim"], args...); err != nil {
 			return nil, err
 		}
