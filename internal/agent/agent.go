@@ -610,12 +610,16 @@ func (a *Agent) heartbeat(ctx context.Context, ep uint64) time.Duration {
 	defer cancel()
 	var load *kvdirv1.Load
 	if a.cfg.MetricsURL != "" {
-		l, err := scrapeLoad(ctx, a.hc, a.cfg.MetricsURL, LoadOptions(a.cfg))
+		l, fresh, err := scrapeLoad(ctx, a.hc, a.cfg.MetricsURL, LoadOptions(a.cfg))
 		if err != nil {
 			a.log.Debug("agent: scrape engine metrics", "err", err)
 		} else {
 			load = l
-			a.watchCounters(float64(l.GetPrefixQueries()))
+			if fresh {
+				// A drained TensorRT-LLM read has zero counters that are
+				// not a restart.
+				a.watchCounters(float64(l.GetPrefixQueries()))
+			}
 		}
 	}
 	resp, err := a.dir.Heartbeat(ctx, a.cfg.WorkerID, ep, load)
