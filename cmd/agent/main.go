@@ -56,7 +56,8 @@ type options struct {
 }
 
 const summary = `agent runs beside one engine replica (vLLM, SGLang, TensorRT-LLM or
-enginesim): it follows the engine's KV-cache events over ZeroMQ, translates
+enginesim): it follows the engine's KV-cache events over ZeroMQ (or polls
+trtllm-serve's POST /kv_cache_events, --kv-events-pull-url), translates
 them into the directory's block hashes, publishes them in batches, registers
 the worker and heartbeats its load (read from the engine's /metrics), so that
 the kvdir directory always knows which prefixes this replica holds.
@@ -73,6 +74,10 @@ const examples = `  # Beside a vLLM started with --kv-events-config '{"enable_kv
   # The same from the environment, as the Kubernetes manifests do:
   KVDIR_AGENT_DIRECTORY=dir-0:7001 KVDIR_AGENT_WORKER_ID=vllm-0 \
   KVDIR_AGENT_WORKER_ADDRESS=http://10.0.0.7:8000 KVDIR_AGENT_MODEL=llama3-8b agent
+
+  # Beside trtllm-serve (kv_cache_config.event_buffer_max_size > 0), events pulled over HTTP:
+  agent --directory dir-0:7001 --worker-id trt-0 --worker-address http://10.0.0.8:8000 \
+    --model llama3-8b --kv-events-pull-url http://10.0.0.8:8000/kv_cache_events --block-size 32
 
   # Beside enginesim, JSON logs:
   agent --directory 127.0.0.1:7001 --worker-id sim-0 --worker-address http://127.0.0.1:8000 \
