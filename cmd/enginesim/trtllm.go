@@ -80,7 +80,8 @@ func (q *trtEvents) push(evs []kvevents.Event) {
 }
 
 // trtStored writes a store as KVCacheEventSerializer does: one
-// stored_block per block with its tokens as unique_token objects.
+// stored_block per block with its tokens as unique_token objects (and,
+// for a LoRA request, its lora_id).
 func trtStored(e *kvevents.BlockStored) map[string]any {
 	var parent any
 	if e.Parent != nil {
@@ -92,8 +93,15 @@ func trtStored(e *kvevents.BlockStored) map[string]any {
 		for _, t := range e.TokenIDs[i*e.BlockSize : (i+1)*e.BlockSize] {
 			toks = append(toks, map[string]any{"type": "unique_token", "token_id": t, "token_extra_id": 0})
 		}
-		blocks = append(blocks, map[string]any{"type": "stored_block", "block_hash": h.Key(), "tokens": toks,
-			"cache_level": 0, "priority": trtPriority})
+		b := map[string]any{"type": "stored_block", "block_hash": h.Key(), "tokens": toks,
+			"cache_level": 0, "priority": trtPriority}
+		if e.LoRAID != nil {
+			// Upstream's serializer leaves lora_id out (a TODO in
+			// tensorrt_llm/_utils.py); it is written here so that an
+			// adapter's blocks do not pass for the base model's.
+			b["lora_id"] = *e.LoRAID
+		}
+		blocks = append(blocks, b)
 	}
 	return map[string]any{"type": "stored", "parent_hash": parent, "blocks": blocks}
 }

@@ -136,3 +136,23 @@ func TestTRTLLMFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestTRTLLMLoRAStoresApart checks that an adapter's blocks carry lora_id,
+// so that a poller does not take them for the base model's.
+func TestTRTLLMLoRAStoresApart(t *testing.T) {
+	s := startSim(t, "--kv-events-pull", "--time-scale", "0", "--lora-modules", "sql-lora=/adapters/sql")
+	s.postOK(t, "/v1/completions", map[string]any{"model": "sql-lora", "prompt": promptOf(70, 7), "max_tokens": 1}, nil)
+	dec := trtevents.NewDecoder(32)
+	var stored *kvevents.BlockStored
+	testkit.Eventually(t, 5*time.Second, "the adapter request's store", func() (bool, string) {
+		for _, ev := range s.pullTRT(t, dec) {
+			if e, ok := ev.Event.(*kvevents.BlockStored); ok {
+				stored = e
+			}
+		}
+		return stored != nil, ""
+	})
+	if stored.LoRAID == nil || *stored.LoRAID == 0 || !strings.HasPrefix(stored.LoRAName, "trtllm-lora-") {
+		t.Fatalf("adapter store: lora_id %v, namespace %q", stored.LoRAID, stored.LoRAName)
+	}
+}
