@@ -107,10 +107,13 @@ type engineShape struct {
 	// counters: after the sessions the directory's load of every worker
 	// must show their values (the agent read the engine's metrics).
 	loadCounters [2]string
+	// pull makes the engines TensorRT-LLM ones whose agents poll POST
+	// /kv_cache_events (fleet.Config.PullEvents).
+	pull bool
 }
 
 // engineShapes are the model families and engines kvdir serves; each
-// runs end to end: simulator in that shape, ZMQ, agent, 3-node
+// runs end to end: simulator in that shape, ZMQ (or the pull endpoint), agent, 3-node
 // directory, two routers.
 //
 // Rows with a block size other than 16 pass it to the agent too: the
@@ -141,6 +144,11 @@ var engineShapes = []engineShape{
 		engineArgs:   []string{"--kv-events-dialect", "sglang", "--metrics-format", "sglang"},
 		agentArgs:    []string{"--engine-kind", "sglang"},
 		loadCounters: [2]string{"sglang:prompt_tokens_total", "sglang:cached_tokens_total"}},
+	// trtllm-serve: events pulled as JSON, block size 32, JSON iteration
+	// stats; the router hashes with the registered block size, so the
+	// agent registers 32.
+	{name: "trtllm pull endpoint, block 32", pull: true, agentArgs: []string{"--block-size", "32"},
+		check: turnCheck{BlockSize: 32}},
 }
 
 // TestEngineShapes checks, for every engine shape, that turn 2 of a
@@ -150,7 +158,7 @@ func TestEngineShapes(t *testing.T) {
 	ctx := context.Background()
 	for _, sh := range engineShapes {
 		t.Run(sh.name, func(t *testing.T) {
-			f := fleet.New(t, fleet.Config{Engines: 2, Routers: 2, Model: sh.check.Model,
+			f := fleet.New(t, fleet.Config{Engines: 2, Routers: 2, Model: sh.check.Model, PullEvents: sh.pull,
 				EngineArgs: append([]string{"--time-scale", "0.02", "--default-max-tokens", "4"}, sh.engineArgs...),
 				AgentArgs:  sh.agentArgs,
 				RouterArgs: append([]string{"--policy", "kvdir", "--match-timeout", "200ms"}, sh.routerArgs...)})

@@ -56,7 +56,8 @@ type options struct {
 }
 
 const summary = `agent runs beside one engine replica (vLLM, SGLang, TensorRT-LLM or
-enginesim): it follows the engine's KV-cache events over ZeroMQ, translates
+enginesim): it follows the engine's KV-cache events over ZeroMQ (or polls
+trtllm-serve's POST /kv_cache_events, --kv-events-pull-url), translates
 them into the directory's block hashes, publishes them in batches, registers
 the worker and heartbeats its load (read from the engine's /metrics), so that
 the kvdir directory always knows which prefixes this replica holds.
@@ -73,6 +74,10 @@ const examples = `  # Beside a vLLM started with --kv-events-config '{"enable_kv
   # The same from the environment, as the Kubernetes manifests do:
   KVDIR_AGENT_DIRECTORY=dir-0:7001 KVDIR_AGENT_WORKER_ID=vllm-0 \
   KVDIR_AGENT_WORKER_ADDRESS=http://10.0.0.7:8000 KVDIR_AGENT_MODEL=llama3-8b agent
+
+  # Beside trtllm-serve (kv_cache_config.event_buffer_max_size > 0), events pulled over HTTP:
+  agent --directory dir-0:7001 --worker-id trt-0 --worker-address http://10.0.0.8:8000 \
+    --model llama3-8b --kv-events-pull-url http://10.0.0.8:8000/kv_cache_events --block-size 32
 
   # Beside enginesim, JSON logs:
   agent --directory 127.0.0.1:7001 --worker-id sim-0 --worker-address http://127.0.0.1:8000 \
@@ -104,6 +109,8 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.BoolVar(&c.Bind, "kv-events-bind", c.Bind, "bind the KV-events address (the engine's PUB connects)")
 	fs.StringVar(&c.ReplayEndpoint, "kv-events-replay-endpoint", c.ReplayEndpoint, "engine replay (ROUTER) `ENDPOINT`; empty disables replay")
 	fs.StringVar(&c.Topic, "topic", c.Topic, "KV-events topic prefix")
+	fs.StringVar(&c.PullURL, "kv-events-pull-url", c.PullURL, "TensorRT-LLM pull `URL` (trtllm-serve's POST /kv_cache_events, e.g. http://engine:8000/kv_cache_events), polled instead of a ZeroMQ endpoint; exclusive with --kv-events-endpoint; sets --engine-kind trtllm and --block-size 32 unless given")
+	fs.DurationVar(&c.PullInterval, "kv-events-pull-interval", agent.DefaultPullInterval, "how often --kv-events-pull-url is polled")
 	fs.Var(cli.Choice(&o.reportMode, "incremental", "full"), "kv-report-mode", "how the engine reports stores: incremental (vLLM's default) or full (vLLM's kv_cache_report_mode=\"full\", which re-sends the stores of reused prefixes without removals; each held block then counts once)")
 	fs.IntVar(&o.dpSize, "data-parallel-size", o.dpSize, "data-parallel ranks of the engine: one event stream (port + rank, as vLLM offsets them) and one worker (<worker-id>-dp<rank>) per rank")
 	fs.StringVar(&c.MetricsURL, "metrics-url", c.MetricsURL, "engine metrics `URL` (default worker-address + /metrics): vLLM's or SGLang's Prometheus text or trtllm-serve's JSON iteration stats, as --engine-kind says (detected for vllm and enginesim); with --data-parallel-size each rank reads its own series")
@@ -129,6 +136,9 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	}
 	if o.dpSize < 1 || o.dpSize > 256 {
 		return p, nil, cli.Usagef("--data-parallel-size %d: must be 1 to 256", o.dpSize)
+	}
+	if err := pullDefaults(p, o); err != nil {
+		return p, nil, err
 	}
 	mode, err := agent.ParseReportMode(o.reportMode)
 	if err != nil {
@@ -265,7 +275,7 @@ func serve(ctx context.Context, o *options) error {
 			log.Error("agent: http server", "err", err)
 		}
 	}()
-	log.Info("agent: starting", "worker", o.cfg.WorkerID, "ranks", o.dpSize, "events", o.cfg.Endpoint, "http", lis.Addr().String())
+	log.Info("agent: starting", "worker", o.cfg.WorkerID, "ranks", o.dpSize, "events", o.cfg.Endpoint, "pull", o.cfg.PullURL, "http", lis.Addr().String())
 	errs := make(chan error, len(agents))
 	for _, a := range agents {
 		go func() { errs <- a.Run(ctx) }()

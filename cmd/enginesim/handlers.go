@@ -36,6 +36,20 @@ func (s *server) routes() http.Handler {
 		{http.MethodPost, "/admin/faults", http.HandlerFunc(s.handleSetFaults)},
 		{http.MethodPost, "/admin/restart", http.HandlerFunc(s.handleRestart)},
 	}
+	// trtllm-serve's routes: events pulled, /metrics as JSON.
+	if s.trt != nil {
+		routes = append(routes, struct {
+			method, path string
+			h            http.Handler
+		}{http.MethodPost, "/kv_cache_events", http.HandlerFunc(s.handleKVCacheEvents)})
+	}
+	if s.cfg.metricsFormat == metricsTRTLLM {
+		for i := range routes {
+			if routes[i].path == "/metrics" {
+				routes[i].h = http.HandlerFunc(s.handleTRTMetrics)
+			}
+		}
+	}
 	paths := map[string]bool{}
 	for _, r := range routes {
 		mux.Handle(r.method+" "+r.path, r.h)

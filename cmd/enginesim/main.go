@@ -57,6 +57,9 @@ type config struct {
 	shape              simengine.Shape // parsed from the four above by check
 
 	loraModules []loraModule
+
+	kvEventsPull bool // trtllm-serve's POST /kv_cache_events (trtllm.go)
+	trtQueueSize int
 }
 
 const summary = `enginesim is a simulated vLLM engine for kvdir tests, benchmarks and demos.
@@ -74,7 +77,10 @@ Endpoints:
   POST /admin/faults         {"drop_event_fraction","loss_fraction",
                               "slow_factor","fail_fraction"}; GET shows them
   POST /admin/restart        simulate an engine restart: empty cache, event
-                              sequence back to 0, no AllBlocksCleared`
+                              sequence back to 0, no AllBlocksCleared
+As trtllm-serve: --kv-events-pull serves POST /kv_cache_events, draining the
+queued KV events as JSON (event_id from 0), and --metrics-format trtllm
+answers GET /metrics with JSON iteration stats (drained on read too).`
 
 const examples = `  # Ten times faster than real time, with KV events and replay as vLLM publishes them:
   enginesim --addr 127.0.0.1:8000 --time-scale 0.1 \
@@ -117,13 +123,15 @@ func newProgram(cfg *config, getenv func(string) string, stdout, stderr io.Write
 	fs.StringVar(&cfg.eventsForm, "kv-events-form", "array", "event encoding: array (vLLM <= v0.25) or map (v0.26+)")
 	fs.StringVar(&cfg.replayLayout, "replay-layout", "old", "replay reply framing: old (vLLM <= v0.25) or new (v0.26+)")
 	fs.IntVar(&cfg.replayBufferSteps, "replay-buffer-steps", 10000, "event batches kept for replay")
+	fs.BoolVar(&cfg.kvEventsPull, "kv-events-pull", false, "serve KV events as trtllm-serve does: JSON drained from POST /kv_cache_events, event_id from 0; --block-size 32 (TensorRT-LLM's tokens_per_block) unless given")
+	fs.IntVar(&cfg.trtQueueSize, "kv-events-queue-size", 10000, "with --kv-events-pull: events kept until read (TensorRT-LLM event_buffer_max_size); beyond it the oldest are dropped")
 	fs.IntVar(&cfg.dpRank, "data-parallel-rank", 0, "data-parallel rank: offsets the event ports as vLLM does, written into every batch and used as the metrics' engine label")
 	fs.IntVar(&cfg.dpSize, "data-parallel-size", 1, "data-parallel ranks behind this one server, as vLLM's --data-parallel-size: each rank has its own cache, events on the ports + rank and metrics (engine label); a request goes to the rank its X-data-parallel-rank header names, else to the least loaded")
 	fs.StringVar(&cfg.kvCacheGroups, "kv-cache-groups", "", "KV-cache groups the events report, in group_idx order: `SPEC` kinds full_attention, mla_attention, sink_full_attention, sliding_window:WINDOW, sliding_window_mla:WINDOW, comma-separated (e.g. sliding_window:1024,full_attention); empty: one group without group_idx (vllm dialect only)")
 	fs.StringVar(&cfg.eventsDialect, "kv-events-dialect", "vllm", "event encoding of `ENGINE`: vllm, or sglang (one page per BlockStored, no lora_name, cache_salt in BlockStoredWithMetadata with --kv-events-form array, top-level with map)")
 	fs.BoolVar(&cfg.speculativeBigrams, "speculative-bigrams", false, "token_ids as SGLang's EAGLE/NEXTN/MTP bigram pairs [[t0,t1],[t1,t2],...] (sglang dialect only)")
 	p.Group("Metrics")
-	fs.StringVar(&cfg.metricsFormat, "metrics-format", "vllm", "/metrics names of `ENGINE`: vllm (vllm:*) or sglang (sglang:*)")
+	fs.StringVar(&cfg.metricsFormat, "metrics-format", "vllm", "/metrics names of `ENGINE`: vllm (vllm:*), sglang (sglang:*) or trtllm (trtllm-serve's JSON iteration stats, drained on read)")
 	return p
 }
 
@@ -169,15 +177,18 @@ func (c *config) check() error {
 	if c.replayLayout != "old" && c.replayLayout != "new" {
 		return fmt.Errorf("--replay-layout %q, want old or new", c.replayLayout)
 	}
-	if c.metricsFormat != "vllm" && c.metricsFormat != "sglang" {
-		return fmt.Errorf("--metrics-format %q, want vllm or sglang", c.metricsFormat)
+	if c.metricsFormat != "vllm" && c.metricsFormat != "sglang" && c.metricsFormat != metricsTRTLLM {
+		return fmt.Errorf("--metrics-format %q, want vllm, sglang or trtllm", c.metricsFormat)
 	}
 	if c.dpSize > 1 && c.metricsFormat != "vllm" {
 		// SGLang's tokenizer series carry no rank: one server's ranks
 		// would export the same series.
 		return fmt.Errorf("--data-parallel-size %d needs --metrics-format vllm (per-rank series with the engine label)", c.dpSize)
 	}
-	return c.checkShape()
+	if err := c.checkShape(); err != nil {
+		return err
+	}
+	return c.checkPull()
 }
 
 // checkShape parses --kv-cache-groups, --kv-events-dialect and
@@ -211,6 +222,9 @@ func parse(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	p := newProgram(&cfg, getenv, stdout, stderr)
 	if err := p.Parse(args); err != nil {
 		return cfg, p, err
+	}
+	if cfg.kvEventsPull && p.Source("block-size") == cli.FromDefault {
+		cfg.blockSize = trtBlockSize
 	}
 	if err := cfg.check(); err != nil {
 		return cfg, p, cli.Usage(err)

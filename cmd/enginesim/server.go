@@ -42,6 +42,8 @@ type server struct {
 	tmpl     *tokenize.ChatML
 	tok      tokenize.Tokenizer
 	pub      *kvevents.Publisher // nil without --kv-events-endpoint
+	trt      *trtEvents          // with --kv-events-pull
+	trtStats trtStats
 	metrics  *metrics
 	httpSrv  *http.Server
 	listener net.Listener
@@ -116,6 +118,9 @@ func newEngine(ctx context.Context, cfg config, logger *slog.Logger) (*server, e
 		fault:   faults{SlowFactor: 1},
 		baseCtx: ctx,
 		start:   time.Now(),
+	}
+	if cfg.kvEventsPull {
+		s.trt = newTRTEvents(cfg.trtQueueSize, cfg.maxModelLen, cfg.kvBlocks)
 	}
 	if cfg.eventsEndpoint != "" {
 		if s.pub, err = newPublisher(ctx, cfg); err != nil {
@@ -221,6 +226,9 @@ func (s *server) restart() error {
 	if s.pub != nil {
 		s.pub.Restart()
 	}
+	if s.trt != nil {
+		s.trt.restart()
+	}
 	in, err := s.newInstance()
 	if err != nil {
 		return err
@@ -233,6 +241,9 @@ func (s *server) restart() error {
 // publishBatch publishes an engine batch as a vLLM KVEventBatch stamped with
 // the wall clock. It runs on the runner's goroutine.
 func (s *server) publishBatch(b simengine.EventBatch) {
+	if s.trt != nil {
+		s.trt.push(b.Events)
+	}
 	if s.pub == nil {
 		return
 	}
@@ -293,7 +304,7 @@ func (s *server) serve(ctx context.Context, ready func(*server)) error {
 	s.log.Info("enginesim listening", "addr", s.Addr(), "model", s.cfg.model,
 		"profile", s.engCfg.Profile.Name, "kv_blocks", s.cfg.kvBlocks, "block_size", s.cfg.blockSize,
 		"time_scale", s.cfg.timeScale, "kv_events", s.cfg.eventsEndpoint, "events_addr", s.EventsAddr(),
-		"data_parallel_size", max(len(s.ranks), 1))
+		"data_parallel_size", max(len(s.ranks), 1), "kv_events_pull", s.cfg.kvEventsPull)
 	errc := make(chan error, 1)
 	go func() { errc <- s.httpSrv.Serve(s.listener) }()
 	if ready != nil {

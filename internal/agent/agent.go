@@ -46,6 +46,12 @@ type Config struct {
 	ReplayEndpoint string
 	Topic          string
 
+	// PullURL, instead of Endpoint, is a TensorRT-LLM engine's pull-only
+	// KV-events endpoint (trtllm-serve's POST /kv_cache_events), polled
+	// every PullInterval (DefaultPullInterval); see pull.go.
+	PullURL      string
+	PullInterval time.Duration
+
 	// MetricsURL is the engine's Prometheus endpoint for the load; "" sends
 	// heartbeats without load. Its shape is SGLang's or TensorRT-LLM's
 	// when Engine says so, and detected otherwise (see LoadOptions).
@@ -148,6 +154,8 @@ type Agent struct {
 	haveLive      bool
 	lastLive      uint64
 	last          uint64
+
+	pull *pullState // with Config.PullURL: the poller's state and metrics
 }
 
 // New returns an Agent publishing through dir.
@@ -169,6 +177,9 @@ func New(cfg Config, dir *dirclient.Client) (*Agent, error) {
 	a.tr.SetBlockSize(cfg.BlockSize)
 	a.tr.SetReportMode(cfg.ReportMode)
 	a.m = newMetrics(a)
+	if cfg.PullURL != "" {
+		a.pull = newPullState(a)
+	}
 	return a, nil
 }
 
@@ -204,39 +215,42 @@ func (a *Agent) Handler() http.Handler {
 	return mux
 }
 
-// Run subscribes to the engine and runs until ctx ends; it then flushes,
-// deregisters the worker and returns nil. It fails only if the subscriber
-// cannot be created.
+// Run subscribes to the engine (or polls its pull endpoint) and runs until
+// ctx ends; it then flushes, deregisters the worker and returns nil. It
+// fails only if the subscriber cannot be created.
 func (a *Agent) Run(ctx context.Context) error {
-	sub, err := kvevents.NewSubscriber(ctx, kvevents.SubscriberConfig{
-		Endpoint: a.cfg.Endpoint, Bind: a.cfg.Bind, Topic: a.cfg.Topic,
-	})
-	if err != nil {
-		return fmt.Errorf("agent: subscribe: %w", err)
-	}
-	defer sub.Close()
-	msgs := make(chan kvevents.Msg, 1024)
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		defer close(msgs)
-		for {
-			m, err := sub.Recv(ctx)
-			if err != nil {
-				if ctx.Err() != nil || errors.Is(err, kvevents.ErrClosed) {
-					return
-				}
-				a.m.decodeErrors.Inc()
-				continue
-			}
-			select {
-			case msgs <- m:
-			case <-ctx.Done():
-				return
-			}
+	// One source of events: a TensorRT-LLM pull endpoint (pulls) or a
+	// ZeroMQ subscription (msgs); the other channel stays nil.
+	var msgs chan kvevents.Msg
+	var pulls chan pulled
+	var sub *kvevents.Subscriber
+	if a.cfg.PullURL != "" {
+		pulls = make(chan pulled, 16)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(pulls)
+			a.pullLoop(ctx, pulls)
+		}()
+	} else {
+		var err error
+		sub, err = kvevents.NewSubscriber(ctx, kvevents.SubscriberConfig{
+			Endpoint: a.cfg.Endpoint, Bind: a.cfg.Bind, Topic: a.cfg.Topic,
+		})
+		if err != nil {
+			return fmt.Errorf("agent: subscribe: %w", err)
 		}
-	}()
+		defer sub.Close()
+		msgs = make(chan kvevents.Msg, 1024)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(msgs)
+			a.recvLoop(ctx, sub, msgs)
+		}()
+	}
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		a.heartbeatLoop(ctx)
@@ -259,6 +273,11 @@ loop:
 				break loop
 			}
 			a.handle(ctx, m)
+		case p, ok := <-pulls:
+			if !ok {
+				break loop
+			}
+			a.handlePull(ctx, p)
 		case <-tick.C:
 			if a.pub == nil && time.Since(a.lastReg) >= a.cfg.RegisterRetry {
 				a.register(ctx)
@@ -285,9 +304,31 @@ loop:
 		}
 	}
 	a.shutdown()
-	_ = sub.Close()
+	if sub != nil {
+		_ = sub.Close()
+	}
 	wg.Wait()
 	return nil
+}
+
+// recvLoop forwards the subscriber's messages to msgs until ctx ends or
+// the subscriber closes.
+func (a *Agent) recvLoop(ctx context.Context, sub *kvevents.Subscriber, msgs chan<- kvevents.Msg) {
+	for {
+		m, err := sub.Recv(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, kvevents.ErrClosed) {
+				return
+			}
+			a.m.decodeErrors.Inc()
+			continue
+		}
+		select {
+		case msgs <- m:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // shutdown flushes what is pending and deregisters.
@@ -514,6 +555,11 @@ func (a *Agent) process(ctx context.Context, m kvevents.Msg) {
 		// problems are counted, and the rest of the batch is used.
 		a.m.malformed.Add(float64(st.Malformed + st.Unknown))
 	}
+	a.translate(ctx, b)
+}
+
+// translate translates b into the pending batch, flushing it once full.
+func (a *Agent) translate(ctx context.Context, b kvevents.Batch) {
 	if len(a.pending) == 0 {
 		a.pendingSince = time.Now()
 	}
@@ -610,12 +656,16 @@ func (a *Agent) heartbeat(ctx context.Context, ep uint64) time.Duration {
 	defer cancel()
 	var load *kvdirv1.Load
 	if a.cfg.MetricsURL != "" {
-		l, err := scrapeLoad(ctx, a.hc, a.cfg.MetricsURL, LoadOptions(a.cfg))
+		l, fresh, err := scrapeLoad(ctx, a.hc, a.cfg.MetricsURL, LoadOptions(a.cfg))
 		if err != nil {
 			a.log.Debug("agent: scrape engine metrics", "err", err)
 		} else {
 			load = l
-			a.watchCounters(float64(l.GetPrefixQueries()))
+			if fresh {
+				// A drained TensorRT-LLM read has zero counters that are
+				// not a restart.
+				a.watchCounters(float64(l.GetPrefixQueries()))
+			}
 		}
 	}
 	resp, err := a.dir.Heartbeat(ctx, a.cfg.WorkerID, ep, load)

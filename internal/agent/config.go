@@ -40,7 +40,7 @@ func DefaultConfig() Config {
 }
 
 // Validate reports the first problem of c: a missing worker id or events
-// endpoint, engine URLs that are not http(s), negative sizes or durations.
+// source (an endpoint or, exclusively, a pull URL), engine URLs that are not http(s), negative sizes or durations.
 func (c Config) Validate() error {
 	if c.WorkerID == "" {
 		return errors.New("agent: worker id is required")
@@ -48,8 +48,8 @@ func (c Config) Validate() error {
 	if c.ReportMode != ReportIncremental && c.ReportMode != ReportFull {
 		return fmt.Errorf("agent: unknown report mode %d", c.ReportMode)
 	}
-	if c.Endpoint == "" {
-		return errors.New("agent: kv-events endpoint is required")
+	if err := c.validatePull(); err != nil {
+		return err
 	}
 	for _, u := range []struct{ name, v string }{{"worker address", c.WorkerAddress}, {"metrics URL", c.MetricsURL}} {
 		if u.v == "" {

@@ -1,5 +1,6 @@
 // Package agent is the engine-side agent of kvdir: it subscribes to an
-// engine's KV-cache events (vLLM's ZMQ protocol, see internal/kvevents),
+// engine's KV-cache events (vLLM's ZMQ protocol, see internal/kvevents, or
+// TensorRT-LLM's pull endpoint, see internal/trtevents),
 // translates the engine's opaque block hashes into kvdir content hashes, and
 // publishes the result to the directory in batches, keeping the worker
 // registered and heartbeating with the engine's load.
@@ -89,4 +90,13 @@
 // to a new registration followed by AllCleared; batches lost that way are not
 // re-sent, so the directory may miss blocks the engine still holds (never the
 // reverse) until the engine stores them again.
+//
+// # TensorRT-LLM's pull endpoint
+//
+// With Config.PullURL the agent polls trtllm-serve's POST /kv_cache_events
+// instead of subscribing (pull.go; the JSON is decoded by
+// internal/trtevents into the same event types). Its event_id numbers
+// every event and nothing can be replayed: a gap clears the worker and
+// rebuilds from the next events, an id going backwards is a restart (a new
+// registration), and failed polls back off while heartbeats go on.
 package agent

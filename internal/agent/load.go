@@ -32,11 +32,19 @@ func ParseLoad(r io.Reader) *kvdirv1.Load {
 // A TensorRT-LLM engine with no iteration since the last read is idle: a
 // heartbeat every few seconds has no fresher load to keep.
 func ParseLoadWith(r io.Reader, o enginemetrics.Options) (*kvdirv1.Load, error) {
+	l, _, err := parseLoadFresh(r, o)
+	return l, err
+}
+
+// parseLoadFresh is ParseLoadWith that also says whether the load is
+// fresh: false for a TensorRT-LLM read with no new iteration, whose zero
+// counters say nothing about the engine's.
+func parseLoadFresh(r io.Reader, o enginemetrics.Options) (*kvdirv1.Load, bool, error) {
 	l, err := enginemetrics.ParseWith(io.LimitReader(r, maxMetricsBody), o)
 	if err != nil && !errors.Is(err, enginemetrics.ErrNoNewStats) {
-		return nil, err
+		return nil, false, err
 	}
-	return toLoad(l), nil
+	return toLoad(l), err == nil, nil
 }
 
 func toLoad(l enginemetrics.Load) *kvdirv1.Load {
@@ -80,23 +88,24 @@ func toU64(v float64) uint64 {
 	return uint64(v)
 }
 
-// scrapeLoad fetches and parses url as o says.
-func scrapeLoad(ctx context.Context, hc *http.Client, url string, o enginemetrics.Options) (*kvdirv1.Load, error) {
+// scrapeLoad fetches and parses url as o says; fresh is false when the
+// engine reported no iteration since the last read (see parseLoadFresh).
+func scrapeLoad(ctx context.Context, hc *http.Client, url string, o enginemetrics.Options) (load *kvdirv1.Load, fresh bool, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, fmt.Errorf("agent: scrape %s: %w", url, err)
+		return nil, false, fmt.Errorf("agent: scrape %s: %w", url, err)
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("agent: scrape %s: %w", url, err)
+		return nil, false, fmt.Errorf("agent: scrape %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("agent: scrape %s: status %s", url, resp.Status)
+		return nil, false, fmt.Errorf("agent: scrape %s: status %s", url, resp.Status)
 	}
-	l, err := ParseLoadWith(resp.Body, o)
+	l, fresh, err := parseLoadFresh(resp.Body, o)
 	if err != nil {
-		return nil, fmt.Errorf("agent: scrape %s: %w", url, err)
+		return nil, false, fmt.Errorf("agent: scrape %s: %w", url, err)
 	}
-	return l, nil
+	return l, fresh, nil
 }

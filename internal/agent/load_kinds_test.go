@@ -69,7 +69,7 @@ func TestScrapeLoadKindsAndRanks(t *testing.T) {
 		{"/trtllm", LoadOptions(Config{Engine: kvdirv1.EngineKind_ENGINE_KIND_TRTLLM}),
 			&kvdirv1.Load{Running: 5, Waiting: 3, KvUsage: 0.6, PrefixQueries: 6400, PrefixHits: 4800}},
 	} {
-		l, err := scrapeLoad(ctx, srv.Client(), srv.URL+tc.path, tc.o)
+		l, _, err := scrapeLoad(ctx, srv.Client(), srv.URL+tc.path, tc.o)
 		if err != nil {
 			t.Fatalf("%s %+v: %v", tc.path, tc.o, err)
 		}
@@ -77,7 +77,7 @@ func TestScrapeLoadKindsAndRanks(t *testing.T) {
 			t.Errorf("%s %+v: got %v, want %v", tc.path, tc.o, l, tc.want)
 		}
 	}
-	_, err := scrapeLoad(ctx, srv.Client(), srv.URL+"/unknown", enginemetrics.Options{})
+	_, _, err := scrapeLoad(ctx, srv.Client(), srv.URL+"/unknown", enginemetrics.Options{})
 	if !errors.Is(err, enginemetrics.ErrUnknownExposition) || !strings.Contains(err.Error(), "/unknown") {
 		t.Fatalf("unknown exposition: %v", err)
 	}

@@ -87,6 +87,10 @@ type Config struct {
 	// EngineArgs (e.g. --lora-modules on some engines); engines past its
 	// end get none.
 	PerEngineArgs [][]string
+	// PullEvents makes every engine a TensorRT-LLM one (enginesim
+	// --kv-events-pull --metrics-format trtllm) whose agent polls its POST /kv_cache_events
+	// (--kv-events-pull-url) instead of subscribing over ZeroMQ.
+	PullEvents bool
 }
 
 // Fleet is a running deployment.
@@ -138,9 +142,15 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 	for i := range cfg.Engines {
 		p := ports[3*i : 3*i+3]
 		e := &Engine{WorkerID: fmt.Sprintf("sim-%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", p[0])}
-		args := append([]string{"--addr", fmt.Sprintf("127.0.0.1:%d", p[0]), "--model", cfg.Model, "--seed", fmt.Sprint(i + 1),
-			"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", p[1]), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", p[2])},
-			cfg.EngineArgs...)
+		events := []string{"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", p[1]), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", p[2])}
+		agentEvents := []string{"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p[1]),
+			"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p[2])}
+		if cfg.PullEvents {
+			events = []string{"--kv-events-pull", "--metrics-format", "trtllm"}
+			agentEvents = []string{"--kv-events-pull-url", e.URL + "/kv_cache_events"}
+		}
+		args := append(append([]string{"--addr", fmt.Sprintf("127.0.0.1:%d", p[0]), "--model", cfg.Model, "--seed", fmt.Sprint(i + 1)},
+			events...), cfg.EngineArgs...)
 		if i < len(cfg.PerEngineArgs) {
 			args = append(args, cfg.PerEngineArgs[i]...)
 		}
@@ -151,11 +161,9 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 		if cfg.NoDirectory {
 			continue
 		}
-		aargs := append([]string{"--directory", f.DirectoryAddrs(), "--worker-id", e.WorkerID, "--worker-address", e.URL,
-			"--model", cfg.Model, "--engine-kind", "enginesim",
-			"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p[1]),
-			"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p[2]),
-			"--http-addr", "127.0.0.1:0", "--log-level", "warn"}, cfg.AgentArgs...)
+		aargs := append(append(append([]string{"--directory", f.DirectoryAddrs(), "--worker-id", e.WorkerID, "--worker-address", e.URL,
+			"--model", cfg.Model, "--engine-kind", "enginesim"}, agentEvents...),
+			"--http-addr", "127.0.0.1:0", "--log-level", "warn"), cfg.AgentArgs...)
 		if e.Agent, err = StartProc("agent-"+fmt.Sprint(i), f.bins["agent"], aargs...); err != nil {
 			return nil, err
 		}
