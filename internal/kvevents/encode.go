@@ -1,9 +1,9 @@
 package kvevents
 
 import (
-	"encoding/binary"
-	"math"
 	"slices"
+
+	"github.com/kvdir/kvdir/internal/mpenc"
 )
 
 // Form selects the msgpack layout EncodeBatch produces.
@@ -68,16 +68,16 @@ func AppendBatch(dst []byte, b Batch, form Form) []byte {
 		fields = 3
 	}
 	if form == FormMapBatch {
-		dst = appendMapLen(dst, fields)
-		dst = appendStr(dst, "ts")
+		dst = mpenc.AppendMapLen(dst, fields)
+		dst = mpenc.AppendStr(dst, "ts")
 	} else {
-		dst = appendArrayLen(dst, fields)
+		dst = mpenc.AppendArrayLen(dst, fields)
 	}
-	dst = appendFloat64(dst, b.TS)
+	dst = mpenc.AppendFloat64(dst, b.TS)
 	if form == FormMapBatch {
-		dst = appendStr(dst, "events")
+		dst = mpenc.AppendStr(dst, "events")
 	}
-	dst = appendArrayLen(dst, events)
+	dst = mpenc.AppendArrayLen(dst, events)
 	for _, ev := range b.Events {
 		if isNilEvent(ev) {
 			continue
@@ -86,9 +86,9 @@ func AppendBatch(dst []byte, b Batch, form Form) []byte {
 	}
 	if b.DPRank != nil {
 		if form == FormMapBatch {
-			dst = appendStr(dst, "data_parallel_rank")
+			dst = mpenc.AppendStr(dst, "data_parallel_rank")
 		}
-		dst = appendInt(dst, int64(*b.DPRank))
+		dst = mpenc.AppendInt(dst, int64(*b.DPRank))
 	}
 	return dst
 }
@@ -113,12 +113,12 @@ func appendEvent(dst []byte, ev Event, asMap bool) []byte {
 		return appendRemoved(dst, e, asMap)
 	default:
 		if asMap {
-			dst = appendMapLen(dst, 1)
-			dst = appendStr(dst, "type")
+			dst = mpenc.AppendMapLen(dst, 1)
+			dst = mpenc.AppendStr(dst, "type")
 		} else {
-			dst = appendArrayLen(dst, 1)
+			dst = mpenc.AppendArrayLen(dst, 1)
 		}
-		return appendStr(dst, TypeAllBlocksCleared)
+		return mpenc.AppendStr(dst, TypeAllBlocksCleared)
 	}
 }
 
@@ -135,20 +135,20 @@ func appendStored(dst []byte, e *BlockStored, asMap bool) []byte {
 				n++
 			}
 		}
-		dst = appendMapLen(dst, n+1)
-		dst = appendStr(dst, "type")
+		dst = mpenc.AppendMapLen(dst, n+1)
+		dst = mpenc.AppendStr(dst, "type")
 	} else {
 		for i, set := range opt {
 			if set {
 				n = 8 + i
 			}
 		}
-		dst = appendArrayLen(dst, n+1)
+		dst = mpenc.AppendArrayLen(dst, n+1)
 	}
-	dst = appendStr(dst, TypeBlockStored)
+	dst = mpenc.AppendStr(dst, TypeBlockStored)
 	key := func(k string) {
 		if asMap {
-			dst = appendStr(dst, k)
+			dst = mpenc.AppendStr(dst, k)
 		}
 	}
 	key("block_hashes")
@@ -162,37 +162,37 @@ func appendStored(dst []byte, e *BlockStored, asMap bool) []byte {
 	key("token_ids")
 	dst = appendTokens(dst, e)
 	key("block_size")
-	dst = appendInt(dst, int64(e.BlockSize))
+	dst = mpenc.AppendInt(dst, int64(e.BlockSize))
 	key("lora_id")
 	if e.LoRAID == nil {
 		dst = append(dst, 0xc0)
 	} else {
-		dst = appendInt(dst, *e.LoRAID)
+		dst = mpenc.AppendInt(dst, *e.LoRAID)
 	}
 	key("medium")
-	dst = appendOptStr(dst, e.Medium)
+	dst = mpenc.AppendOptStr(dst, e.Medium)
 	switch {
 	case asMap:
 		key("lora_name")
-		dst = appendOptStr(dst, e.LoRAName)
+		dst = mpenc.AppendOptStr(dst, e.LoRAName)
 		if e.CacheSalt != "" {
 			key("cache_salt")
-			dst = appendStr(dst, e.CacheSalt)
+			dst = mpenc.AppendStr(dst, e.CacheSalt)
 		}
 	case e.CacheSalt != "":
 		// SGLang's BlockStoredWithMetadata; lora_name joins the map, a
 		// kvdir extension, when both are set.
 		if e.LoRAName == "" {
-			dst = appendMapLen(dst, 1)
+			dst = mpenc.AppendMapLen(dst, 1)
 		} else {
-			dst = appendMapLen(dst, 2)
-			dst = appendStr(dst, "lora_name")
-			dst = appendStr(dst, e.LoRAName)
+			dst = mpenc.AppendMapLen(dst, 2)
+			dst = mpenc.AppendStr(dst, "lora_name")
+			dst = mpenc.AppendStr(dst, e.LoRAName)
 		}
-		dst = appendStr(dst, "cache_salt")
-		dst = appendStr(dst, e.CacheSalt)
+		dst = mpenc.AppendStr(dst, "cache_salt")
+		dst = mpenc.AppendStr(dst, e.CacheSalt)
 	default:
-		dst = appendOptStr(dst, e.LoRAName)
+		dst = mpenc.AppendOptStr(dst, e.LoRAName)
 	}
 	for i := range opt {
 		if asMap && !opt[i] || !asMap && 8+i > n {
@@ -205,7 +205,7 @@ func appendStored(dst []byte, e *BlockStored, asMap bool) []byte {
 				dst = append(dst, 0xc0)
 				continue
 			}
-			dst = appendArrayLen(dst, len(e.ExtraKeys))
+			dst = mpenc.AppendArrayLen(dst, len(e.ExtraKeys))
 			for _, k := range e.ExtraKeys {
 				if k == nil {
 					dst = append(dst, 0xc0)
@@ -218,13 +218,13 @@ func appendStored(dst []byte, e *BlockStored, asMap bool) []byte {
 			dst = appendOptInt(dst, e.GroupIdx)
 		case 2:
 			key("kv_cache_spec_kind")
-			dst = appendOptStr(dst, e.SpecKind)
+			dst = mpenc.AppendOptStr(dst, e.SpecKind)
 		case 3:
 			key("kv_cache_spec_sliding_window")
 			dst = appendOptInt(dst, e.SlidingWindow)
 		case 4:
 			key("locality")
-			dst = appendOptStr(dst, e.Locality)
+			dst = mpenc.AppendOptStr(dst, e.Locality)
 		}
 	}
 	return dst
@@ -233,27 +233,27 @@ func appendStored(dst []byte, e *BlockStored, asMap bool) []byte {
 // appendTokens writes token_ids: bigram pairs when e.Bigram, otherwise the
 // integer ids with e.StrTokens written as strings at their index.
 func appendTokens(dst []byte, e *BlockStored) []byte {
-	dst = appendArrayLen(dst, len(e.TokenIDs))
+	dst = mpenc.AppendArrayLen(dst, len(e.TokenIDs))
 	if e.Bigram {
 		for i, t := range e.TokenIDs {
 			next := e.BigramNext
 			if i+1 < len(e.TokenIDs) {
 				next = e.TokenIDs[i+1]
 			}
-			dst = appendArrayLen(dst, 2)
-			dst = appendUint(dst, uint64(t))
-			dst = appendUint(dst, uint64(next))
+			dst = mpenc.AppendArrayLen(dst, 2)
+			dst = mpenc.AppendUint(dst, uint64(t))
+			dst = mpenc.AppendUint(dst, uint64(next))
 		}
 		return dst
 	}
 	strs := e.StrTokens
 	for i, t := range e.TokenIDs {
 		if len(strs) > 0 && strs[0].Index == i {
-			dst = appendStr(dst, strs[0].Value)
+			dst = mpenc.AppendStr(dst, strs[0].Value)
 			strs = strs[1:]
 			continue
 		}
-		dst = appendUint(dst, uint64(t))
+		dst = mpenc.AppendUint(dst, uint64(t))
 	}
 	return dst
 }
@@ -270,37 +270,37 @@ func appendRemoved(dst []byte, e *BlockRemoved, asMap bool) []byte {
 		}
 	}
 	if asMap {
-		dst = appendMapLen(dst, n+1)
-		dst = appendStr(dst, "type")
+		dst = mpenc.AppendMapLen(dst, n+1)
+		dst = mpenc.AppendStr(dst, "type")
 	} else {
-		dst = appendArrayLen(dst, n+1)
+		dst = mpenc.AppendArrayLen(dst, n+1)
 	}
-	dst = appendStr(dst, TypeBlockRemoved)
+	dst = mpenc.AppendStr(dst, TypeBlockRemoved)
 	if asMap {
-		dst = appendStr(dst, "block_hashes")
+		dst = mpenc.AppendStr(dst, "block_hashes")
 	}
 	dst = appendHashes(dst, e.BlockHashes)
 	if asMap {
-		dst = appendStr(dst, "medium")
+		dst = mpenc.AppendStr(dst, "medium")
 	}
-	dst = appendOptStr(dst, e.Medium)
+	dst = mpenc.AppendOptStr(dst, e.Medium)
 	if e.GroupIdx != nil || e.Locality != "" && !asMap {
 		if asMap {
-			dst = appendStr(dst, "group_idx")
+			dst = mpenc.AppendStr(dst, "group_idx")
 		}
 		dst = appendOptInt(dst, e.GroupIdx)
 	}
 	if e.Locality != "" {
 		if asMap {
-			dst = appendStr(dst, "locality")
+			dst = mpenc.AppendStr(dst, "locality")
 		}
-		dst = appendStr(dst, e.Locality)
+		dst = mpenc.AppendStr(dst, e.Locality)
 	}
 	return dst
 }
 
 func appendHashes(dst []byte, hs []Hash) []byte {
-	dst = appendArrayLen(dst, len(hs))
+	dst = mpenc.AppendArrayLen(dst, len(hs))
 	for _, h := range hs {
 		dst = appendHash(dst, h)
 	}
@@ -309,113 +309,16 @@ func appendHashes(dst []byte, hs []Hash) []byte {
 
 func appendHash(dst []byte, h Hash) []byte {
 	if h.raw != "" {
-		return appendBin(dst, []byte(h.raw))
+		return mpenc.AppendBin(dst, []byte(h.raw))
 	}
-	return appendUint(dst, h.u)
-}
-
-func appendOptStr(dst []byte, s string) []byte {
-	if s == "" {
-		return append(dst, 0xc0)
-	}
-	return appendStr(dst, s)
+	return mpenc.AppendUint(dst, h.u)
 }
 
 func appendOptInt(dst []byte, p *int) []byte {
 	if p == nil {
 		return append(dst, 0xc0)
 	}
-	return appendInt(dst, int64(*p))
-}
-
-func appendArrayLen(dst []byte, n int) []byte {
-	switch {
-	case n < 16:
-		return append(dst, 0x90|byte(n))
-	case n <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xdc), uint16(n))
-	default:
-		return binary.BigEndian.AppendUint32(append(dst, 0xdd), uint32(n))
-	}
-}
-
-func appendMapLen(dst []byte, n int) []byte {
-	switch {
-	case n < 16:
-		return append(dst, 0x80|byte(n))
-	case n <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xde), uint16(n))
-	default:
-		return binary.BigEndian.AppendUint32(append(dst, 0xdf), uint32(n))
-	}
-}
-
-func appendStr(dst []byte, s string) []byte {
-	n := len(s)
-	switch {
-	case n < 32:
-		dst = append(dst, 0xa0|byte(n))
-	case n <= math.MaxUint8:
-		dst = append(dst, 0xd9, byte(n))
-	case n <= math.MaxUint16:
-		dst = binary.BigEndian.AppendUint16(append(dst, 0xda), uint16(n))
-	default:
-		dst = binary.BigEndian.AppendUint32(append(dst, 0xdb), uint32(n))
-	}
-	return append(dst, s...)
-}
-
-func appendBin(dst []byte, b []byte) []byte {
-	n := len(b)
-	switch {
-	case n <= math.MaxUint8:
-		dst = append(dst, 0xc4, byte(n))
-	case n <= math.MaxUint16:
-		dst = binary.BigEndian.AppendUint16(append(dst, 0xc5), uint16(n))
-	default:
-		dst = binary.BigEndian.AppendUint32(append(dst, 0xc6), uint32(n))
-	}
-	return append(dst, b...)
-}
-
-// appendUint writes u in its smallest unsigned form, as msgspec does for a
-// non-negative Python int.
-func appendUint(dst []byte, u uint64) []byte {
-	switch {
-	case u <= 0x7f:
-		return append(dst, byte(u))
-	case u <= math.MaxUint8:
-		return append(dst, 0xcc, byte(u))
-	case u <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xcd), uint16(u))
-	case u <= math.MaxUint32:
-		return binary.BigEndian.AppendUint32(append(dst, 0xce), uint32(u))
-	default:
-		return binary.BigEndian.AppendUint64(append(dst, 0xcf), u)
-	}
-}
-
-// appendInt writes v in its smallest form: unsigned for v >= 0, signed
-// otherwise (msgspec's rule).
-func appendInt(dst []byte, v int64) []byte {
-	switch {
-	case v >= 0:
-		return appendUint(dst, uint64(v))
-	case v >= -32:
-		return append(dst, byte(int8(v)))
-	case v >= math.MinInt8:
-		return append(dst, 0xd0, byte(int8(v)))
-	case v >= math.MinInt16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xd1), uint16(int16(v)))
-	case v >= math.MinInt32:
-		return binary.BigEndian.AppendUint32(append(dst, 0xd2), uint32(int32(v)))
-	default:
-		return binary.BigEndian.AppendUint64(append(dst, 0xd3), uint64(v))
-	}
-}
-
-func appendFloat64(dst []byte, f float64) []byte {
-	return binary.BigEndian.AppendUint64(append(dst, 0xcb), math.Float64bits(f))
+	return mpenc.AppendInt(dst, int64(*p))
 }
 
 // appendAny writes a generic extra_keys value at nesting depth (0 for the
@@ -439,43 +342,43 @@ func appendAny(dst []byte, v any, depth int) []byte {
 		}
 		return append(dst, 0xc2)
 	case int:
-		return appendInt(dst, int64(x))
+		return mpenc.AppendInt(dst, int64(x))
 	case int8:
-		return appendInt(dst, int64(x))
+		return mpenc.AppendInt(dst, int64(x))
 	case int16:
-		return appendInt(dst, int64(x))
+		return mpenc.AppendInt(dst, int64(x))
 	case int32:
-		return appendInt(dst, int64(x))
+		return mpenc.AppendInt(dst, int64(x))
 	case int64:
-		return appendInt(dst, x)
+		return mpenc.AppendInt(dst, x)
 	case uint:
-		return appendUint(dst, uint64(x))
+		return mpenc.AppendUint(dst, uint64(x))
 	case uint8:
-		return appendUint(dst, uint64(x))
+		return mpenc.AppendUint(dst, uint64(x))
 	case uint16:
-		return appendUint(dst, uint64(x))
+		return mpenc.AppendUint(dst, uint64(x))
 	case uint32:
-		return appendUint(dst, uint64(x))
+		return mpenc.AppendUint(dst, uint64(x))
 	case uint64:
-		return appendUint(dst, x)
+		return mpenc.AppendUint(dst, x)
 	case float32:
-		return appendFloat64(dst, float64(x))
+		return mpenc.AppendFloat64(dst, float64(x))
 	case float64:
-		return appendFloat64(dst, x)
+		return mpenc.AppendFloat64(dst, x)
 	case string:
-		return appendStr(dst, x)
+		return mpenc.AppendStr(dst, x)
 	case []byte:
-		return appendBin(dst, x)
+		return mpenc.AppendBin(dst, x)
 	case []any:
-		dst = appendArrayLen(dst, len(x))
+		dst = mpenc.AppendArrayLen(dst, len(x))
 		for _, it := range x {
 			dst = appendAny(dst, it, depth+1)
 		}
 		return dst
 	case []string:
-		dst = appendArrayLen(dst, len(x))
+		dst = mpenc.AppendArrayLen(dst, len(x))
 		for _, it := range x {
-			dst = appendStr(dst, it)
+			dst = mpenc.AppendStr(dst, it)
 		}
 		return dst
 	case map[string]any:
@@ -484,9 +387,9 @@ func appendAny(dst []byte, v any, depth int) []byte {
 			keys = append(keys, k)
 		}
 		slices.Sort(keys)
-		dst = appendMapLen(dst, len(keys))
+		dst = mpenc.AppendMapLen(dst, len(keys))
 		for _, k := range keys {
-			dst = appendStr(dst, k)
+			dst = mpenc.AppendStr(dst, k)
 			dst = appendAny(dst, x[k], depth+1)
 		}
 		return dst

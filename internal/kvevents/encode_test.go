@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/kvdir/kvdir/internal/mpenc"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -83,16 +84,16 @@ func TestEncodeOmitsDefaults(t *testing.T) {
 func TestEncodeSmallestInts(t *testing.T) {
 	for _, v := range []int64{0, 1, 127, 128, 255, 256, 65535, 65536, 1<<32 - 1, 1 << 32, math.MaxInt64,
 		-1, -32, -33, -128, -129, -32768, -32769, math.MinInt32, math.MinInt32 - 1, math.MinInt64} {
-		if got, want := appendInt(nil, v), mI(v); !bytes.Equal(got, want) {
+		if got, want := mpenc.AppendInt(nil, v), mI(v); !bytes.Equal(got, want) {
 			t.Errorf("appendInt(%d) = %x, want %x", v, got, want)
 		}
 	}
-	if got := appendUint(nil, math.MaxUint64); !bytes.Equal(got, mU(math.MaxUint64)) {
+	if got := mpenc.AppendUint(nil, math.MaxUint64); !bytes.Equal(got, mU(math.MaxUint64)) {
 		t.Errorf("appendUint(max) = %x", got)
 	}
 	for _, n := range []int{0, 31, 32, 255, 256, 65535, 65536} {
 		s := string(make([]byte, n))
-		if got := appendStr(nil, s); !bytes.Equal(got, mStr(s)) {
+		if got := mpenc.AppendStr(nil, s); !bytes.Equal(got, mStr(s)) {
 			t.Errorf("appendStr(len %d) header %x", n, got[:3])
 		}
 	}

@@ -1,11 +1,10 @@
 package simengine
 
 import (
-	"encoding/binary"
 	"fmt"
-	"math"
 
 	"github.com/kvdir/kvdir/internal/kvevents"
+	"github.com/kvdir/kvdir/internal/mpenc"
 )
 
 // EncodeSGLangBatch encodes b as SGLang's msgspec publisher does
@@ -30,9 +29,9 @@ func EncodeSGLangBatch(b kvevents.Batch, form kvevents.Form) ([]byte, error) {
 		return nil, fmt.Errorf("%w: form %v (want array or map)", ErrNotSGLang, form)
 	}
 	asMap := form == kvevents.FormMap
-	dst := mpArray(nil, 3)
-	dst = mpFloat(dst, b.TS)
-	dst = mpArray(dst, len(b.Events))
+	dst := mpenc.AppendArrayLen(nil, 3)
+	dst = mpenc.AppendFloat64(dst, b.TS)
+	dst = mpenc.AppendArrayLen(dst, len(b.Events))
 	for i, ev := range b.Events {
 		var err error
 		if dst, err = sglangEvent(dst, ev, asMap); err != nil {
@@ -42,7 +41,7 @@ func EncodeSGLangBatch(b kvevents.Batch, form kvevents.Form) ([]byte, error) {
 	if b.DPRank == nil {
 		dst = append(dst, 0xc0)
 	} else {
-		dst = mpInt(dst, int64(*b.DPRank))
+		dst = mpenc.AppendInt(dst, int64(*b.DPRank))
 	}
 	return dst, nil
 }
@@ -60,25 +59,25 @@ func sglangEvent(dst []byte, ev kvevents.Event, asMap bool) ([]byte, error) {
 			if e.Medium != "" {
 				n = 3
 			}
-			dst = mpStr(mpMap(dst, n), "type")
+			dst = mpenc.AppendStr(mpenc.AppendMapLen(dst, n), "type")
 		} else {
-			dst = mpArray(dst, 3)
+			dst = mpenc.AppendArrayLen(dst, 3)
 		}
-		dst = mpStr(dst, kvevents.TypeBlockRemoved)
+		dst = mpenc.AppendStr(dst, kvevents.TypeBlockRemoved)
 		dst = mpKey(dst, asMap, "block_hashes")
 		var err error
 		if dst, err = sglangHashes(dst, e.BlockHashes); err != nil {
 			return nil, err
 		}
 		if !asMap || e.Medium != "" {
-			dst = mpOptStr(mpKey(dst, asMap, "medium"), e.Medium)
+			dst = mpenc.AppendOptStr(mpKey(dst, asMap, "medium"), e.Medium)
 		}
 		return dst, nil
 	case *kvevents.AllBlocksCleared:
 		if asMap {
-			return mpStr(mpStr(mpMap(dst, 1), "type"), kvevents.TypeAllBlocksCleared), nil
+			return mpenc.AppendStr(mpenc.AppendStr(mpenc.AppendMapLen(dst, 1), "type"), kvevents.TypeAllBlocksCleared), nil
 		}
-		return mpStr(mpArray(dst, 1), kvevents.TypeAllBlocksCleared), nil
+		return mpenc.AppendStr(mpenc.AppendArrayLen(dst, 1), kvevents.TypeAllBlocksCleared), nil
 	}
 	return nil, fmt.Errorf("%w: event %T", ErrNotSGLang, ev)
 }
@@ -100,15 +99,15 @@ func sglangStored(dst []byte, e *kvevents.BlockStored, asMap bool) ([]byte, erro
 		if e.CacheSalt != "" {
 			n++
 		}
-		dst = mpStr(mpMap(dst, n), "type")
+		dst = mpenc.AppendStr(mpenc.AppendMapLen(dst, n), "type")
 	} else {
 		n := 7
 		if e.CacheSalt != "" {
 			n = 8
 		}
-		dst = mpArray(dst, n)
+		dst = mpenc.AppendArrayLen(dst, n)
 	}
-	dst = mpStr(dst, kvevents.TypeBlockStored)
+	dst = mpenc.AppendStr(dst, kvevents.TypeBlockStored)
 	dst = mpKey(dst, asMap, "block_hashes")
 	var err error
 	if dst, err = sglangHashes(dst, e.BlockHashes); err != nil {
@@ -121,48 +120,48 @@ func sglangStored(dst []byte, e *kvevents.BlockStored, asMap bool) ([]byte, erro
 		if e.Parent.IsBytes() {
 			return nil, fmt.Errorf("%w: raw-digest parent hash", ErrNotSGLang)
 		}
-		dst = mpInt(dst, int64(e.Parent.Key()))
+		dst = mpenc.AppendInt(dst, int64(e.Parent.Key()))
 	}
 	dst = mpKey(dst, asMap, "token_ids")
-	dst = mpArray(dst, len(e.TokenIDs))
+	dst = mpenc.AppendArrayLen(dst, len(e.TokenIDs))
 	for i, t := range e.TokenIDs {
 		if !e.Bigram {
-			dst = mpUint(dst, uint64(t))
+			dst = mpenc.AppendUint(dst, uint64(t))
 			continue
 		}
 		next := e.BigramNext
 		if i+1 < len(e.TokenIDs) {
 			next = e.TokenIDs[i+1]
 		}
-		dst = mpUint(mpUint(mpArray(dst, 2), uint64(t)), uint64(next))
+		dst = mpenc.AppendUint(mpenc.AppendUint(mpenc.AppendArrayLen(dst, 2), uint64(t)), uint64(next))
 	}
-	dst = mpInt(mpKey(dst, asMap, "block_size"), int64(e.BlockSize))
+	dst = mpenc.AppendInt(mpKey(dst, asMap, "block_size"), int64(e.BlockSize))
 	dst = mpKey(dst, asMap, "lora_id")
 	if e.LoRAID == nil {
 		dst = append(dst, 0xc0)
 	} else {
-		dst = mpInt(dst, *e.LoRAID)
+		dst = mpenc.AppendInt(dst, *e.LoRAID)
 	}
 	if !asMap || e.Medium != "" {
-		dst = mpOptStr(mpKey(dst, asMap, "medium"), e.Medium)
+		dst = mpenc.AppendOptStr(mpKey(dst, asMap, "medium"), e.Medium)
 	}
 	if e.CacheSalt != "" {
 		if asMap {
-			dst = mpStr(mpStr(dst, "cache_salt"), e.CacheSalt)
+			dst = mpenc.AppendStr(mpenc.AppendStr(dst, "cache_salt"), e.CacheSalt)
 		} else {
-			dst = mpStr(mpStr(mpMap(dst, 1), "cache_salt"), e.CacheSalt)
+			dst = mpenc.AppendStr(mpenc.AppendStr(mpenc.AppendMapLen(dst, 1), "cache_salt"), e.CacheSalt)
 		}
 	}
 	return dst, nil
 }
 
 func sglangHashes(dst []byte, hs []kvevents.Hash) ([]byte, error) {
-	dst = mpArray(dst, len(hs))
+	dst = mpenc.AppendArrayLen(dst, len(hs))
 	for _, h := range hs {
 		if h.IsBytes() {
 			return nil, fmt.Errorf("%w: raw-digest block hash", ErrNotSGLang)
 		}
-		dst = mpInt(dst, int64(h.Key()))
+		dst = mpenc.AppendInt(dst, int64(h.Key()))
 	}
 	return dst, nil
 }
@@ -172,83 +171,7 @@ func sglangHashes(dst []byte, hs []kvevents.Hash) ([]byte, error) {
 
 func mpKey(dst []byte, asMap bool, k string) []byte {
 	if asMap {
-		return mpStr(dst, k)
+		return mpenc.AppendStr(dst, k)
 	}
 	return dst
-}
-
-func mpArray(dst []byte, n int) []byte {
-	switch {
-	case n < 16:
-		return append(dst, 0x90|byte(n))
-	case n <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xdc), uint16(n))
-	}
-	return binary.BigEndian.AppendUint32(append(dst, 0xdd), uint32(n))
-}
-
-func mpMap(dst []byte, n int) []byte {
-	switch {
-	case n < 16:
-		return append(dst, 0x80|byte(n))
-	case n <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xde), uint16(n))
-	}
-	return binary.BigEndian.AppendUint32(append(dst, 0xdf), uint32(n))
-}
-
-func mpStr(dst []byte, s string) []byte {
-	n := len(s)
-	switch {
-	case n < 32:
-		dst = append(dst, 0xa0|byte(n))
-	case n <= math.MaxUint8:
-		dst = append(dst, 0xd9, byte(n))
-	case n <= math.MaxUint16:
-		dst = binary.BigEndian.AppendUint16(append(dst, 0xda), uint16(n))
-	default:
-		dst = binary.BigEndian.AppendUint32(append(dst, 0xdb), uint32(n))
-	}
-	return append(dst, s...)
-}
-
-func mpOptStr(dst []byte, s string) []byte {
-	if s == "" {
-		return append(dst, 0xc0)
-	}
-	return mpStr(dst, s)
-}
-
-func mpUint(dst []byte, u uint64) []byte {
-	switch {
-	case u <= 0x7f:
-		return append(dst, byte(u))
-	case u <= math.MaxUint8:
-		return append(dst, 0xcc, byte(u))
-	case u <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xcd), uint16(u))
-	case u <= math.MaxUint32:
-		return binary.BigEndian.AppendUint32(append(dst, 0xce), uint32(u))
-	}
-	return binary.BigEndian.AppendUint64(append(dst, 0xcf), u)
-}
-
-func mpInt(dst []byte, v int64) []byte {
-	switch {
-	case v >= 0:
-		return mpUint(dst, uint64(v))
-	case v >= -32:
-		return append(dst, byte(int8(v)))
-	case v >= math.MinInt8:
-		return append(dst, 0xd0, byte(int8(v)))
-	case v >= math.MinInt16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xd1), uint16(int16(v)))
-	case v >= math.MinInt32:
-		return binary.BigEndian.AppendUint32(append(dst, 0xd2), uint32(int32(v)))
-	}
-	return binary.BigEndian.AppendUint64(append(dst, 0xd3), uint64(v))
-}
-
-func mpFloat(dst []byte, f float64) []byte {
-	return binary.BigEndian.AppendUint64(append(dst, 0xcb), math.Float64bits(f))
 }
