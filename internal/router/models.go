@@ -131,20 +131,7 @@ type modelPoller struct {
 }
 
 // run polls w until w.stop closes or ctx ends.
-func (p *modelPoller) run(ctx context.Context, w *worker) {
-	t := time.NewTicker(p.interval)
-	defer t.Stop()
-	for {
-		p.once(ctx, w)
-		select {
-		case <-ctx.Done():
-			return
-		case <-w.stop:
-			return
-		case <-t.C:
-		}
-	}
-}
+func (p *modelPoller) run(ctx context.Context, w *worker) { w.every(ctx, p.interval, p.once) }
 
 // once reads w's model list one time and stores it.
 func (p *modelPoller) once(ctx context.Context, w *worker) {

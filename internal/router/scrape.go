@@ -70,11 +70,15 @@ func scrapeReason(err error) string {
 }
 
 // run scrapes w every interval until w.stop closes or ctx ends.
-func (s *scraper) run(ctx context.Context, w *worker) {
-	t := time.NewTicker(s.interval)
+func (s *scraper) run(ctx context.Context, w *worker) { w.every(ctx, s.interval, s.once) }
+
+// every calls fn for w at once and then every interval, until w leaves
+// the pool (w.stop closes) or ctx ends.
+func (w *worker) every(ctx context.Context, interval time.Duration, fn func(context.Context, *worker)) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		s.once(ctx, w)
+		fn(ctx, w)
 		select {
 		case <-ctx.Done():
 			return
