@@ -47,10 +47,16 @@ func newMetrics(s *server) *metrics {
 		preemptions: desc("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine."),
 		genToks:     desc("vllm:generation_tokens_total", "Number of generation tokens processed."),
 	}
+	return newMetricsOf(c, "vllm:time_to_first_token_seconds", labels)
+}
+
+// newMetricsOf registers collector c and a TTFT histogram named ttftName
+// with labels, and serves them.
+func newMetricsOf(c prometheus.Collector, ttftName string, labels prometheus.Labels) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:        "vllm:time_to_first_token_seconds",
+			Name:        ttftName,
 			Help:        "Histogram of time to first token in seconds (modelled engine time).",
 			Buckets:     ttftBuckets,
 			ConstLabels: labels,

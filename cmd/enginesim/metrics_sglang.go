@@ -2,7 +2,6 @@ package main
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // SGLang's metric names and labels, as python/sglang/srt/metrics/collector.py
@@ -52,18 +51,7 @@ func newSGLangMetrics(s *server) *metrics {
 		generated: prometheus.NewDesc(sglGenerated, "Number of generation tokens processed.", nil, tok),
 		cached:    prometheus.NewDesc(sglCached, "Number of cached prompt tokens by source (device/host/storage).", nil, device),
 	}
-	m := &metrics{
-		reg: prometheus.NewRegistry(),
-		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:        sglTTFT,
-			Help:        "Histogram of time to first token in seconds (modelled engine time).",
-			Buckets:     ttftBuckets,
-			ConstLabels: tok,
-		}),
-	}
-	m.reg.MustRegister(c, m.ttft)
-	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
-	return m
+	return newMetricsOf(c, sglTTFT, tok)
 }
 
 // Describe implements prometheus.Collector.
