@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"testing"
 	"time"
 
@@ -13,32 +12,13 @@ import (
 	"github.com/kvdir/kvdir/internal/testkit/dirtest"
 )
 
-// freeBasePort finds a port p such that p and p+1 are both free.
-func freeBasePort(t *testing.T) int {
-	t.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1)); err == nil {
-			l2.Close()
-			return p
-		}
-	}
-	t.Fatal("no two consecutive free ports")
-	return 0
-}
-
 // TestDataParallelRanks runs one agent process for a 2-rank engine: each
 // rank publishes on its own port (base + rank, as vLLM does), and each
 // becomes its own worker in the directory.
 func TestDataParallelRanks(t *testing.T) {
 	dir := dirtest.New(t, 1, nil).Node(0)
 
-	base := freeBasePort(t)
+	base := testkit.FreePortRun(t, 2)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var pubs []*kvevents.Publisher

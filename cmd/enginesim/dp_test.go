@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -144,27 +143,8 @@ func TestDataParallelWithoutHeaderPicksTheLeastLoaded(t *testing.T) {
 	}
 }
 
-// freePortPair returns a port p such that p and p+1 are free.
-func freePortPair(t *testing.T) int {
-	t.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1)); err == nil {
-			l2.Close()
-			return p
-		}
-	}
-	t.Fatal("no two consecutive free ports")
-	return 0
-}
-
 func TestDataParallelEventsPerRank(t *testing.T) {
-	pub, replay := freePortPair(t), freePortPair(t)
+	pub, replay := testkit.FreePortRun(t, 2), testkit.FreePortRun(t, 2)
 	s := startSim(t, "--data-parallel-size", "2", "--time-scale", "0",
 		"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", pub), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", replay))
 	for r, rs := range s.srv.ranks {

@@ -61,3 +61,32 @@ func Port(addr string) int {
 	n, _ := strconv.Atoi(p)
 	return n
 }
+
+// FreePortRun returns a loopback port p such that p to p+n-1 are all free
+// at the time of the call (engines that offset a port per data-parallel
+// rank need a run of them). It fails t when it finds none.
+func FreePortRun(t testing.TB, n int) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("free port: %v", err)
+		}
+		p := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		ok := true
+		for i := 1; i < n && ok; i++ {
+			l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+i))
+			if err != nil {
+				ok = false
+				break
+			}
+			l2.Close()
+		}
+		if ok {
+			return p
+		}
+	}
+	t.Fatalf("no %d consecutive free ports", n)
+	return 0
+}
