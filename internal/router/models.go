@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -190,20 +191,11 @@ func (p *modelPoller) fetch(ctx context.Context, w *worker) (*servedModels, erro
 	url := w.address + "/v1/models"
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	body, err := getBody(ctx, p.client, url, maxModelsBody)
 	if err != nil {
-		return nil, &scrapeError{"unreachable", fmt.Errorf("GET %s: %w", url, err)}
+		return nil, err
 	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return nil, &scrapeError{"unreachable", err}
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		return nil, &scrapeError{"status", fmt.Errorf("GET %s: %s", url, resp.Status)}
-	}
-	m, err := parseModelList(resp.Body)
+	m, err := parseModelList(bytes.NewReader(body))
 	if err != nil {
 		return nil, &scrapeError{"read", fmt.Errorf("GET %s: %w", url, err)}
 	}

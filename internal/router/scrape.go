@@ -152,11 +152,17 @@ const maxMetricsBytes = 16 << 20
 
 // read GETs url and returns its body (at most maxMetricsBytes).
 func (s *scraper) read(ctx context.Context, url string) ([]byte, error) {
+	return getBody(ctx, s.client, url, maxMetricsBytes)
+}
+
+// getBody GETs an engine's url and returns its body, read up to limit
+// bytes; failures are scrapeErrors naming the reason for the metrics.
+func getBody(ctx context.Context, c *http.Client, url string, limit int64) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, &scrapeError{"unreachable", fmt.Errorf("GET %s: %w", url, err)}
 	}
-	resp, err := s.client.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		return nil, &scrapeError{"unreachable", err}
 	}
@@ -165,7 +171,7 @@ func (s *scraper) read(ctx context.Context, url string) ([]byte, error) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		return nil, &scrapeError{"status", fmt.Errorf("GET %s: %s", url, resp.Status)}
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxMetricsBytes))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit))
 	if err != nil {
 		return nil, &scrapeError{"read", fmt.Errorf("GET %s: %w", url, err)}
 	}
