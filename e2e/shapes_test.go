@@ -153,6 +153,11 @@ var engineShapes = []engineShape{
 	// 64 from the events and the routers hash with it.
 	{name: "block 64, agent not told", engineArgs: []string{"--block-size", "64"},
 		check: turnCheck{BlockSize: 64, SystemRepeat: 3}},
+	// A hybrid model's layout (a sliding-window group, not indexed, and a
+	// full-attention group of 528-token blocks), learned with no flag.
+	{name: "vllm hybrid, block 528, agent not told",
+		engineArgs: []string{"--kv-cache-groups", "sliding_window:1024,full_attention", "--block-size", "528", "--kv-blocks", "1024"},
+		check:      turnCheck{BlockSize: 528, SystemRepeat: 12}},
 }
 
 // TestEngineShapes checks, for every engine shape, that turn 2 of a
