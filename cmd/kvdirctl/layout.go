@@ -151,3 +151,12 @@ func blockSizeLine(v ctlview.Worker) string {
 	}
 	return fmt.Sprintf("%s learned from events (registered: %s)", joinU32(v.BlockSizes, ", "), reg)
 }
+
+// effectiveLearned is the first block size learned from w's events (0:
+// none).
+func effectiveLearned(w *kvdirv1.Worker) uint32 {
+	if bs := w.GetLayout().GetBlockSizes(); len(bs) > 0 {
+		return bs[0]
+	}
+	return 0
+}

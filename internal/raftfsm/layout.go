@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
@@ -47,4 +48,18 @@ func checkLayout(l *kvdirv1.WorkerLayout) error {
 		}
 	}
 	return nil
+}
+
+// engineBlockSize is the block size a session record hashed in bs is
+// compared with by the misconfiguration check: bs itself when the worker's
+// layout names it (a worker may index several sizes), else the layout's
+// first, else the registered one (0: not told).
+func engineBlockSize(w *kvdirv1.Worker, bs uint32) int {
+	if l := w.GetLayout().GetBlockSizes(); len(l) > 0 {
+		if slices.Contains(l, bs) {
+			return int(bs)
+		}
+		return int(l[0])
+	}
+	return int(w.GetSpec().GetBlockSize())
 }

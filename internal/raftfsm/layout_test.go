@@ -120,3 +120,26 @@ func TestRegisterBlockSizeUnset(t *testing.T) {
 		t.Fatalf("registered block size %d, want 0 (not told)", bs)
 	}
 }
+
+// TestAccountingUsesLearnedBlockSize checks that the misconfiguration
+// check's accounting compares a session's block size with the one learned
+// from the worker's events: hashing in the learned 64 is no mismatch even
+// though the agent registered 16; hashing in 16 is one.
+func TestAccountingUsesLearnedBlockSize(t *testing.T) {
+	h := newHarness(t, raftfsm.Options{})
+	h.register("w") // block size 16
+	h.publish1(batch("w", 1, 1, 1, layoutEv(testLayout()), stored(0, gpu, 1, 2)), stApplied)
+	pred := uint32(64)
+	r := sess("s", "w", 2)
+	r.BlockSize, r.PredictedCachedTokens = 64, &pred
+	h.record(5, r)
+	if n := mustWorker(t, h.f, "w").GetCacheAccounting().GetBlockSizeMismatches(); n != 0 {
+		t.Fatalf("a turn hashed in the learned block size counted %d mismatches, want 0", n)
+	}
+	r2 := sess("s2", "w", 2)
+	r2.BlockSize, r2.PredictedCachedTokens = 16, &pred
+	h.record(6, r2)
+	if n := mustWorker(t, h.f, "w").GetCacheAccounting().GetBlockSizeMismatches(); n != 1 {
+		t.Fatalf("a turn hashed in 16 beside a learned 64 counted %d mismatches, want 1", n)
+	}
+}

@@ -123,3 +123,13 @@ func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blo
 		d.cands[i].MatchedBlocks = bestTokens / d.blockSize
 	}
 }
+
+// engineBlockSize is the block size w's engine uses, for the
+// misconfiguration check: the first learned from its events, else the one
+// its agent registered (0 when neither is known).
+func engineBlockSize(w *kvdirv1.Worker) int {
+	if l := learnedSizes(w); len(l) > 0 {
+		return l[0]
+	}
+	return int(w.GetSpec().GetBlockSize())
+}
