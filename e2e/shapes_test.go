@@ -113,12 +113,12 @@ type engineShape struct {
 }
 
 // engineShapes are the model families and engines kvdir serves; each
-// runs end to end: simulator in that shape, ZMQ (or the pull endpoint), agent, 3-node
-// directory, two routers.
+// runs end to end: simulator in that shape, ZMQ (or the pull endpoint),
+// agent, 3-node directory, two routers.
 //
-// Rows with a block size other than 16 pass it to the agent too: the
-// router hashes with the block size the worker registered (the agent's
-// --block-size) until it learns the size from the events.
+// Rows may pass the engine's block size to the agent (--block-size) or
+// not: the directory learns it from the events either way, and routers
+// hash with the learned size.
 var engineShapes = []engineShape{
 	{name: "vllm full attention, block 16"},
 	{name: "vllm MLA, block 64",
@@ -145,10 +145,19 @@ var engineShapes = []engineShape{
 		agentArgs:    []string{"--engine-kind", "sglang"},
 		loadCounters: [2]string{"sglang:prompt_tokens_total", "sglang:cached_tokens_total"}},
 	// trtllm-serve: events pulled as JSON, block size 32, JSON iteration
-	// stats; the router hashes with the registered block size, so the
-	// agent registers 32.
+	// stats; the agent registers 32 (it could be left out: the size is
+	// learned from the events).
 	{name: "trtllm pull endpoint, block 32", pull: true, agentArgs: []string{"--block-size", "32"},
 		check: turnCheck{BlockSize: 32}},
+	// The agent is not told the engine's block size: the directory learns
+	// 64 from the events and the routers hash with it.
+	{name: "block 64, agent not told", engineArgs: []string{"--block-size", "64"},
+		check: turnCheck{BlockSize: 64, SystemRepeat: 3}},
+	// A hybrid model's layout (a sliding-window group, not indexed, and a
+	// full-attention group of 528-token blocks), learned with no flag.
+	{name: "vllm hybrid, block 528, agent not told",
+		engineArgs: []string{"--kv-cache-groups", "sliding_window:1024,full_attention", "--block-size", "528", "--kv-blocks", "1024"},
+		check:      turnCheck{BlockSize: 528, SystemRepeat: 12}},
 }
 
 // TestEngineShapes checks, for every engine shape, that turn 2 of a

@@ -107,7 +107,7 @@ func (a *app) match(ctx context.Context, p *prompt, lora string, consistent bool
 	bySize := map[uint32][]*kvdirv1.Worker{}
 	var sizes []uint32
 	for _, w := range lw.Workers {
-		bs := w.GetSpec().GetBlockSize()
+		bs := effectiveBlockSize(w)
 		if _, ok := bySize[bs]; !ok {
 			sizes = append(sizes, bs)
 		}
@@ -116,7 +116,7 @@ func (a *app) match(ctx context.Context, p *prompt, lora string, consistent bool
 	slices.Sort(sizes)
 	for _, bs := range sizes {
 		if bs < 1 || bs > blockhash.MaxBlockSize {
-			return fmt.Errorf("worker %s registered block size %d, outside 1..%d", bySize[bs][0].GetSpec().GetId(), bs, blockhash.MaxBlockSize)
+			return fmt.Errorf("worker %s block size %d, outside 1..%d", bySize[bs][0].GetSpec().GetId(), bs, blockhash.MaxBlockSize)
 		}
 		h, err := blockhash.New(blockhash.Namespace{Model: model, LoRA: lora, CacheSalt: p.cacheSalt, BlockSize: int(bs)})
 		if err != nil {

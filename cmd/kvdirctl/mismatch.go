@@ -35,7 +35,8 @@ func mismatchesOf(ws []*kvdirv1.Worker) []ctlview.CacheMismatch {
 		}
 		cause := cachecheck.LikelyCause(kind, cachecheck.Evidence{
 			RegisteredModel: w.GetSpec().GetModel(), RegisteredBlockSize: int(w.GetSpec().GetBlockSize()),
-			HashedBlockSize: int(acc.GetLastBlockSize()), BlockSizeMismatches: int(acc.GetBlockSizeMismatches())})
+			LearnedBlockSize: int(effectiveLearned(w)),
+			HashedBlockSize:  int(acc.GetLastBlockSize()), BlockSizeMismatches: int(acc.GetBlockSizeMismatches())})
 		out = append(out, ctlview.CacheMismatch{Worker: w.GetSpec().GetId(), Model: w.GetSpec().GetModel(),
 			Condition: string(kind), Description: kind.Describe(), LikelyCause: string(cause), Advice: cause.Advice(),
 			Turns: acc.GetTurns(), HitTurns: acc.GetHitTurns(), UnpredictedHits: acc.GetUnpredictedHits(),

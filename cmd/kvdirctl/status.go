@@ -37,7 +37,9 @@ entries, sessions) as the leader reports them; then the misconfiguration
 check: each worker whose routers' predicted cached tokens and its engine's
 reported ones disagree (MISMATCH lines: the condition, the numbers, the
 likely cause and what to check), judged from the worker's cache accounting
-by the same rule the routers apply.`,
+by the same rule the routers apply; and warnings, among them workers
+whose agent was told a block size (--block-size) their engine's events do
+not show.`,
 		Example: `  kvdirctl status
   kvdirctl status -o json
   kvdirctl status --watch --interval 1s`,
@@ -87,6 +89,7 @@ func (a *app) clusterStatus(ctx context.Context) (*ctlview.Status, error) {
 			break
 		}
 	}
+	st.BlockSizeMismatches = a.blockSizeMismatches(ctx)
 	return st, nil
 }
 
@@ -253,6 +256,9 @@ func writeStatus(w io.Writer, st *ctlview.Status) error {
 		case n.WriteError != "":
 			fmt.Fprintf(w, "warning:  %s refuses writes: %s\n", n.ID, n.WriteError)
 		}
+	}
+	for _, m := range st.BlockSizeMismatches {
+		fmt.Fprintf(w, "warning:  worker %s block size: %s\n", m.Worker, m.Detail)
 	}
 	return nil
 }

@@ -158,7 +158,7 @@ func (a *app) placeSession(sh *kvdirv1.SessionHolders, workers []*kvdirv1.Worker
 	for _, w := range workers {
 		s := w.GetSpec()
 		if s.GetModel() != v.Model || w.State != kvdirv1.WorkerState_WORKER_STATE_ACTIVE ||
-			(r.BlockSize != 0 && s.GetBlockSize() != r.BlockSize) {
+			(r.BlockSize != 0 && !holdsBlockSize(w, r.BlockSize)) {
 			continue
 		}
 		l := w.GetLoad()

@@ -34,6 +34,7 @@ func (a *app) workerView(w *kvdirv1.Worker) ctlview.Worker {
 		age := a.now().Sub(time.Unix(0, w.LoadTimeUnixNano)).Seconds()
 		v.HeartbeatAge = &age
 	}
+	layoutView(&v, w)
 	return v
 }
 
@@ -75,13 +76,15 @@ func (a *app) workersCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "workers",
 		Aliases: []string{"worker"},
-		Short:   "Workers: state, epoch, blocks held, KV usage, running and waiting requests, heartbeat age",
+		Short:   "Workers: state, epoch, blocks held, KV usage, running and waiting requests, heartbeat age, block sizes",
 		Long: `workers lists the workers (engine replicas) the directory knows: their id,
 address, model, state (ACTIVE, DRAINING; with --all also EXPIRED and
 DEREGISTERED), epoch (bumped at every registration), blocks held in the
 index, and their load as their agent last reported it: KV-cache usage,
 running and waiting requests, the engine's prefix-cache hit rate (in tokens,
 since the engine started) and how long ago the load was recorded.
+BLOCK-SIZE is the block size(s) learned from the worker's KV events, which
+routers hash prompts with; "16?" is a registered size no event confirmed yet.
 
 "workers get ID" shows one worker and its longest held chains.`,
 		Example: `  kvdirctl workers
@@ -108,10 +111,11 @@ since the engine started) and how long ago the load was recorded.
 						fmt.Fprintln(out, "No workers registered"+modelSuffix(model)+". Agents register their engine when they start (cmd/agent).")
 						return nil
 					}
-					t := clitable.NewTab("ID", "ADDRESS", "MODEL", "STATE", "EPOCH", "BLOCKS", "KV-USAGE", "RUNNING", "WAITING", "PREFIX-HIT", "HEARTBEAT")
+					t := clitable.NewTab("ID", "ADDRESS", "MODEL", "STATE", "EPOCH", "BLOCKS", "KV-USAGE", "RUNNING", "WAITING", "PREFIX-HIT", "HEARTBEAT", "BLOCK-SIZE")
 					for _, v := range doc.Workers {
 						t.Add(v.ID, rankedAddress(v), v.Model, v.State, v.Epoch, v.Blocks, clitable.Percent(v.KVUsage, 1),
-							v.Running, v.Waiting, clitable.Percent(float64(v.PrefixHits), float64(v.PrefixQueries)), heartbeat(v))
+							v.Running, v.Waiting, clitable.Percent(float64(v.PrefixHits), float64(v.PrefixQueries)), heartbeat(v),
+							blockSizesText(v))
 					}
 					_, err := t.WriteTo(out)
 					return err
@@ -175,7 +179,7 @@ func (a *app) workerGet(ctx context.Context, id string, top uint32, withSessions
 	for _, ch := range resp.Chains {
 		doc.Chains = append(doc.Chains, ctlview.Chain{
 			Tail: fmt.Sprintf("%016x", ch.Tail), Blocks: ch.Blocks,
-			Tokens: uint64(ch.Blocks) * uint64(v.BlockSize), Sessions: byTail[ch.Tail],
+			Tokens: uint64(ch.Blocks) * uint64(viewBlockSize(v)), Sessions: byTail[ch.Tail],
 		})
 	}
 	return a.write(a.out, doc, func(out io.Writer) error {
@@ -185,10 +189,12 @@ func (a *app) workerGet(ctx context.Context, id string, top uint32, withSessions
 		if v.DataParallelRank != nil {
 			kv.Add("data-parallel rank:", fmt.Sprintf("%d (requests carry X-data-parallel-rank: %d)", *v.DataParallelRank, *v.DataParallelRank))
 		}
-		kv.Add("model:", fmt.Sprintf("%s (engine %s, block size %d)", v.Model, v.Engine, v.BlockSize))
+		kv.Add("model:", fmt.Sprintf("%s (engine %s)", v.Model, v.Engine))
+		kv.Add("block size:", blockSizeLine(v))
+		kv.Add("kv groups:", groupsText(v))
 		kv.Add("state:", fmt.Sprintf("%s, epoch %d, last applied event batch seq %d", v.State, v.Epoch, v.AppliedSeq))
 		kv.Add("blocks:", fmt.Sprintf("%d held (gpu %d, cpu %d, disk %d, remote %d) = %d tokens",
-			v.Blocks, v.GPUBlocks, v.CPUBlocks, v.DiskBlocks, v.RemoteBlocks, v.Blocks*uint64(v.BlockSize)))
+			v.Blocks, v.GPUBlocks, v.CPUBlocks, v.DiskBlocks, v.RemoteBlocks, v.Blocks*uint64(viewBlockSize(v))))
 		capacity := ""
 		if v.KVBlocks > 0 {
 			capacity = fmt.Sprintf(" of %d blocks", v.KVBlocks)

@@ -109,7 +109,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.DurationVar(&c.SpecTTL, "speculative-ttl", c.SpecTTL, "how long a placed prompt counts as cached on its worker after its first response byte (it counts from placement on; negative disables)")
 	fs.IntVar(&c.MaxAttempts, "max-attempts", c.MaxAttempts, "workers tried for a request whose worker fails before the first response byte")
 	fs.DurationVar(&c.DownFor, "down-for", c.DownFor, "how long a worker that refused a connection is avoided")
-	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "KV block size assumed for workers that do not register one")
+	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "KV block size assumed for workers whose block size is neither learned from their events (through the directory) nor registered")
 	fs.IntVar(&o.seed, "seed", o.seed, "seed of the policies' random choices (0: from the clock)")
 	p.Group("Tokenization")
 	fs.StringVar(&o.tokenizer, "tokenizer", o.tokenizer, "prompt rendering: chatml-cl100k (built in, as enginesim) or remote (POST to --tokenize-url)")

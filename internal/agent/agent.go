@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,8 +29,11 @@ const (
 // Config configures an Agent.
 type Config struct {
 	// WorkerID, WorkerAddress, Model, BlockSize, Engine and Labels are
-	// registered with the directory. The block size is only informative:
-	// events carry their own.
+	// registered with the directory. BlockSize (0: not told) is what the
+	// operator expects the engine to use: events carry their own, which the
+	// directory learns from the layout events the agent sends and routers
+	// prefer; an indexed store of another size is warned about and counted
+	// (ProblemBlockSizeMismatch).
 	WorkerID      string
 	WorkerAddress string
 	Model         string
@@ -565,7 +569,12 @@ func (a *Agent) translate(ctx context.Context, b kvevents.Batch) {
 	}
 	a.trMu.Lock()
 	var n int
+	mark := len(a.pending)
 	a.pending, n = a.tr.Translate(a.pending, b)
+	if le := a.tr.LayoutChange(a.pending[mark:]); le != nil {
+		// Before the batch's blocks: the directory must know their size.
+		a.pending = slices.Insert(a.pending, mark, le)
+	}
 	a.trMu.Unlock()
 	a.pendingBlocks += n
 	if a.pendingBlocks >= a.cfg.BatchBlocks {
@@ -596,7 +605,16 @@ func (a *Agent) flush(ctx context.Context) {
 	}
 	events := a.pending
 	if a.needClear {
-		events = append([]*kvdirv1.Event{{Kind: &kvdirv1.Event_Cleared{Cleared: &kvdirv1.AllCleared{}}}}, events...)
+		// A new epoch (or a resynchronisation, which may have dropped the
+		// pending layout event) starts with the whole layout: the directory
+		// clears it at every registration, and must know it before blocks.
+		head := []*kvdirv1.Event{{Kind: &kvdirv1.Event_Cleared{Cleared: &kvdirv1.AllCleared{}}}}
+		a.trMu.Lock()
+		if le := a.tr.LayoutEvent(); le != nil {
+			head = append(head, le)
+		}
+		a.trMu.Unlock()
+		events = append(head, events...)
 	}
 	since := a.pendingSince
 	a.pending, a.pendingBlocks = nil, 0

@@ -14,8 +14,10 @@ import (
 const (
 	// DefaultEndpoint is vLLM's default KV-events publisher address.
 	DefaultEndpoint = "tcp://127.0.0.1:5557"
-	// DefaultBlockSize is vLLM's default block size, registered when the
-	// engine's is not given.
+	// DefaultBlockSize is vLLM's default block size. The agent no longer
+	// registers it when --block-size is not given (it registers 0, "not
+	// told", and the directory learns the engine's block sizes from its
+	// events); routers assume it for workers whose size is not known yet.
 	DefaultBlockSize = 16
 )
 
@@ -26,7 +28,6 @@ const (
 // New also means its default.
 func DefaultConfig() Config {
 	return Config{
-		BlockSize:       DefaultBlockSize,
 		Engine:          kvdirv1.EngineKind_ENGINE_KIND_VLLM,
 		Endpoint:        DefaultEndpoint,
 		BatchInterval:   DefaultBatchInterval,

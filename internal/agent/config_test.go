@@ -10,7 +10,7 @@ import (
 
 func TestDefaultConfigValidate(t *testing.T) {
 	d := DefaultConfig()
-	if d.Endpoint != DefaultEndpoint || d.BatchBlocks != DefaultBatchBlocks || d.MapCapacity != DefaultMapCapacity || d.BlockSize != 16 {
+	if d.Endpoint != DefaultEndpoint || d.BatchBlocks != DefaultBatchBlocks || d.MapCapacity != DefaultMapCapacity || d.BlockSize != 0 {
 		t.Errorf("defaults %+v", d)
 	}
 	if err := d.Validate(); err == nil || !strings.Contains(err.Error(), "worker id is required") {

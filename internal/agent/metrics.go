@@ -90,7 +90,7 @@ func newMetrics(a *Agent) *metrics {
 		events:   prometheus.NewDesc("kvdir_agent_events_decoded_total", "Engine events decoded, by kind.", []string{"kind"}, nil),
 		stored:   prometheus.NewDesc("kvdir_agent_blocks_stored_total", "Blocks published as stored.", nil, nil),
 		removed:  prometheus.NewDesc("kvdir_agent_blocks_removed_total", "Blocks published as removed.", nil, nil),
-		problems: prometheus.NewDesc("kvdir_agent_problems_total", "Engine event data skipped, by kind.", []string{"kind"}, nil),
+		problems: prometheus.NewDesc("kvdir_agent_problems_total", "Engine event data skipped (or, for block_size_mismatch, indexed under a block size other than --block-size), by kind.", []string{"kind"}, nil),
 		entries:  prometheus.NewDesc("kvdir_agent_map_entries", "Entries in the engine-hash to content-hash map.", nil, nil),
 		clears:   prometheus.NewDesc("kvdir_agent_engine_clears_total", "AllBlocksCleared events from the engine.", nil, nil),
 	})

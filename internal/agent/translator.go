@@ -181,6 +181,8 @@ type Translator struct {
 	blockSize  int // configured; 0 = not checked
 	groups     map[int]*GroupLayout
 	blockSizes []int
+	// layoutDirty says the layout changed since the last layout event.
+	layoutDirty bool
 
 	// scratch
 	chain []uint64
@@ -244,6 +246,7 @@ func (t *Translator) group(g *int) *GroupLayout {
 	}
 	gl := &GroupLayout{Group: idx}
 	t.groups[idx] = gl
+	t.layoutDirty = true
 	return gl
 }
 
@@ -253,8 +256,10 @@ func (t *Translator) noteBlockSize(bs, n int) {
 	if !slices.Contains(t.blockSizes, bs) && len(t.blockSizes) < maxBlockSizes {
 		t.blockSizes = append(t.blockSizes, bs)
 		slices.Sort(t.blockSizes)
+		t.layoutDirty = true
 		if t.blockSize > 0 && bs != t.blockSize {
-			t.log.Warn("agent: engine block size differs from the configured one; its blocks are indexed under their own size",
+			t.log.Warn(fmt.Sprintf("agent: --block-size %d, but the engine sends blocks of %d tokens: set --block-size %d or leave it unset (the directory learns block sizes from the events)",
+				t.blockSize, bs, bs),
 				"engine_block_size", bs, "configured_block_size", t.blockSize)
 		}
 	}
@@ -481,10 +486,14 @@ func (t *Translator) stored1(dst []*kvdirv1.Event, e *kvevents.BlockStored) ([]*
 	}
 	ok, why := indexable(e.SpecKind, e.GroupIdx)
 	if gl := t.group(e.GroupIdx); gl != nil {
-		gl.Kind, gl.BlockSize, gl.SlidingWindow, gl.Indexed = e.SpecKind, e.BlockSize, 0, ok
+		sw := 0
 		if e.SlidingWindow != nil {
-			gl.SlidingWindow = *e.SlidingWindow
+			sw = *e.SlidingWindow
 		}
+		if gl.Kind != e.SpecKind || gl.BlockSize != e.BlockSize || gl.SlidingWindow != sw || gl.Indexed != ok {
+			t.layoutDirty = true
+		}
+		gl.Kind, gl.BlockSize, gl.SlidingWindow, gl.Indexed = e.SpecKind, e.BlockSize, sw, ok
 		gl.Stores++
 		if !ok {
 			gl.Skipped += uint64(n)

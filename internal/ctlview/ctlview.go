@@ -23,6 +23,22 @@ type Status struct {
 	CacheMismatches []CacheMismatch `json:"cache_mismatches"`
 	// CacheCheckError says why the workers could not be read for it.
 	CacheCheckError string `json:"cache_check_error,omitempty"`
+	// BlockSizeMismatches are the live workers whose agent was told a
+	// block size (--block-size) other than the ones their engine's events
+	// show.
+	BlockSizeMismatches []BlockSizeMismatch `json:"block_size_mismatches,omitempty"`
+}
+
+// BlockSizeMismatch is a worker registered with one block size whose
+// events show others.
+type BlockSizeMismatch struct {
+	Worker string `json:"worker"`
+	// Registered is the agent's --block-size; Learned the block sizes of
+	// the blocks the worker publishes.
+	Registered uint32   `json:"registered_block_size"`
+	Learned    []uint32 `json:"learned_block_sizes"`
+	// Detail names the likely cause and the fix.
+	Detail string `json:"detail"`
 }
 
 // Node is one member as it reports itself.
@@ -88,7 +104,12 @@ type Worker struct {
 	Address   string `json:"address"`
 	Model     string `json:"model"`
 	Engine    string `json:"engine"`
-	BlockSize uint32 `json:"block_size"`
+	BlockSize uint32 `json:"block_size"` // as registered (0: its agent was not told one)
+	// BlockSizes are the block sizes learned from the worker's events (the
+	// ones routers hash with); Groups its KV-cache groups. Empty until its
+	// agent sent a layout in the current epoch.
+	BlockSizes []uint32  `json:"block_sizes,omitempty"`
+	Groups     []KVGroup `json:"groups,omitempty"`
 	// DataParallelRank is the engine rank the worker is behind an API
 	// server shared with the other ranks; absent for a worker that is its
 	// own server.
@@ -109,6 +130,16 @@ type Worker struct {
 	PrefixHits       uint64            `json:"prefix_hits"`
 	HeartbeatAge     *float64          `json:"heartbeat_age_seconds"`
 	Labels           map[string]string `json:"labels,omitempty"`
+}
+
+// KVGroup is one KV-cache group of a worker, as its events describe it.
+type KVGroup struct {
+	Index         uint32 `json:"index"`
+	Kind          string `json:"kind"`
+	BlockSize     uint32 `json:"block_size"`
+	SlidingWindow uint32 `json:"sliding_window,omitempty"`
+	// Indexed says whether its blocks enter the directory.
+	Indexed bool `json:"indexed"`
 }
 
 // Chain is one chain a worker holds.

@@ -190,10 +190,15 @@ func (f *FSM) apply(d Decoded, index uint64) (any, []string) {
 		return f.register(c, index)
 	case *kvdirv1.PublishCommand:
 		res := &PublishResult{Responses: make([]*kvdirv1.PublishResponse, len(c.Batches))}
+		var ids []string
 		for i, b := range c.Batches {
-			res.Responses[i] = f.publish(b, index)
+			var layoutChanged bool
+			res.Responses[i], layoutChanged = f.publish(b, index)
+			if layoutChanged {
+				ids = append(ids, b.WorkerId)
+			}
 		}
-		return res, nil
+		return res, ids
 	case *kvdirv1.LoadsCommand:
 		var ids []string
 		for _, wl := range c.Loads {
@@ -263,8 +268,9 @@ func (f *FSM) register(c *kvdirv1.RegisterCommand, index uint64) (any, []string)
 	switch {
 	case spec == nil || spec.Id == "" || len(spec.Id) > maxIDLen:
 		return fmt.Errorf("register: %w: worker id must be 1 to %d bytes", ErrInvalid, maxIDLen), nil
-	case spec.BlockSize < 1 || spec.BlockSize > 1<<16:
-		return fmt.Errorf("register %q: %w: block size %d not in [1, 65536]", spec.Id, ErrInvalid, spec.BlockSize), nil
+	case spec.BlockSize > 1<<16:
+		// 0 is "not told": the block sizes come with the worker's events.
+		return fmt.Errorf("register %q: %w: block size %d not in [0, 65536]", spec.Id, ErrInvalid, spec.BlockSize), nil
 	case len(spec.Address) > 2048 || len(spec.Model) > 1024:
 		return fmt.Errorf("register %q: %w: address or model too long", spec.Id, ErrInvalid), nil
 	case len(spec.Labels) > maxLabels:

@@ -252,7 +252,7 @@ func (g *streamGen) next() genCmd {
 		id, w := pick()
 		spec := &kvdirv1.WorkerSpec{Id: id, Model: fmt.Sprintf("model-%d", g.r.IntN(2)), BlockSize: 16, Address: "http://" + id}
 		if g.r.IntN(40) == 0 {
-			spec.BlockSize = 0
+			spec.BlockSize = 1<<16 + 1
 			c.want.err = raftfsm.ErrInvalid
 		} else if (w == nil || !w.alive()) && g.countAlive() >= g.maxAlive {
 			c.want.err = raftfsm.ErrTooMany

@@ -26,7 +26,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"command"}),
 		eventsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvdir_fsm_events_applied_total",
-			Help: "Block events applied to the index, by kind (stored and removed count blocks; cleared counts events).",
+			Help: "Block events applied to the index, by kind (stored and removed count blocks; cleared and layout count events).",
 		}, []string{"kind"}),
 	}
 	reg.MustRegister(m.applyLatency, m.eventsTotal)

@@ -4,13 +4,16 @@ import (
 	"errors"
 	"fmt"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/kvdir/kvdir/internal/radix"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
 // publish applies one event batch if it is the next of its worker's
-// current epoch, and says what became of it.
-func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) *kvdirv1.PublishResponse {
+// current epoch, and says what became of it and whether the worker's layout
+// changed (which watchers of the registry are told).
+func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) (*kvdirv1.PublishResponse, bool) {
 	resp := &kvdirv1.PublishResponse{
 		WorkerId: b.WorkerId, Epoch: b.Epoch, FirstSeq: b.FirstSeq, LastSeq: b.LastSeq, RaftIndex: index,
 	}
@@ -18,36 +21,37 @@ func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) *kvdirv1.PublishRespo
 	if w == nil || !alive(w) {
 		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_UNKNOWN_WORKER
 		resp.Message = "worker is not registered; register it again"
-		return resp
+		return resp, false
 	}
 	resp.CurrentEpoch, resp.AppliedSeq = w.Epoch, w.AppliedSeq
 	switch {
 	case b.Epoch < w.Epoch:
 		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_STALE_EPOCH
 		resp.Message = fmt.Sprintf("epoch %d was fenced by a registration at epoch %d", b.Epoch, w.Epoch)
-		return resp
+		return resp, false
 	case b.Epoch > w.Epoch:
 		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_REJECTED
 		resp.Message = fmt.Sprintf("epoch %d was never issued (current %d)", b.Epoch, w.Epoch)
-		return resp
+		return resp, false
 	case b.FirstSeq < 1 || b.LastSeq < b.FirstSeq:
 		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_REJECTED
 		resp.Message = fmt.Sprintf("bad sequence range %d..%d", b.FirstSeq, b.LastSeq)
-		return resp
+		return resp, false
 	case b.LastSeq <= w.AppliedSeq:
 		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_DUPLICATE
-		return resp
+		return resp, false
 	case b.FirstSeq != w.AppliedSeq+1:
 		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_GAP
 		resp.Message = fmt.Sprintf("expected sequence %d, batch starts at %d", w.AppliedSeq+1, b.FirstSeq)
-		return resp
+		return resp, false
 	}
 	if err := f.checkEvents(b); err != nil {
 		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_REJECTED
 		resp.Message = err.Error()
-		return resp
+		return resp, false
 	}
 	var conflicts int
+	var layoutChanged bool
 	x := f.st.index
 	for _, ev := range b.Events {
 		switch k := ev.Kind.(type) {
@@ -67,6 +71,12 @@ func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) *kvdirv1.PublishRespo
 		case *kvdirv1.Event_Cleared:
 			x.ClearWorker(b.WorkerId)
 			f.opts.Metrics.events("cleared", 1)
+		case *kvdirv1.Event_Layout:
+			if !proto.Equal(w.Layout, k.Layout) {
+				w.Layout = proto.Clone(k.Layout).(*kvdirv1.WorkerLayout)
+				layoutChanged = true
+			}
+			f.opts.Metrics.events("layout", 1)
 		}
 	}
 	w.AppliedSeq = b.LastSeq
@@ -75,7 +85,7 @@ func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) *kvdirv1.PublishRespo
 	if conflicts > 0 {
 		resp.Message = fmt.Sprintf("%d stored pieces conflicted with blocks indexed under another parent and were cut short", conflicts)
 	}
-	return resp
+	return resp, layoutChanged
 }
 
 // checkEvents validates a batch before any of it is applied, so that a
@@ -101,6 +111,11 @@ func (f *FSM) checkEvents(b *kvdirv1.EventBatch) error {
 			}
 			hashes, m = k.Removed.Hashes, k.Removed.Medium
 		case *kvdirv1.Event_Cleared:
+			continue
+		case *kvdirv1.Event_Layout:
+			if err := checkLayout(k.Layout); err != nil {
+				return fmt.Errorf("event %d: %w", i, err)
+			}
 			continue
 		default:
 			return fmt.Errorf("event %d: no kind set", i)

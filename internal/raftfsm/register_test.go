@@ -89,7 +89,6 @@ func TestRegisterInvalid(t *testing.T) {
 		{"no spec", nil},
 		{"empty id", &kvdirv1.WorkerSpec{BlockSize: 16}},
 		{"id too long", &kvdirv1.WorkerSpec{Id: long(257), BlockSize: 16}},
-		{"block size 0", &kvdirv1.WorkerSpec{Id: "w"}},
 		{"block size 65537", &kvdirv1.WorkerSpec{Id: "w", BlockSize: 65537}},
 		{"address too long", &kvdirv1.WorkerSpec{Id: "w", BlockSize: 16, Address: long(2049)}},
 		{"model too long", &kvdirv1.WorkerSpec{Id: "w", BlockSize: 16, Model: long(1025)}},

@@ -159,7 +159,7 @@ func smallState(t testing.TB) *harness {
 	h := newHarness(t, raftfsm.Options{})
 	h.register("w1")
 	h.register("w2")
-	h.publish1(batch("w1", 1, 1, 1, stored(0, gpu, 1, 2, 3), stored(9, cpu, 10)), stApplied)
+	h.publish1(batch("w1", 1, 1, 1, layoutEv(testLayout()), stored(0, gpu, 1, 2, 3), stored(9, cpu, 10)), stApplied)
 	h.publish1(batch("w2", 1, 1, 1, stored(0, disk, 1, 2)), stApplied)
 	h.record(5, sess("s1", "w1", 3), sess("s2", "w2", 2))
 	h.apply(tMemberAPI, &kvdirv1.MemberAPICommand{Id: "n1", ApiAddress: "10.0.0.1:7000"})

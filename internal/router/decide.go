@@ -52,11 +52,13 @@ type decision struct {
 	blockSize int      // block size of chain
 	chain     []uint64 // content-hash chain in the namespace of the candidates (the first's if they differ)
 
-	workers []*worker             // candidates, in candidate order
-	ns      []blockhash.Namespace // hashing namespace per candidate: its model, the request's adapter there, its block size
-	cands   []placement.Candidate // placement's view of them
-	dir     []int                 // blocks the directory reported per candidate (-1: not asked)
-	spec    []int                 // speculative blocks per candidate
+	workers []*worker                              // candidates, in candidate order
+	ns      []blockhash.Namespace                  // hashing namespace per candidate: its model, the request's adapter there, its block size
+	cands   []placement.Candidate                  // placement's view of them
+	dir     []int                                  // blocks the directory reported per candidate, in its block size (-1: not asked)
+	spec    []int                                  // speculative blocks per candidate, in its block size
+	bs      []int                                  // block size each candidate was matched in
+	dirBy   map[blockhash.Namespace]map[string]int // the directory's blocks by namespace, then worker
 	pick    placement.Decision
 
 	renderDur, hashDur, matchDur, scoreDur time.Duration
@@ -187,24 +189,16 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	d.cands = make([]placement.Candidate, len(ws))
 	d.dir = make([]int, len(ws))
 	d.spec = make([]int, len(ws))
+	d.bs = make([]int, len(ws))
 	for i, w := range ws {
 		d.cands[i] = placement.Candidate{Worker: w.id, Load: w.load()}
 		d.dir[i] = -1
+		d.bs[i] = d.ns[i].BlockSize
 	}
 	if needsDirectory(d.policy) {
 		d.fallback = s.matchDirectory(ctx, d, chainFor)
 		for i, w := range ws {
-			bs := d.ns[i].BlockSize
-			chain, err := chainFor(d.ns[i])
-			if err != nil {
-				continue
-			}
-			d.spec[i] = w.spec.matched(chain, now)
-			m := max(d.spec[i], d.dir[i])
-			if bs != d.blockSize { // express in units of d.blockSize
-				m = m * bs / d.blockSize
-			}
-			d.cands[i].MatchedBlocks = m
+			s.matchCandidate(d, i, w, chainFor, now)
 		}
 	}
 	t3 := time.Now()
@@ -255,16 +249,21 @@ func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(
 }
 
 // lookup asks the directory for d's chain in every namespace (model, LoRA
-// adapter, block size) of its workers and fills d.dir; it returns the
-// fallback reason, or "".
+// adapter, block size: each of a worker's learned sizes) of its workers and
+// fills d.dirBy; it returns the fallback reason, or "".
 func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhash.Namespace) ([]uint64, error)) string {
-	groups := map[blockhash.Namespace][]int{}
-	for i := range d.workers {
-		groups[d.ns[i]] = append(groups[d.ns[i]], i)
+	groups := map[blockhash.Namespace]bool{}
+	for i, w := range d.workers {
+		for _, bs := range s.blockSizesOf(w) {
+			ns := d.ns[i]
+			ns.BlockSize = bs
+			groups[ns] = true
+		}
 	}
 	mctx, cancel := context.WithTimeout(ctx, s.cfg.MatchTimeout)
 	defer cancel()
-	for ns, idx := range groups {
+	d.dirBy = make(map[blockhash.Namespace]map[string]int, len(groups))
+	for ns := range groups {
 		chain, err := chainFor(ns)
 		if err != nil {
 			return FallbackError
@@ -283,20 +282,9 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 		for _, m := range resp.GetMatches() {
 			byID[m.GetWorkerId()] = int(m.GetBlocks())
 		}
-		for _, i := range idx {
-			d.dir[i] = byID[d.workers[i].id]
-		}
+		d.dirBy[ns] = byID
 	}
 	return ""
-}
-
-// blockSizeOf returns w's KV block size, or the configured default when
-// the worker did not state one.
-func (s *Server) blockSizeOf(w *worker) int {
-	if bs := int(w.blockSize.Load()); bs > 0 {
-		return bs
-	}
-	return s.cfg.BlockSize
 }
 
 // String summarises d for logs.

@@ -32,9 +32,14 @@ type Explanation struct {
 // WorkerScore is one candidate in an Explanation. The cost fields are those
 // of placement.Score, filled by the kvdir policy only.
 type WorkerScore struct {
-	Worker              string  `json:"worker"`
-	Address             string  `json:"address"`
-	MatchedBlocks       int     `json:"matched_blocks"`
+	Worker        string `json:"worker"`
+	Address       string `json:"address"`
+	MatchedBlocks int    `json:"matched_blocks"` // in blocks of the Explanation's block_size
+	// BlockSize is the block size the prompt was hashed in for this
+	// worker (learned from its events, else registered, else the router's
+	// --block-size); DirectoryBlocks and SpeculativeBlocks count blocks of
+	// this size.
+	BlockSize           int     `json:"block_size"`
 	DirectoryBlocks     int     `json:"directory_blocks"`   // -1 when the directory was not asked
 	SpeculativeBlocks   int     `json:"speculative_blocks"` // blocks this router placed there recently
 	MatchedTokens       int     `json:"matched_tokens"`
@@ -99,7 +104,7 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 		Workers: make([]WorkerScore, len(d.cands))}
 	for i, c := range d.cands {
 		ws := WorkerScore{Worker: c.Worker, Address: d.workers[i].address, MatchedBlocks: c.MatchedBlocks,
-			DirectoryBlocks: d.dir[i], SpeculativeBlocks: d.spec[i],
+			BlockSize: d.bs[i], DirectoryBlocks: d.dir[i], SpeculativeBlocks: d.spec[i],
 			MatchedTokens: min(c.MatchedBlocks*d.blockSize, max(d.tokens-1, 0)),
 			Running:       c.Load.Running, Waiting: c.Load.Waiting, KVUsage: c.Load.KVUsage, InFlight: c.Load.InFlight,
 			QueuedPrefillTokens: c.Load.QueuedPrefillTokens, CacheMismatch: s.mismatch.state(c.Worker)}

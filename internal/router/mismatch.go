@@ -161,7 +161,9 @@ func (c *mismatchChecker) fetch(id string) {
 		return
 	}
 	w := resp.GetWorker()
-	st.reg = registration{known: true, model: w.GetSpec().GetModel(), blockSize: int(w.GetSpec().GetBlockSize()), blocks: w.GetBlocks()}
+	// The block size the engine uses: learned from its events when the
+	// directory knows it, else the registered one.
+	st.reg = registration{known: true, model: w.GetSpec().GetModel(), blockSize: engineBlockSize(w), blocks: w.GetBlocks()}
 	c.evaluate(id, st) // the cause may now be named better
 }
 
@@ -233,6 +235,6 @@ func (c *mismatchChecker) evaluate(id string, st *mismatchState) {
 func (s *Server) observeTurn(req *request, d *decision, reported int) {
 	i := d.pick.Index
 	s.mismatch.observe(d.workers[i].id, windowTurn{
-		Turn:  cachecheck.Turn{Predicted: d.pick.PredictedCachedTokens, Reported: reported, BlockSize: s.blockSizeOf(d.workers[i])},
+		Turn:  cachecheck.Turn{Predicted: d.pick.PredictedCachedTokens, Reported: reported, BlockSize: d.bs[i]},
 		model: req.model, salted: req.cacheSalt != ""}, d.dir[i])
 }

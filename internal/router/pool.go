@@ -24,7 +24,10 @@ type worker struct {
 	hasRank bool
 
 	blockSize atomic.Int32
-	draining  atomic.Bool
+	// learned holds the indexed block sizes the directory learned from the
+	// worker's events (ascending; nil while none is known).
+	learned  atomic.Pointer[[]int]
+	draining atomic.Bool
 
 	// Load scraped from the engine (or from the directory until the first scrape).
 	running  atomic.Int32
@@ -83,7 +86,11 @@ func (w *worker) load() placement.Load {
 type workerSpec struct {
 	ID, Address, Model string
 	BlockSize          int
-	Draining           bool
+	// BlockSizes are the indexed block sizes the directory learned from
+	// the worker's events (Worker.layout), ascending; nil when none is
+	// known (which clears what was learned before).
+	BlockSizes []int
+	Draining   bool
 	// Rank, with HasRank, is the engine's data-parallel rank this worker
 	// stands for (a static worker's #rank, or the registered
 	// data_parallel_rank). Several such workers share one address.
@@ -201,6 +208,7 @@ func (p *pool) update(specs []workerSpec, full bool, gone []string) (errs []erro
 		if s.BlockSize > 0 {
 			w.blockSize.Store(int32(s.BlockSize))
 		}
+		w.setLearned(s.BlockSizes)
 		w.draining.Store(s.Draining)
 		next[s.ID] = w
 	}

@@ -82,7 +82,10 @@ type Config struct {
 	MaxAttempts int
 	// DownFor is how long a worker that failed a connection is avoided.
 	DownFor time.Duration
-	// BlockSize is assumed for workers that do not state theirs.
+	// BlockSize is assumed for workers whose block size is not known: the
+	// directory has learned none from their events and their agents were
+	// not told one (static workers without a directory worker of the same
+	// id always).
 	BlockSize int
 	// ConnectTimeout bounds connecting to a worker.
 	ConnectTimeout time.Duration
@@ -245,6 +248,9 @@ func (s *Server) Run(ctx context.Context) error {
 			return fmt.Errorf("router: static workers: %w", errors.Join(errs...))
 		}
 		s.synced.Store(true)
+		if s.cfg.Directory != nil {
+			s.watchStaticLayouts(ctx)
+		}
 		<-ctx.Done()
 		return nil
 	}
@@ -282,8 +288,9 @@ func specOf(w *kvdirv1.Worker) workerSpec {
 	sp := w.GetSpec()
 	return workerSpec{ID: sp.GetId(), Address: sp.GetAddress(), Model: sp.GetModel(), BlockSize: int(sp.GetBlockSize()),
 		Rank: int(sp.GetDataParallelRank()), HasRank: sp.DataParallelRank != nil,
-		Draining: w.GetState() == kvdirv1.WorkerState_WORKER_STATE_DRAINING,
-		Running:  int(w.GetLoad().GetRunning()), Waiting: int(w.GetLoad().GetWaiting()), KVUsage: w.GetLoad().GetKvUsage()}
+		BlockSizes: learnedSizes(w),
+		Draining:   w.GetState() == kvdirv1.WorkerState_WORKER_STATE_DRAINING,
+		Running:    int(w.GetLoad().GetRunning()), Waiting: int(w.GetLoad().GetWaiting()), KVUsage: w.GetLoad().GetKvUsage()}
 }
 
 // startScraper starts polling a worker that joined the pool.

@@ -204,7 +204,10 @@ type WorkerSpec struct {
 	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
 	// The model it serves (the OpenAI "model" name).
 	Model string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
-	// The engine's KV-cache block size in tokens.
+	// The engine's KV-cache block size in tokens, as the agent was told it
+	// (--block-size); 0 when it was not told. The block sizes the engine
+	// really uses are learned from its events (Worker.layout) and take
+	// precedence.
 	BlockSize uint32     `protobuf:"varint,4,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
 	Engine    EngineKind `protobuf:"varint,5,opt,name=engine,proto3,enum=kvdir.v1.EngineKind" json:"engine,omitempty"`
 	// Free-form labels (zone, GPU type, ...).
@@ -406,6 +409,10 @@ type Worker struct {
 	LoadTimeUnixNano int64 `protobuf:"varint,11,opt,name=load_time_unix_nano,json=loadTimeUnixNano,proto3" json:"load_time_unix_nano,omitempty"`
 	// Raft log index of its latest registration.
 	RegisteredIndex uint64 `protobuf:"varint,12,opt,name=registered_index,json=registeredIndex,proto3" json:"registered_index,omitempty"`
+	// The KV-cache layout the worker's events showed in this epoch (unset
+	// until its agent sends one; cleared by every registration, after which
+	// the agent sends it again before any block).
+	Layout *WorkerLayout `protobuf:"bytes,13,opt,name=layout,proto3" json:"layout,omitempty"`
 	// How the routers' predicted cached tokens compared with what its engine
 	// reported, over its recent session records (reset at registration);
 	// internal/cachecheck reads it.
@@ -526,6 +533,13 @@ func (x *Worker) GetRegisteredIndex() uint64 {
 		return x.RegisteredIndex
 	}
 	return 0
+}
+
+func (x *Worker) GetLayout() *WorkerLayout {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
 }
 
 func (x *Worker) GetCacheAccounting() *CacheAccounting {
@@ -658,6 +672,145 @@ func (x *CacheAccounting) GetLastBlockSize() uint32 {
 	return 0
 }
 
+// KVGroup is one KV-cache group of an engine (vLLM's kv_cache_groups; one
+// group for engines without groups), as its events describe it.
+type KVGroup struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The group's group_idx.
+	Index uint32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// The kv_cache_spec_kind its events name ("" when they name none).
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// Its block size in tokens.
+	BlockSize uint32 `protobuf:"varint,3,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// Its sliding window in tokens (0: none).
+	SlidingWindow uint32 `protobuf:"varint,4,opt,name=sliding_window,json=slidingWindow,proto3" json:"sliding_window,omitempty"`
+	// Whether its blocks enter the directory (full-attention groups only).
+	Indexed       bool `protobuf:"varint,5,opt,name=indexed,proto3" json:"indexed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVGroup) Reset() {
+	*x = KVGroup{}
+	mi := &file_kvdir_v1_types_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVGroup) ProtoMessage() {}
+
+func (x *KVGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_kvdir_v1_types_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVGroup.ProtoReflect.Descriptor instead.
+func (*KVGroup) Descriptor() ([]byte, []int) {
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *KVGroup) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *KVGroup) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *KVGroup) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *KVGroup) GetSlidingWindow() uint32 {
+	if x != nil {
+		return x.SlidingWindow
+	}
+	return 0
+}
+
+func (x *KVGroup) GetIndexed() bool {
+	if x != nil {
+		return x.Indexed
+	}
+	return false
+}
+
+// WorkerLayout is a worker's KV-cache layout, learned by its agent from the
+// engine's events. Routers hash prompts with its block sizes.
+type WorkerLayout struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The block sizes of the blocks the worker publishes, ascending.
+	BlockSizes []uint32 `protobuf:"varint,1,rep,packed,name=block_sizes,json=blockSizes,proto3" json:"block_sizes,omitempty"`
+	// The KV-cache groups seen, by index.
+	Groups        []*KVGroup `protobuf:"bytes,2,rep,name=groups,proto3" json:"groups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkerLayout) Reset() {
+	*x = WorkerLayout{}
+	mi := &file_kvdir_v1_types_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerLayout) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerLayout) ProtoMessage() {}
+
+func (x *WorkerLayout) ProtoReflect() protoreflect.Message {
+	mi := &file_kvdir_v1_types_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerLayout.ProtoReflect.Descriptor instead.
+func (*WorkerLayout) Descriptor() ([]byte, []int) {
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *WorkerLayout) GetBlockSizes() []uint32 {
+	if x != nil {
+		return x.BlockSizes
+	}
+	return nil
+}
+
+func (x *WorkerLayout) GetGroups() []*KVGroup {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
 // Namespace separates prefix caches: a chain computed under one namespace
 // never matches one computed under another.
 type Namespace struct {
@@ -672,7 +825,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[4]
+	mi := &file_kvdir_v1_types_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -684,7 +837,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[4]
+	mi := &file_kvdir_v1_types_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -697,7 +850,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Namespace) GetModel() string {
@@ -742,7 +895,7 @@ type StoredBlocks struct {
 
 func (x *StoredBlocks) Reset() {
 	*x = StoredBlocks{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[5]
+	mi := &file_kvdir_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +907,7 @@ func (x *StoredBlocks) String() string {
 func (*StoredBlocks) ProtoMessage() {}
 
 func (x *StoredBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[5]
+	mi := &file_kvdir_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +920,7 @@ func (x *StoredBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredBlocks.ProtoReflect.Descriptor instead.
 func (*StoredBlocks) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StoredBlocks) GetParent() uint64 {
@@ -804,7 +957,7 @@ type RemovedBlocks struct {
 
 func (x *RemovedBlocks) Reset() {
 	*x = RemovedBlocks{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[6]
+	mi := &file_kvdir_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +969,7 @@ func (x *RemovedBlocks) String() string {
 func (*RemovedBlocks) ProtoMessage() {}
 
 func (x *RemovedBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[6]
+	mi := &file_kvdir_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +982,7 @@ func (x *RemovedBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovedBlocks.ProtoReflect.Descriptor instead.
 func (*RemovedBlocks) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RemovedBlocks) GetHashes() []uint64 {
@@ -862,7 +1015,7 @@ type AllCleared struct {
 
 func (x *AllCleared) Reset() {
 	*x = AllCleared{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[7]
+	mi := &file_kvdir_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -874,7 +1027,7 @@ func (x *AllCleared) String() string {
 func (*AllCleared) ProtoMessage() {}
 
 func (x *AllCleared) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[7]
+	mi := &file_kvdir_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -887,10 +1040,11 @@ func (x *AllCleared) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllCleared.ProtoReflect.Descriptor instead.
 func (*AllCleared) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
-// Event is one change to what a worker holds, in content hashes.
+// Event is one change to what a worker holds, in content hashes, or to how
+// it holds them.
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Kind:
@@ -898,6 +1052,7 @@ type Event struct {
 	//	*Event_Stored
 	//	*Event_Removed
 	//	*Event_Cleared
+	//	*Event_Layout
 	Kind          isEvent_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -905,7 +1060,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[8]
+	mi := &file_kvdir_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1072,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[8]
+	mi := &file_kvdir_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1085,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Event) GetKind() isEvent_Kind {
@@ -967,6 +1122,15 @@ func (x *Event) GetCleared() *AllCleared {
 	return nil
 }
 
+func (x *Event) GetLayout() *WorkerLayout {
+	if x != nil {
+		if x, ok := x.Kind.(*Event_Layout); ok {
+			return x.Layout
+		}
+	}
+	return nil
+}
+
 type isEvent_Kind interface {
 	isEvent_Kind()
 }
@@ -983,11 +1147,19 @@ type Event_Cleared struct {
 	Cleared *AllCleared `protobuf:"bytes,3,opt,name=cleared,proto3,oneof"`
 }
 
+type Event_Layout struct {
+	// The worker's whole KV-cache layout, replacing the one before; sent
+	// before the first block of a block size it names.
+	Layout *WorkerLayout `protobuf:"bytes,4,opt,name=layout,proto3,oneof"`
+}
+
 func (*Event_Stored) isEvent_Kind() {}
 
 func (*Event_Removed) isEvent_Kind() {}
 
 func (*Event_Cleared) isEvent_Kind() {}
+
+func (*Event_Layout) isEvent_Kind() {}
 
 // EventBatch is a run of a worker's events, in order, covering its agent's
 // sequence numbers first_seq to last_seq (inclusive; first_seq >= 1). Within
@@ -1005,7 +1177,7 @@ type EventBatch struct {
 
 func (x *EventBatch) Reset() {
 	*x = EventBatch{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[9]
+	mi := &file_kvdir_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1189,7 @@ func (x *EventBatch) String() string {
 func (*EventBatch) ProtoMessage() {}
 
 func (x *EventBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[9]
+	mi := &file_kvdir_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1202,7 @@ func (x *EventBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventBatch.ProtoReflect.Descriptor instead.
 func (*EventBatch) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EventBatch) GetWorkerId() string {
@@ -1094,7 +1266,7 @@ type SessionRecord struct {
 
 func (x *SessionRecord) Reset() {
 	*x = SessionRecord{}
-	mi := &file_kvdir_v1_types_proto_msgTypes[10]
+	mi := &file_kvdir_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1106,7 +1278,7 @@ func (x *SessionRecord) String() string {
 func (*SessionRecord) ProtoMessage() {}
 
 func (x *SessionRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_types_proto_msgTypes[10]
+	mi := &file_kvdir_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1119,7 +1291,7 @@ func (x *SessionRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRecord.ProtoReflect.Descriptor instead.
 func (*SessionRecord) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_kvdir_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SessionRecord) GetSessionId() string {
@@ -1211,7 +1383,7 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\tkv_blocks\x18\x04 \x01(\x04R\bkvBlocks\x12%\n" +
 	"\x0eprefix_queries\x18\x05 \x01(\x04R\rprefixQueries\x12\x1f\n" +
 	"\vprefix_hits\x18\x06 \x01(\x04R\n" +
-	"prefixHits\"\xf6\x03\n" +
+	"prefixHits\"\xa6\x04\n" +
 	"\x06Worker\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.kvdir.v1.WorkerSpecR\x04spec\x12+\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x15.kvdir.v1.WorkerStateR\x05state\x12\x14\n" +
@@ -1229,7 +1401,8 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\x04load\x18\n" +
 	" \x01(\v2\x0e.kvdir.v1.LoadR\x04load\x12-\n" +
 	"\x13load_time_unix_nano\x18\v \x01(\x03R\x10loadTimeUnixNano\x12)\n" +
-	"\x10registered_index\x18\f \x01(\x04R\x0fregisteredIndex\x12D\n" +
+	"\x10registered_index\x18\f \x01(\x04R\x0fregisteredIndex\x12.\n" +
+	"\x06layout\x18\r \x01(\v2\x16.kvdir.v1.WorkerLayoutR\x06layout\x12D\n" +
 	"\x10cache_accounting\x18\x0e \x01(\v2\x19.kvdir.v1.CacheAccountingR\x0fcacheAccounting\"\xef\x02\n" +
 	"\x0fCacheAccounting\x12\x14\n" +
 	"\x05turns\x18\x01 \x01(\x04R\x05turns\x12\x1b\n" +
@@ -1240,7 +1413,18 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\x10predicted_tokens\x18\x06 \x01(\x04R\x0fpredictedTokens\x12'\n" +
 	"\x0freported_tokens\x18\a \x01(\x04R\x0ereportedTokens\x122\n" +
 	"\x15block_size_mismatches\x18\b \x01(\x04R\x13blockSizeMismatches\x12&\n" +
-	"\x0flast_block_size\x18\t \x01(\rR\rlastBlockSize\"s\n" +
+	"\x0flast_block_size\x18\t \x01(\rR\rlastBlockSize\"\x93\x01\n" +
+	"\aKVGroup\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\x03 \x01(\rR\tblockSize\x12%\n" +
+	"\x0esliding_window\x18\x04 \x01(\rR\rslidingWindow\x12\x18\n" +
+	"\aindexed\x18\x05 \x01(\bR\aindexed\"Z\n" +
+	"\fWorkerLayout\x12\x1f\n" +
+	"\vblock_sizes\x18\x01 \x03(\rR\n" +
+	"blockSizes\x12)\n" +
+	"\x06groups\x18\x02 \x03(\v2\x11.kvdir.v1.KVGroupR\x06groups\"s\n" +
 	"\tNamespace\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
 	"\x04lora\x18\x02 \x01(\tR\x04lora\x12\x1d\n" +
@@ -1257,11 +1441,12 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\x06medium\x18\x02 \x01(\x0e2\x10.kvdir.v1.MediumR\x06medium\x12\x1b\n" +
 	"\tall_media\x18\x03 \x01(\bR\ballMedia\"\f\n" +
 	"\n" +
-	"AllCleared\"\xa8\x01\n" +
+	"AllCleared\"\xda\x01\n" +
 	"\x05Event\x120\n" +
 	"\x06stored\x18\x01 \x01(\v2\x16.kvdir.v1.StoredBlocksH\x00R\x06stored\x123\n" +
 	"\aremoved\x18\x02 \x01(\v2\x17.kvdir.v1.RemovedBlocksH\x00R\aremoved\x120\n" +
-	"\acleared\x18\x03 \x01(\v2\x14.kvdir.v1.AllClearedH\x00R\aclearedB\x06\n" +
+	"\acleared\x18\x03 \x01(\v2\x14.kvdir.v1.AllClearedH\x00R\acleared\x120\n" +
+	"\x06layout\x18\x04 \x01(\v2\x16.kvdir.v1.WorkerLayoutH\x00R\x06layoutB\x06\n" +
 	"\x04kind\"\xa0\x01\n" +
 	"\n" +
 	"EventBatch\x12\x1b\n" +
@@ -1318,7 +1503,7 @@ func file_kvdir_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_kvdir_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kvdir_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_kvdir_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_kvdir_v1_types_proto_goTypes = []any{
 	(Medium)(0),             // 0: kvdir.v1.Medium
 	(EngineKind)(0),         // 1: kvdir.v1.EngineKind
@@ -1327,33 +1512,38 @@ var file_kvdir_v1_types_proto_goTypes = []any{
 	(*Load)(nil),            // 4: kvdir.v1.Load
 	(*Worker)(nil),          // 5: kvdir.v1.Worker
 	(*CacheAccounting)(nil), // 6: kvdir.v1.CacheAccounting
-	(*Namespace)(nil),       // 7: kvdir.v1.Namespace
-	(*StoredBlocks)(nil),    // 8: kvdir.v1.StoredBlocks
-	(*RemovedBlocks)(nil),   // 9: kvdir.v1.RemovedBlocks
-	(*AllCleared)(nil),      // 10: kvdir.v1.AllCleared
-	(*Event)(nil),           // 11: kvdir.v1.Event
-	(*EventBatch)(nil),      // 12: kvdir.v1.EventBatch
-	(*SessionRecord)(nil),   // 13: kvdir.v1.SessionRecord
-	nil,                     // 14: kvdir.v1.WorkerSpec.LabelsEntry
+	(*KVGroup)(nil),         // 7: kvdir.v1.KVGroup
+	(*WorkerLayout)(nil),    // 8: kvdir.v1.WorkerLayout
+	(*Namespace)(nil),       // 9: kvdir.v1.Namespace
+	(*StoredBlocks)(nil),    // 10: kvdir.v1.StoredBlocks
+	(*RemovedBlocks)(nil),   // 11: kvdir.v1.RemovedBlocks
+	(*AllCleared)(nil),      // 12: kvdir.v1.AllCleared
+	(*Event)(nil),           // 13: kvdir.v1.Event
+	(*EventBatch)(nil),      // 14: kvdir.v1.EventBatch
+	(*SessionRecord)(nil),   // 15: kvdir.v1.SessionRecord
+	nil,                     // 16: kvdir.v1.WorkerSpec.LabelsEntry
 }
 var file_kvdir_v1_types_proto_depIdxs = []int32{
 	1,  // 0: kvdir.v1.WorkerSpec.engine:type_name -> kvdir.v1.EngineKind
-	14, // 1: kvdir.v1.WorkerSpec.labels:type_name -> kvdir.v1.WorkerSpec.LabelsEntry
+	16, // 1: kvdir.v1.WorkerSpec.labels:type_name -> kvdir.v1.WorkerSpec.LabelsEntry
 	3,  // 2: kvdir.v1.Worker.spec:type_name -> kvdir.v1.WorkerSpec
 	2,  // 3: kvdir.v1.Worker.state:type_name -> kvdir.v1.WorkerState
 	4,  // 4: kvdir.v1.Worker.load:type_name -> kvdir.v1.Load
-	6,  // 5: kvdir.v1.Worker.cache_accounting:type_name -> kvdir.v1.CacheAccounting
-	0,  // 6: kvdir.v1.StoredBlocks.medium:type_name -> kvdir.v1.Medium
-	0,  // 7: kvdir.v1.RemovedBlocks.medium:type_name -> kvdir.v1.Medium
-	8,  // 8: kvdir.v1.Event.stored:type_name -> kvdir.v1.StoredBlocks
-	9,  // 9: kvdir.v1.Event.removed:type_name -> kvdir.v1.RemovedBlocks
-	10, // 10: kvdir.v1.Event.cleared:type_name -> kvdir.v1.AllCleared
-	11, // 11: kvdir.v1.EventBatch.events:type_name -> kvdir.v1.Event
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	8,  // 5: kvdir.v1.Worker.layout:type_name -> kvdir.v1.WorkerLayout
+	6,  // 6: kvdir.v1.Worker.cache_accounting:type_name -> kvdir.v1.CacheAccounting
+	7,  // 7: kvdir.v1.WorkerLayout.groups:type_name -> kvdir.v1.KVGroup
+	0,  // 8: kvdir.v1.StoredBlocks.medium:type_name -> kvdir.v1.Medium
+	0,  // 9: kvdir.v1.RemovedBlocks.medium:type_name -> kvdir.v1.Medium
+	10, // 10: kvdir.v1.Event.stored:type_name -> kvdir.v1.StoredBlocks
+	11, // 11: kvdir.v1.Event.removed:type_name -> kvdir.v1.RemovedBlocks
+	12, // 12: kvdir.v1.Event.cleared:type_name -> kvdir.v1.AllCleared
+	8,  // 13: kvdir.v1.Event.layout:type_name -> kvdir.v1.WorkerLayout
+	13, // 14: kvdir.v1.EventBatch.events:type_name -> kvdir.v1.Event
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_kvdir_v1_types_proto_init() }
@@ -1362,19 +1552,20 @@ func file_kvdir_v1_types_proto_init() {
 		return
 	}
 	file_kvdir_v1_types_proto_msgTypes[0].OneofWrappers = []any{}
-	file_kvdir_v1_types_proto_msgTypes[8].OneofWrappers = []any{
+	file_kvdir_v1_types_proto_msgTypes[10].OneofWrappers = []any{
 		(*Event_Stored)(nil),
 		(*Event_Removed)(nil),
 		(*Event_Cleared)(nil),
+		(*Event_Layout)(nil),
 	}
-	file_kvdir_v1_types_proto_msgTypes[10].OneofWrappers = []any{}
+	file_kvdir_v1_types_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvdir_v1_types_proto_rawDesc), len(file_kvdir_v1_types_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,135 @@
+package router
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/kvdir/kvdir/internal/blockhash"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// maxLearnedSizes bounds the block sizes the router hashes one worker's
+// prompts in (the directory bounds a layout to 16).
+const maxLearnedSizes = 16
+
+// learnedSizes returns the indexed block sizes of a directory worker's
+// layout, ascending and in range; nil when it has none.
+func learnedSizes(w *kvdirv1.Worker) []int {
+	var out []int
+	for _, bs := range w.GetLayout().GetBlockSizes() {
+		if bs >= 1 && bs <= blockhash.MaxBlockSize && len(out) < maxLearnedSizes {
+			out = append(out, int(bs))
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// setLearned records the block sizes learned for w (nil: none).
+func (w *worker) setLearned(sizes []int) {
+	if len(sizes) == 0 {
+		if w.learned.Load() != nil {
+			w.learned.Store(nil)
+		}
+		return
+	}
+	if p := w.learned.Load(); p != nil && slices.Equal(*p, sizes) {
+		return
+	}
+	c := slices.Clone(sizes)
+	w.learned.Store(&c)
+}
+
+// blockSizesOf returns the block sizes w's prompts are hashed in: the
+// indexed block sizes the directory learned from its events, ascending;
+// else the block size its agent registered; else the configured default.
+func (s *Server) blockSizesOf(w *worker) []int {
+	if p := w.learned.Load(); p != nil && len(*p) > 0 {
+		return *p
+	}
+	if bs := int(w.blockSize.Load()); bs > 0 {
+		return []int{bs}
+	}
+	return []int{s.cfg.BlockSize}
+}
+
+// blockSizeOf returns w's (first) KV block size: the smallest learned from
+// its events when the directory knows one, else its registered one, else
+// the configured default.
+func (s *Server) blockSizeOf(w *worker) int { return s.blockSizesOf(w)[0] }
+
+// watchStaticLayouts gives static workers the layout the directory learned
+// for the directory worker of the same id, until ctx ends. Static workers
+// without one keep hashing with the configured block size.
+func (s *Server) watchStaticLayouts(ctx context.Context) {
+	err := s.cfg.Directory.WatchWorkers(ctx, "", func(resp *kvdirv1.WatchWorkersResponse) error {
+		byID := s.pool.snapshot()
+		seen := map[string]bool{}
+		for _, dw := range resp.GetWorkers() {
+			id := dw.GetSpec().GetId()
+			w := byID[id]
+			if w == nil {
+				continue
+			}
+			seen[id] = true
+			st := dw.GetState()
+			if st == kvdirv1.WorkerState_WORKER_STATE_EXPIRED || st == kvdirv1.WorkerState_WORKER_STATE_DEREGISTERED {
+				w.setLearned(nil)
+				continue
+			}
+			w.setLearned(learnedSizes(dw))
+		}
+		if resp.GetSnapshot() {
+			for id, w := range byID {
+				if !seen[id] {
+					w.setLearned(nil)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil && ctx.Err() == nil {
+		s.log.Warn("router: watching the directory for static workers' layouts stopped; they keep the block sizes known so far", "err", err)
+	}
+}
+
+// matchCandidate sets candidate i's matched blocks: in each of its block
+// sizes, the longer of what the directory and this router's speculative
+// entries hold; with several sizes (a worker that indexes blocks of more
+// than one size) the size matching the most tokens wins, the smaller on a
+// tie. The result is expressed in blocks of d.blockSize, and d.bs, d.dir
+// and d.spec say the size used and the blocks found in it.
+func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blockhash.Namespace) ([]uint64, error), now time.Time) {
+	bestTokens := -1
+	for _, bs := range s.blockSizesOf(w) {
+		ns := d.ns[i]
+		ns.BlockSize = bs
+		chain, err := chainFor(ns)
+		if err != nil {
+			continue
+		}
+		spec := w.spec.matched(chain, now)
+		dir := -1
+		if byID, ok := d.dirBy[ns]; ok {
+			dir = byID[w.id]
+		}
+		if tokens := max(spec, dir) * bs; tokens > bestTokens {
+			bestTokens = tokens
+			d.bs[i], d.spec[i], d.dir[i] = bs, spec, dir
+		}
+	}
+	if bestTokens > 0 {
+		d.cands[i].MatchedBlocks = bestTokens / d.blockSize
+	}
+}
+
+// engineBlockSize is the block size w's engine uses, for the
+// misconfiguration check: the first learned from its events, else the one
+// its agent registered (0 when neither is known).
+func engineBlockSize(w *kvdirv1.Worker) int {
+	if l := learnedSizes(w); len(l) > 0 {
+		return l[0]
+	}
+	return int(w.GetSpec().GetBlockSize())
+}
