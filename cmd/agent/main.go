@@ -275,7 +275,11 @@ func serve(ctx context.Context, o *options) error {
 			log.Error("agent: http server", "err", err)
 		}
 	}()
-	log.Info("agent: starting", "worker", o.cfg.WorkerID, "ranks", o.dpSize, "events", o.cfg.Endpoint, "pull", o.cfg.PullURL, "http", lis.Addr().String())
+	events := []any{"events", o.cfg.Endpoint}
+	if o.cfg.PullURL != "" {
+		events = []any{"pull", o.cfg.PullURL}
+	}
+	log.Info("agent: starting", append(append([]any{"worker", o.cfg.WorkerID, "ranks", o.dpSize}, events...), "http", lis.Addr().String())...)
 	errs := make(chan error, len(agents))
 	for _, a := range agents {
 		go func() { errs <- a.Run(ctx) }()

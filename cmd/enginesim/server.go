@@ -301,10 +301,16 @@ func (s *server) ReplayAddr() string {
 
 // serve serves HTTP until ctx is done, then shuts down.
 func (s *server) serve(ctx context.Context, ready func(*server)) error {
-	s.log.Info("enginesim listening", "addr", s.Addr(), "model", s.cfg.model,
+	attrs := []any{"addr", s.Addr(), "model", s.cfg.model,
 		"profile", s.engCfg.Profile.Name, "kv_blocks", s.cfg.kvBlocks, "block_size", s.cfg.blockSize,
-		"time_scale", s.cfg.timeScale, "kv_events", s.cfg.eventsEndpoint, "events_addr", s.EventsAddr(),
-		"data_parallel_size", max(len(s.ranks), 1), "kv_events_pull", s.cfg.kvEventsPull)
+		"time_scale", s.cfg.timeScale, "kv_events", s.cfg.eventsEndpoint, "events_addr", s.EventsAddr()}
+	if len(s.ranks) > 1 {
+		attrs = append(attrs, "data_parallel_size", len(s.ranks))
+	}
+	if s.cfg.kvEventsPull {
+		attrs = append(attrs, "kv_events_pull", "POST /kv_cache_events")
+	}
+	s.log.Info("enginesim listening", attrs...)
 	errc := make(chan error, 1)
 	go func() { errc <- s.httpSrv.Serve(s.listener) }()
 	if ready != nil {

@@ -42,6 +42,9 @@ var notRun = []struct{ file, contains, reason string }{
 	{"cmd/directory/README.md", "KVDIR_DIRECTORY_LOG_LEVEL=info ./bin/directory --config", "runs a node in the foreground until Ctrl-C"},
 	{"docs/running.md", "make cluster-up", "Docker; the chaos tier (make test-chaos) runs the compose cluster"},
 	{"*", "--watch", "runs until Ctrl-C"},
+	{"docs/engine-side.md", "--worker-address http://10.0.0.7", "an engine at an address that does not exist here"},
+	{"docs/engine-side.md", "--kv-events-pull-url http://127.0.0.1:8000", "needs a TensorRT-LLM-shaped engine on the guide's port; the engine-shape e2e test runs one"},
+	{"docs/engine-side.md", "enginesim --addr 127.0.0.1:8000 --data-parallel-size 2", "a second engine on the guide's port; e2e/dataparallel_test.go runs this setup"},
 }
 
 // uncheckedOutput lists steps that are run (and must succeed) but whose
