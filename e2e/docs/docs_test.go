@@ -43,6 +43,9 @@ var notRun = []struct{ file, contains, reason string }{
 	{"docs/running.md", "make cluster-up", "Docker; the chaos tier (make test-chaos) runs the compose cluster"},
 	{"*", "--watch", "runs until Ctrl-C"},
 	{"docs/engine-side.md", "--worker-address http://10.0.0.7", "an engine at an address that does not exist here"},
+	{"docs/engine-side.md", "sglang.launch_server", "needs a GPU and SGLang"},
+	{"docs/engine-side.md", "trtllm-serve meta-llama", "needs a GPU and TensorRT-LLM"},
+	{"docs/engine-side.md", "--directory dir-0:7001", "an agent beside a real engine, in a deployment's addresses"},
 	{"docs/engine-side.md", "--kv-events-pull-url http://127.0.0.1:8000", "needs a TensorRT-LLM-shaped engine on the guide's port; the engine-shape e2e test runs one"},
 	{"docs/engine-side.md", "enginesim --addr 127.0.0.1:8000 --data-parallel-size 2", "a second engine on the guide's port; e2e/dataparallel_test.go runs this setup"},
 }

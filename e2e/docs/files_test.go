@@ -20,7 +20,7 @@ var guides = []struct{ file, how string }{
 	{"cmd/kvdirctl/README.md", "TestGuides/kvdirctl: every block, in the capture order its last section describes"},
 	{"cmd/router/README.md", "TestGuides/dev-fleet: 'What a request looks like' against kvbench dev. Not run: 'Running' " +
 		"(a router in the foreground, as docs/running.md starts it in the background; and --workers with addresses that do not exist here) " +
-		"and 'In front of a real vLLM' (a GPU and vLLM)"},
+		"and 'In front of vLLM, SGLang and TensorRT-LLM' (a GPU and a real engine)"},
 	{"docs/engine-side.md", "TestGuides/engine-side: every block, in order"},
 	{"docs/running.md", "TestGuides/running-by-hand (the by-hand sections) and TestGuides/dev-fleet (make dev's output and the two-turn session); " +
 		"'In containers' is Docker, which the chaos tier runs"},
