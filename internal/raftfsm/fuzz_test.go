@@ -118,7 +118,12 @@ func fuzzCommands(t testing.TB, data []byte) (groups [][]*raft.Log, pieces [][]u
 		switch z.next() % 10 {
 		case 0:
 			typ = tRegister
-			p = &kvdirv1.RegisterCommand{Worker: &kvdirv1.WorkerSpec{Id: worker(), BlockSize: uint32(z.next() % 3), Model: []string{"m1", "m2"}[z.next()%2]}}
+			spec := &kvdirv1.WorkerSpec{Id: worker(), BlockSize: uint32(z.next() % 3), Model: []string{"m1", "m2"}[z.next()%2]}
+			if r := z.next() % 3; r > 0 {
+				rank := uint32(r-1) * 200 // 0, or 200: within the bound
+				spec.DataParallelRank = &rank
+			}
+			p = &kvdirv1.RegisterCommand{Worker: spec}
 		case 1, 2:
 			typ = tPublish
 			pc := &kvdirv1.PublishCommand{}
@@ -126,7 +131,7 @@ func fuzzCommands(t testing.TB, data []byte) (groups [][]*raft.Log, pieces [][]u
 				first := uint64(z.next() % 4)
 				b := &kvdirv1.EventBatch{WorkerId: worker(), Epoch: uint64(z.next() % 3), FirstSeq: first, LastSeq: first + uint64(z.next()%3) - 1}
 				for range z.next() % 4 {
-					switch z.next() % 3 {
+					switch z.next() % 4 {
 					case 0:
 						parent := uint64(z.next() % 9)
 						hs := hashes(z.next() % 5)
@@ -136,6 +141,17 @@ func fuzzCommands(t testing.TB, data []byte) (groups [][]*raft.Log, pieces [][]u
 						m := kvdirv1.Medium(z.next() % 6)
 						all := z.next()%2 == 0
 						b.Events = append(b.Events, removed(m, all, hashes(z.next()%5)...))
+					case 2:
+						// A layout: sizes may be unordered, repeated or 0 (refused).
+						l := &kvdirv1.WorkerLayout{}
+						for range z.next() % 3 {
+							l.BlockSizes = append(l.BlockSizes, uint32(z.next()%3)*16)
+						}
+						for i := range z.next() % 3 {
+							l.Groups = append(l.Groups, &kvdirv1.KVGroup{Index: uint32(i), Kind: []string{"full_attention", "sliding_window", ""}[z.next()%3],
+								BlockSize: uint32(z.next()%3) * 16, Indexed: z.next()%2 == 0})
+						}
+						b.Events = append(b.Events, &kvdirv1.Event{Kind: &kvdirv1.Event_Layout{Layout: l}})
 					default:
 						b.Events = append(b.Events, cleared())
 					}
@@ -160,7 +176,13 @@ func fuzzCommands(t testing.TB, data []byte) (groups [][]*raft.Log, pieces [][]u
 			rc := &kvdirv1.RecordSessionsCommand{}
 			for range 1 + z.next()%2 {
 				id := []string{"", "s1", "s2", "s3", "s4", "t1"}[z.next()%6]
-				rc.Sessions = append(rc.Sessions, &kvdirv1.SessionRecord{SessionId: id, Tail: uint64(z.next() % 9), WorkerId: worker()})
+				rec := &kvdirv1.SessionRecord{SessionId: id, Tail: uint64(z.next() % 9), WorkerId: worker(),
+					PromptTokens: uint32(z.next()%4) * 16, CachedTokens: uint32(z.next()%4) * 16, BlockSize: 16}
+				if z.next()%2 == 0 {
+					pred := uint32(z.next()%4) * 16
+					rec.PredictedCachedTokens = &pred
+				}
+				rc.Sessions = append(rc.Sessions, rec)
 			}
 			p = rc
 		case 8:
