@@ -184,9 +184,9 @@ func TestMisconfigWrongModelNameIsFlagged(t *testing.T) {
 			return false, fmt.Sprintf("cache_mismatches %+v", st.CacheMismatches)
 		}
 		cm := st.CacheMismatches[0]
-		ok := cm.Worker == "sim-0" && cm.Condition == "unmatched-events" && strings.Contains(cm.LikelyCause, "model name") &&
+		ok := cm.Worker == "sim-0" && cm.Condition == "unmatched-events" && cm.LikelyCause == "model name" &&
 			cm.UnpredictedHits >= 6 && strings.Contains(human, "MISMATCH: worker sim-0 (model llama3-8b-instruct)") &&
-			strings.Contains(human, "likely cause: model name")
+			strings.Contains(human, "likely cause: model name;")
 		if ok {
 			t.Logf("kvdirctl status:\n%s", human)
 		}

@@ -33,10 +33,8 @@ func mismatchesOf(ws []*kvdirv1.Worker) []ctlview.CacheMismatch {
 		if kind == cachecheck.KindNone {
 			continue
 		}
-		cause := cachecheck.LikelyCause(kind, cachecheck.Evidence{
-			RegisteredModel: w.GetSpec().GetModel(), RegisteredBlockSize: int(w.GetSpec().GetBlockSize()),
-			LearnedBlockSize: int(effectiveLearned(w)),
-			HashedBlockSize:  int(acc.GetLastBlockSize()), BlockSizeMismatches: int(acc.GetBlockSizeMismatches())})
+		cause := cachecheck.LikelyCause(kind, cachecheck.FromAccounting(acc,
+			w.GetSpec().GetModel(), int(w.GetSpec().GetBlockSize()), int(effectiveLearned(w))))
 		out = append(out, ctlview.CacheMismatch{Worker: w.GetSpec().GetId(), Model: w.GetSpec().GetModel(),
 			Condition: string(kind), Description: kind.Describe(), LikelyCause: string(cause), Advice: cause.Advice(),
 			Turns: acc.GetTurns(), HitTurns: acc.GetHitTurns(), UnpredictedHits: acc.GetUnpredictedHits(),

@@ -14,8 +14,10 @@ func TestMismatchesOfUsesTheSharedRule(t *testing.T) {
 	bad := &kvdirv1.CacheAccounting{}
 	good := &kvdirv1.CacheAccounting{}
 	bs := &kvdirv1.CacheAccounting{}
+	seed := &kvdirv1.CacheAccounting{}
 	for range cachecheck.MinTurns {
-		cachecheck.Add(bad, cachecheck.Turn{Reported: 64, BlockSize: 16, RegisteredBlockSize: 16, DirHoldsBlocks: true})
+		cachecheck.Add(bad, cachecheck.Turn{Reported: 64, BlockSize: 16, RegisteredBlockSize: 16, DirHoldsBlocks: true, ModelDiffers: true})
+		cachecheck.Add(seed, cachecheck.Turn{Reported: 64, BlockSize: 16, RegisteredBlockSize: 16, DirHoldsBlocks: true})
 		cachecheck.Add(good, cachecheck.Turn{Predicted: 64, Reported: 64, BlockSize: 16, RegisteredBlockSize: 16, DirHoldsBlocks: true})
 		cachecheck.Add(bs, cachecheck.Turn{Reported: 64, BlockSize: 16, RegisteredBlockSize: 32, DirHoldsBlocks: true})
 	}
@@ -24,12 +26,18 @@ func TestMismatchesOfUsesTheSharedRule(t *testing.T) {
 		{Spec: &kvdirv1.WorkerSpec{Id: "good", Model: "llama3-8b", BlockSize: 16}, CacheAccounting: good},
 		{Spec: &kvdirv1.WorkerSpec{Id: "bs", Model: "llama3-8b", BlockSize: 32}, CacheAccounting: bs},
 		{Spec: &kvdirv1.WorkerSpec{Id: "new", Model: "llama3-8b", BlockSize: 16}},
+		{Spec: &kvdirv1.WorkerSpec{Id: "seed", Model: "llama3-8b", BlockSize: 16}, CacheAccounting: seed},
 	}
 	ms := mismatchesOf(ws)
-	if len(ms) != 2 || ms[0].Worker != "bad" || ms[1].Worker != "bs" {
-		t.Fatalf("flagged %+v, want bad and bs", ms)
+	if len(ms) != 3 || ms[0].Worker != "bad" || ms[1].Worker != "bs" || ms[2].Worker != "seed" {
+		t.Fatalf("flagged %+v, want bad, bs and seed", ms)
 	}
-	if ms[0].LikelyCause != string(cachecheck.CauseNamespace) || ms[0].UnpredictedHits != cachecheck.MinTurns {
+	// The routers' session records say the model differed on bad's turns
+	// and on none of seed's: the directory names the cause as exactly.
+	if ms[2].LikelyCause != string(cachecheck.CauseHashSeed) {
+		t.Fatalf("seed: %+v", ms[2])
+	}
+	if ms[0].LikelyCause != string(cachecheck.CauseModelName) || ms[0].UnpredictedHits != cachecheck.MinTurns {
 		t.Fatalf("bad: %+v", ms[0])
 	}
 	if ms[1].LikelyCause != string(cachecheck.CauseBlockSize) || ms[1].HashedBlockSize != 16 || ms[1].BlockSize != 32 {

@@ -77,8 +77,8 @@ const (
 	CauseBlockSize Cause = "block size"
 	CauseCacheSalt Cause = "cache salt"
 	CauseHashSeed  Cause = "hash seed or tokenizer/chat template"
-	// CauseNamespace is named by the directory alone, which sees neither
-	// the requests' model nor their cache salt.
+	// CauseNamespace is named when the observer sees neither the
+	// requests' model nor their cache salt (an accounting without turns).
 	CauseNamespace Cause = "model name, cache salt, hash seed or tokenizer/chat template"
 	CauseEvents    Cause = "worker address or events endpoint"
 )
@@ -112,6 +112,9 @@ type Turn struct {
 	BlockSize, RegisteredBlockSize int
 	// DirHoldsBlocks says the directory held blocks of the worker.
 	DirHoldsBlocks bool
+	// ModelDiffers says the router hashed under another model than the
+	// worker's registered one; Salted that the request had a cache salt.
+	ModelDiffers, Salted bool
 }
 
 // Add counts t into a.
@@ -135,6 +138,12 @@ func Add(a *kvdirv1.CacheAccounting, t Turn) {
 	if t.RegisteredBlockSize > 0 && t.BlockSize > 0 && t.BlockSize != t.RegisteredBlockSize {
 		a.BlockSizeMismatches++
 	}
+	if t.ModelDiffers {
+		a.ModelMismatches++
+	}
+	if t.Salted {
+		a.SaltedTurns++
+	}
 	a.LastBlockSize = uint32(max(t.BlockSize, 0))
 }
 
@@ -145,7 +154,7 @@ func Decay(a *kvdirv1.CacheAccounting) {
 		return
 	}
 	for _, p := range []*uint64{&a.Turns, &a.HitTurns, &a.UnpredictedHits, &a.PredictedTurns, &a.OverPredicted,
-		&a.PredictedTokens, &a.ReportedTokens, &a.BlockSizeMismatches} {
+		&a.PredictedTokens, &a.ReportedTokens, &a.BlockSizeMismatches, &a.ModelMismatches, &a.SaltedTurns} {
 		*p /= 2
 	}
 }
@@ -178,8 +187,23 @@ type Evidence struct {
 	// the registered one (the directory's view of the same thing).
 	BlockSizeMismatches int
 	// Salted says the requests carried a cache salt; SaltKnown that the
-	// observer can tell (the directory cannot).
+	// observer can tell.
 	Salted, SaltKnown bool
+	// Turns, ModelMismatches and SaltedTurns are a directory accounting's
+	// counts (see FromAccounting): the share of turns hashed under another
+	// model than the registered one, or salted, tells the directory what
+	// a router sees directly.
+	Turns, ModelMismatches, SaltedTurns int
+}
+
+// FromAccounting is the evidence in a worker's replicated accounting, with
+// what the directory knows of the worker: its registered model and block
+// size, and the block size learned from its events.
+func FromAccounting(a *kvdirv1.CacheAccounting, registeredModel string, registeredBS, learnedBS int) Evidence {
+	return Evidence{RegisteredModel: registeredModel, RegisteredBlockSize: registeredBS, LearnedBlockSize: learnedBS,
+		HashedBlockSize: int(a.GetLastBlockSize()), BlockSizeMismatches: int(a.GetBlockSizeMismatches()),
+		Turns: int(a.GetTurns()), ModelMismatches: int(a.GetModelMismatches()), SaltedTurns: int(a.GetSaltedTurns()),
+		Salted: 2*a.GetSaltedTurns() > a.GetTurns(), SaltKnown: a.GetTurns() > 0}
 }
 
 // LikelyCause names the likely cause of a flagged condition from e: a
@@ -195,6 +219,9 @@ func LikelyCause(k Kind, e Evidence) Cause {
 	if e.RequestModel != "" && e.RegisteredModel != "" && e.RequestModel != e.RegisteredModel {
 		return CauseModelName
 	}
+	if e.Turns > 0 && 2*e.ModelMismatches > e.Turns {
+		return CauseModelName
+	}
 	engineBS := e.LearnedBlockSize
 	if engineBS == 0 {
 		engineBS = e.RegisteredBlockSize
@@ -208,7 +235,7 @@ func LikelyCause(k Kind, e Evidence) Cause {
 	if e.SaltKnown && e.Salted {
 		return CauseCacheSalt
 	}
-	if e.RequestModel == "" || !e.SaltKnown {
+	if (e.RequestModel == "" && e.Turns == 0) || !e.SaltKnown {
 		return CauseNamespace
 	}
 	return CauseHashSeed

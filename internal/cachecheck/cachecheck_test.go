@@ -170,3 +170,27 @@ func TestBlockSizeMismatchCounted(t *testing.T) {
 		t.Fatalf("accounting %v", a)
 	}
 }
+
+// The directory names a cause from the routers' session records as a
+// router does from its own window: most turns hashed under another model
+// mean the model name, most salted turns the cache salt.
+func TestFromAccountingNamesTheCause(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		turn cachecheck.Turn
+		want cachecheck.Cause
+	}{
+		{"model", cachecheck.Turn{Reported: 64, BlockSize: 16, DirHoldsBlocks: true, ModelDiffers: true}, cachecheck.CauseModelName},
+		{"salt", cachecheck.Turn{Reported: 64, BlockSize: 16, DirHoldsBlocks: true, Salted: true}, cachecheck.CauseCacheSalt},
+		{"neither", cachecheck.Turn{Reported: 64, BlockSize: 16, DirHoldsBlocks: true}, cachecheck.CauseHashSeed},
+	} {
+		a := &kvdirv1.CacheAccounting{}
+		for range cachecheck.MinTurns {
+			cachecheck.Add(a, c.turn)
+		}
+		k := cachecheck.Evaluate(a)
+		if got := cachecheck.LikelyCause(k, cachecheck.FromAccounting(a, "m", 16, 16)); got != c.want {
+			t.Errorf("%s: cause %q, want %q", c.name, got, c.want)
+		}
+	}
+}

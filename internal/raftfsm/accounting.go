@@ -27,7 +27,7 @@ func (f *FSM) account(r *kvdirv1.SessionRecord) {
 	cachecheck.Add(w.CacheAccounting, cachecheck.Turn{
 		Predicted: int(r.GetPredictedCachedTokens()), Reported: int(r.CachedTokens),
 		BlockSize: int(r.BlockSize), RegisteredBlockSize: engineBlockSize(w, r.BlockSize),
-		DirHoldsBlocks: ws.Blocks > 0,
+		DirHoldsBlocks: ws.Blocks > 0, ModelDiffers: r.ModelDiffers, Salted: r.Salted,
 	})
 	cachecheck.Decay(w.CacheAccounting)
 }

@@ -61,8 +61,7 @@ type mismatchState struct {
 // windowTurn is a turn with what the cause naming needs of its request.
 type windowTurn struct {
 	cachecheck.Turn
-	model  string
-	salted bool
+	model string // the model the prompt was hashed under
 }
 
 // registration is a worker's directory record as the checker last read it.
@@ -108,7 +107,7 @@ func (c *mismatchChecker) state(id string) *MismatchState {
 // the number of blocks the directory matched on that worker for this
 // prompt. The first turn, and any turn 5 s after the last read, starts a
 // read of the worker's directory record in the background.
-func (c *mismatchChecker) observe(id string, t windowTurn, dirBlocks int) {
+func (c *mismatchChecker) observe(id string, t windowTurn, dirBlocks int) cachecheck.Turn {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := c.byID[id]
@@ -125,12 +124,14 @@ func (c *mismatchChecker) observe(id string, t windowTurn, dirBlocks int) {
 	}
 	if st.reg.known {
 		t.RegisteredBlockSize = st.reg.blockSize
+		t.ModelDiffers = t.model != st.reg.model
 	}
 	t.DirHoldsBlocks = dirBlocks > 0 || st.reg.blocks > 0
 	st.win[st.next] = t
 	st.next = (st.next + 1) % len(st.win)
 	st.n = min(st.n+1, len(st.win))
 	c.evaluate(id, st)
+	return t.Turn
 }
 
 // forgetUnflagged drops the windows of workers that are not flagged; c.mu
@@ -182,7 +183,7 @@ func (st *mismatchState) evidence() cachecheck.Evidence {
 	e := cachecheck.Evidence{RequestModel: latest.model, HashedBlockSize: latest.BlockSize, SaltKnown: true}
 	salted := 0
 	for i := range st.n {
-		if st.win[i].salted {
+		if st.win[i].Salted {
 			salted++
 		}
 	}
@@ -231,10 +232,11 @@ func (c *mismatchChecker) evaluate(id string, st *mismatchState) {
 }
 
 // observeTurn counts a comparable turn (placed with the directory's answer,
-// with the engine's cached tokens known) into the check.
-func (s *Server) observeTurn(req *request, d *decision, reported int) {
+// with the engine's cached tokens known) into the check, and returns it as
+// counted (with what the worker's directory record adds).
+func (s *Server) observeTurn(req *request, d *decision, reported int) cachecheck.Turn {
 	i := d.pick.Index
-	s.mismatch.observe(d.workers[i].id, windowTurn{
-		Turn:  cachecheck.Turn{Predicted: d.pick.PredictedCachedTokens, Reported: reported, BlockSize: d.bs[i]},
-		model: req.model, salted: req.cacheSalt != ""}, d.dir[i])
+	return s.mismatch.observe(d.workers[i].id, windowTurn{
+		Turn:  cachecheck.Turn{Predicted: d.pick.PredictedCachedTokens, Reported: reported, BlockSize: d.bs[i], Salted: req.cacheSalt != ""},
+		model: d.ns[i].Model}, d.dir[i])
 }

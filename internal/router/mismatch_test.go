@@ -134,7 +134,7 @@ func TestMismatchCheckerCauses(t *testing.T) {
 		want cachecheck.Cause
 	}{
 		{"block size", registered("m", 32, 40), windowTurn{Turn: cachecheck.Turn{Reported: 64, BlockSize: 16}, model: "m"}, cachecheck.CauseBlockSize},
-		{"cache salt", registered("m", 16, 40), windowTurn{Turn: cachecheck.Turn{Reported: 64, BlockSize: 16}, model: "m", salted: true}, cachecheck.CauseCacheSalt},
+		{"cache salt", registered("m", 16, 40), windowTurn{Turn: cachecheck.Turn{Reported: 64, BlockSize: 16, Salted: true}, model: "m"}, cachecheck.CauseCacheSalt},
 		{"hash seed", registered("m", 16, 40), windowTurn{Turn: cachecheck.Turn{Reported: 64, BlockSize: 16}, model: "m"}, cachecheck.CauseHashSeed},
 		{"over-predicted", registered("m", 16, 40), windowTurn{Turn: cachecheck.Turn{Predicted: 64, BlockSize: 16}, model: "m"}, cachecheck.CauseEvents},
 	} {

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/cachecheck"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -239,8 +240,9 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 	// compares a prediction with the truth: the misconfiguration check
 	// counts it, here and (through the session record) in the directory.
 	comparable := known && outcome == OutcomeOK && s.dir != nil && d.fallback == "" && needsDirectory(d.policy) && len(d.chain) > 0
+	var turn cachecheck.Turn
 	if comparable {
-		s.observeTurn(req, d, cached)
+		turn = s.observeTurn(req, d, cached)
 	}
 	if s.rec != nil && req.session != "" && len(d.chain) > 0 && outcome == OutcomeOK {
 		if !known {
@@ -250,7 +252,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 			PromptTokens: uint32(d.tokens), CachedTokens: uint32(cached), WorkerId: wk.id, BlockSize: uint32(d.blockSize)}
 		if comparable {
 			p := uint32(d.pick.PredictedCachedTokens)
-			rec.PredictedCachedTokens = &p
+			rec.PredictedCachedTokens, rec.ModelDiffers, rec.Salted = &p, turn.ModelDiffers, turn.Salted
 		}
 		s.rec.add(rec)
 	}

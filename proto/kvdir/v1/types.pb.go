@@ -575,8 +575,12 @@ type CacheAccounting struct {
 	BlockSizeMismatches uint64 `protobuf:"varint,8,opt,name=block_size_mismatches,json=blockSizeMismatches,proto3" json:"block_size_mismatches,omitempty"`
 	// Block size the latest counted turn was hashed in.
 	LastBlockSize uint32 `protobuf:"varint,9,opt,name=last_block_size,json=lastBlockSize,proto3" json:"last_block_size,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Turns hashed under another model than the worker's registered one,
+	// and turns whose request carried a cache salt.
+	ModelMismatches uint64 `protobuf:"varint,10,opt,name=model_mismatches,json=modelMismatches,proto3" json:"model_mismatches,omitempty"`
+	SaltedTurns     uint64 `protobuf:"varint,11,opt,name=salted_turns,json=saltedTurns,proto3" json:"salted_turns,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CacheAccounting) Reset() {
@@ -668,6 +672,20 @@ func (x *CacheAccounting) GetBlockSizeMismatches() uint64 {
 func (x *CacheAccounting) GetLastBlockSize() uint32 {
 	if x != nil {
 		return x.LastBlockSize
+	}
+	return 0
+}
+
+func (x *CacheAccounting) GetModelMismatches() uint64 {
+	if x != nil {
+		return x.ModelMismatches
+	}
+	return 0
+}
+
+func (x *CacheAccounting) GetSaltedTurns() uint64 {
+	if x != nil {
+		return x.SaltedTurns
 	}
 	return 0
 }
@@ -1260,8 +1278,13 @@ type SessionRecord struct {
 	// (absent from routers that predate it, so that they are not counted as
 	// predicting nothing).
 	PredictedCachedTokens *uint32 `protobuf:"varint,9,opt,name=predicted_cached_tokens,json=predictedCachedTokens,proto3,oneof" json:"predicted_cached_tokens,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Set with predicted_cached_tokens, for the misconfiguration check: the
+	// model the router hashed the prompt under differs from the worker's
+	// registered model, and the request carried a cache salt.
+	ModelDiffers  bool `protobuf:"varint,10,opt,name=model_differs,json=modelDiffers,proto3" json:"model_differs,omitempty"`
+	Salted        bool `protobuf:"varint,11,opt,name=salted,proto3" json:"salted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SessionRecord) Reset() {
@@ -1357,6 +1380,20 @@ func (x *SessionRecord) GetPredictedCachedTokens() uint32 {
 	return 0
 }
 
+func (x *SessionRecord) GetModelDiffers() bool {
+	if x != nil {
+		return x.ModelDiffers
+	}
+	return false
+}
+
+func (x *SessionRecord) GetSalted() bool {
+	if x != nil {
+		return x.Salted
+	}
+	return false
+}
+
 var File_kvdir_v1_types_proto protoreflect.FileDescriptor
 
 const file_kvdir_v1_types_proto_rawDesc = "" +
@@ -1403,7 +1440,7 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\x13load_time_unix_nano\x18\v \x01(\x03R\x10loadTimeUnixNano\x12)\n" +
 	"\x10registered_index\x18\f \x01(\x04R\x0fregisteredIndex\x12.\n" +
 	"\x06layout\x18\r \x01(\v2\x16.kvdir.v1.WorkerLayoutR\x06layout\x12D\n" +
-	"\x10cache_accounting\x18\x0e \x01(\v2\x19.kvdir.v1.CacheAccountingR\x0fcacheAccounting\"\xef\x02\n" +
+	"\x10cache_accounting\x18\x0e \x01(\v2\x19.kvdir.v1.CacheAccountingR\x0fcacheAccounting\"\xbd\x03\n" +
 	"\x0fCacheAccounting\x12\x14\n" +
 	"\x05turns\x18\x01 \x01(\x04R\x05turns\x12\x1b\n" +
 	"\thit_turns\x18\x02 \x01(\x04R\bhitTurns\x12)\n" +
@@ -1413,7 +1450,10 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\x10predicted_tokens\x18\x06 \x01(\x04R\x0fpredictedTokens\x12'\n" +
 	"\x0freported_tokens\x18\a \x01(\x04R\x0ereportedTokens\x122\n" +
 	"\x15block_size_mismatches\x18\b \x01(\x04R\x13blockSizeMismatches\x12&\n" +
-	"\x0flast_block_size\x18\t \x01(\rR\rlastBlockSize\"\x93\x01\n" +
+	"\x0flast_block_size\x18\t \x01(\rR\rlastBlockSize\x12)\n" +
+	"\x10model_mismatches\x18\n" +
+	" \x01(\x04R\x0fmodelMismatches\x12!\n" +
+	"\fsalted_turns\x18\v \x01(\x04R\vsaltedTurns\"\x93\x01\n" +
 	"\aKVGroup\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1d\n" +
@@ -1454,7 +1494,7 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
 	"\tfirst_seq\x18\x03 \x01(\x04R\bfirstSeq\x12\x19\n" +
 	"\blast_seq\x18\x04 \x01(\x04R\alastSeq\x12'\n" +
-	"\x06events\x18\x05 \x03(\v2\x0f.kvdir.v1.EventR\x06events\"\xdf\x02\n" +
+	"\x06events\x18\x05 \x03(\v2\x0f.kvdir.v1.EventR\x06events\"\x9c\x03\n" +
 	"\rSessionRecord\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x12\n" +
@@ -1466,7 +1506,10 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\x0etime_unix_nano\x18\a \x01(\x03R\ftimeUnixNano\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\b \x01(\rR\tblockSize\x12;\n" +
-	"\x17predicted_cached_tokens\x18\t \x01(\rH\x00R\x15predictedCachedTokens\x88\x01\x01B\x1a\n" +
+	"\x17predicted_cached_tokens\x18\t \x01(\rH\x00R\x15predictedCachedTokens\x88\x01\x01\x12#\n" +
+	"\rmodel_differs\x18\n" +
+	" \x01(\bR\fmodelDiffers\x12\x16\n" +
+	"\x06salted\x18\v \x01(\bR\x06saltedB\x1a\n" +
 	"\x18_predicted_cached_tokens*d\n" +
 	"\x06Medium\x12\x16\n" +
 	"\x12MEDIUM_UNSPECIFIED\x10\x00\x12\x0e\n" +
