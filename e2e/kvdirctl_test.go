@@ -476,7 +476,9 @@ func TestKvdirctlCluster(t *testing.T) {
 		m := byID()
 		for id, sim := range e.sims {
 			w := m[id]
-			if w.Address != sim || w.Model != testModel || w.BlockSize != 16 || w.Epoch != 1 || w.Blocks == 0 || w.HeartbeatAge == nil ||
+			// The agents are not told a block size (0): the directory learns
+			// the engine's 16 from its events.
+			if w.Address != sim || w.Model != testModel || w.BlockSize != 0 || fmt.Sprint(w.BlockSizes) != "[16]" || w.Epoch != 1 || w.Blocks == 0 || w.HeartbeatAge == nil ||
 				float64(w.Running) != engineMetric(t, sim, "vllm:num_requests_running") || float64(w.Waiting) != engineMetric(t, sim, "vllm:num_requests_waiting") {
 				t.Errorf("%s: %+v", id, w)
 			}
