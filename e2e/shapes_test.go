@@ -110,6 +110,8 @@ type engineShape struct {
 	// pull makes the engines TensorRT-LLM ones whose agents poll POST
 	// /kv_cache_events (fleet.Config.PullEvents).
 	pull bool
+	// after, if set, runs once the turns passed, with the row's fleet.
+	after func(t *testing.T, ctx context.Context, f *fleet.Fleet)
 }
 
 // engineShapes are the model families and engines kvdir serves; each
@@ -158,6 +160,18 @@ var engineShapes = []engineShape{
 	{name: "vllm hybrid, block 528, agent not told",
 		engineArgs: []string{"--kv-cache-groups", "sliding_window:1024,full_attention", "--block-size", "528", "--kv-blocks", "1024"},
 		check:      turnCheck{BlockSize: 528, SystemRepeat: 12}},
+	// vLLM's kv_cache_report_mode="full": reused prefixes are stored
+	// again, and the agent counts each held block once; a small cache
+	// shows the evictions reach the directory (reportmode_test.go).
+	{name: "vllm kv_cache_report_mode full, evictions",
+		engineArgs: []string{"--kv-report-mode", "full", "--kv-blocks", fmt.Sprint(fullReportKVBlocks)},
+		agentArgs:  []string{"--kv-report-mode", "full"},
+		after:      fullReportEvictions},
+	// A hybrid Mamba model: the Mamba group 0 stores only its state
+	// blocks and is counted, not indexed; full attention is group 1.
+	{name: "vllm hybrid, Mamba group 0, full attention group 1, block 64",
+		engineArgs: []string{"--kv-cache-groups", "mamba,full_attention", "--block-size", "64"},
+		check:      turnCheck{BlockSize: 64, SystemRepeat: 3}},
 }
 
 // TestEngineShapes checks, for every engine shape, that turn 2 of a
@@ -176,6 +190,9 @@ func TestEngineShapes(t *testing.T) {
 			}
 			if sh.loadCounters[0] != "" {
 				loadReachesDirectory(t, f, sh.loadCounters)
+			}
+			if sh.after != nil {
+				sh.after(t, ctx, f)
 			}
 		})
 	}

@@ -53,6 +53,7 @@ type config struct {
 	kvCacheGroups      string
 	eventsDialect      string
 	speculativeBigrams bool
+	kvReportMode       string
 	metricsFormat      string
 	shape              simengine.Shape // parsed from the four above by check
 
@@ -127,7 +128,8 @@ func newProgram(cfg *config, getenv func(string) string, stdout, stderr io.Write
 	fs.IntVar(&cfg.trtQueueSize, "kv-events-queue-size", 10000, "with --kv-events-pull: events kept until read (TensorRT-LLM event_buffer_max_size); beyond it the oldest are dropped")
 	fs.IntVar(&cfg.dpRank, "data-parallel-rank", 0, "data-parallel rank: offsets the event ports as vLLM does, written into every batch and used as the metrics' engine label")
 	fs.IntVar(&cfg.dpSize, "data-parallel-size", 1, "data-parallel ranks behind this one server, as vLLM's --data-parallel-size: each rank has its own cache, events on the ports + rank and metrics (engine label); a request goes to the rank its X-data-parallel-rank header names, else to the least loaded")
-	fs.StringVar(&cfg.kvCacheGroups, "kv-cache-groups", "", "KV-cache groups the events report, in group_idx order: `SPEC` kinds full_attention, mla_attention, sink_full_attention, sliding_window:WINDOW, sliding_window_mla:WINDOW, comma-separated (e.g. sliding_window:1024,full_attention); empty: one group without group_idx (vllm dialect only)")
+	fs.StringVar(&cfg.kvCacheGroups, "kv-cache-groups", "", "KV-cache groups the events report, in group_idx order: `SPEC` kinds full_attention, mla_attention, sink_full_attention, sliding_window:WINDOW, sliding_window_mla:WINDOW, mamba, comma-separated (e.g. sliding_window:1024,full_attention or mamba,full_attention); empty: one group without group_idx (vllm dialect only)")
+	fs.StringVar(&cfg.kvReportMode, "kv-report-mode", "incremental", "vLLM's kv_cache_report_mode for every request: incremental, or full (a request's prefix-cache hits are announced again as BlockStored, identical to the first store, with no removal; vllm dialect only)")
 	fs.StringVar(&cfg.eventsDialect, "kv-events-dialect", "vllm", "event encoding of `ENGINE`: vllm, or sglang (one page per BlockStored, no lora_name, cache_salt in BlockStoredWithMetadata with --kv-events-form array, top-level with map)")
 	fs.BoolVar(&cfg.speculativeBigrams, "speculative-bigrams", false, "token_ids as SGLang's EAGLE/NEXTN/MTP bigram pairs [[t0,t1],[t1,t2],...] (sglang dialect only)")
 	p.Group("Metrics")
@@ -191,8 +193,8 @@ func (c *config) check() error {
 	return c.checkPull()
 }
 
-// checkShape parses --kv-cache-groups, --kv-events-dialect and
-// --speculative-bigrams into c.shape.
+// checkShape parses --kv-cache-groups, --kv-events-dialect,
+// --speculative-bigrams and --kv-report-mode into c.shape.
 func (c *config) checkShape() error {
 	groups, err := simengine.ParseKVGroups(c.kvCacheGroups)
 	if err != nil {
@@ -202,9 +204,16 @@ func (c *config) checkShape() error {
 	if err != nil {
 		return fmt.Errorf("--kv-events-dialect: %w", err)
 	}
-	c.shape = simengine.Shape{Groups: groups, Dialect: dialect, Bigrams: c.speculativeBigrams}
+	mode, err := simengine.ParseReportMode(c.kvReportMode)
+	if err != nil {
+		return fmt.Errorf("--kv-report-mode: %w", err)
+	}
+	if mode == simengine.ReportFull && c.kvEventsPull {
+		return errors.New("--kv-report-mode full is vLLM's; --kv-events-pull writes TensorRT-LLM's events")
+	}
+	c.shape = simengine.Shape{Groups: groups, Dialect: dialect, Bigrams: c.speculativeBigrams, ReportMode: mode}
 	if err := c.shape.Validate(); err != nil {
-		return fmt.Errorf("--kv-cache-groups, --kv-events-dialect, --speculative-bigrams: %w", err)
+		return fmt.Errorf("--kv-cache-groups, --kv-events-dialect, --speculative-bigrams, --kv-report-mode: %w", err)
 	}
 	return nil
 }

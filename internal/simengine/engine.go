@@ -156,6 +156,7 @@ type seq struct {
 	loraID      int64
 	salt        string
 	swNext      []int       // per group: the first block a windowed group still holds (see slideWindows)
+	mambaLast   int         // 1 + the block whose Mamba state this run stored last; 0 none (see mambaStore)
 	hashes      []BlockHash // hashes of the full blocks of tokens computed so far
 	blocks      []int32     // KV blocks for positions [0, len(blocks)·B)
 	numComputed int         // tokens whose KV is computed (or scheduled)
@@ -188,6 +189,7 @@ type Engine struct {
 	now         time.Duration
 	batch       []scheduled
 	hitBuf      []int32
+	mambaHeld   map[BlockHash]int32 // Mamba state blocks stored and not yet removed
 	steps       int64
 	preemptions int64
 	finished    int64
@@ -201,10 +203,11 @@ func New(cfg Config, sink EventSink) (*Engine, error) {
 		return nil, err
 	}
 	return &Engine{
-		cfg:      cfg,
-		cache:    newCache(cfg.CapacityBlocks, cfg.BlockSize),
-		sink:     sink,
-		inFlight: make(map[string]*seq),
+		cfg:       cfg,
+		cache:     newCache(cfg.CapacityBlocks, cfg.BlockSize),
+		sink:      sink,
+		inFlight:  make(map[string]*seq),
+		mambaHeld: make(map[BlockHash]int32),
 	}, nil
 }
 
@@ -384,8 +387,9 @@ func (e *Engine) admit(s *seq, budget int) bool {
 	}
 	e.cache.touch(hits)
 	s.blocks = append(s.blocks[:0], hits...)
-	s.numComputed, s.numStored = hitTokens, len(hits)
+	s.numComputed, s.numStored, s.mambaLast = hitTokens, len(hits), 0
 	e.resetWindows(s)
+	e.cache.events = e.appendReused(e.cache.events, s, len(hits))
 	e.cache.queries += int64(len(s.tokens))
 	e.cache.hits += int64(hitTokens)
 	if s.cached < 0 {
@@ -460,7 +464,7 @@ func (e *Engine) ensureHashes(s *seq, n int) {
 func (e *Engine) preempt(s *seq) {
 	e.cache.release(s.blocks)
 	s.blocks = s.blocks[:0]
-	s.numComputed, s.numStored = 0, 0
+	s.numComputed, s.numStored, s.mambaLast = 0, 0, 0
 	e.resetWindows(s)
 	s.preemptions++
 	e.preemptions++
@@ -532,6 +536,7 @@ func (e *Engine) Reset(now time.Duration) error {
 	if err := e.cache.reset(); err != nil {
 		return err
 	}
+	clear(e.mambaHeld)
 	e.publish(max(now, e.now))
 	return nil
 }

@@ -39,8 +39,10 @@ const MediumGPU = "GPU"
 // *[kvevents.AllBlocksCleared] on a reset. Every other field is left None,
 // but for a salted request's extra_keys (vLLM's: the salt is the last key of
 // its first block) and what the engine's [Shape] adds: one store per
-// KV-cache group with its group_idx and kind, SGLang's one page per store
-// with its cache salt and bigrams.
+// KV-cache group with its group_idx and kind (a Mamba group's naming only
+// its state block), SGLang's one page per store with its cache salt and
+// bigrams, and in ReportFull mode the re-announcement of a request's
+// prefix-cache hits when it is admitted.
 //
 // Time is engine time, not the wall clock of a [kvevents.Batch]: a
 // publisher stamps the batch it sends, a simulator on a virtual clock

@@ -97,9 +97,9 @@ func (g KVGroup) String() string {
 // full-attention group is group 1) or "mla_attention". The empty string is
 // no groups: events without group_idx or kind, as vLLM before the hybrid
 // allocator's fields. The kinds are those the simulator can emulate:
-// full_attention, mla_attention, sink_full_attention (prefix-keeping) and
-// sliding_window, sliding_window_mla (windowed); at least one must keep the
-// prefix.
+// full_attention, mla_attention, sink_full_attention (prefix-keeping),
+// sliding_window, sliding_window_mla (windowed) and mamba (see
+// reportmode.go); at least one must keep the prefix.
 func ParseKVGroups(spec string) ([]KVGroup, error) {
 	spec = strings.TrimSpace(spec)
 	if spec == "" {
@@ -135,15 +135,15 @@ func checkGroups(gs []KVGroup) error {
 			if g.SlidingWindow < 1 {
 				return fmt.Errorf("%w: KV-cache group %d (%s) needs a window of at least 1 token, e.g. %s:1024", ErrInvalidConfig, i, g.Kind, g.Kind)
 			}
-		case kvevents.IsFullAttentionKind(g.Kind):
+		case kvevents.IsFullAttentionKind(g.Kind) || g.mamba():
 			if g.SlidingWindow != 0 {
 				return fmt.Errorf("%w: KV-cache group %d (%s) has no sliding window", ErrInvalidConfig, i, g.Kind)
 			}
-			full = true
+			full = full || !g.mamba()
 		default:
-			return fmt.Errorf("%w: KV-cache group %d: kind %q not emulated, want one of %s, %s, %s, %s, %s", ErrInvalidConfig, i, g.Kind,
+			return fmt.Errorf("%w: KV-cache group %d: kind %q not emulated, want one of %s, %s, %s, %s, %s, %s", ErrInvalidConfig, i, g.Kind,
 				kvevents.SpecKindFullAttention, kvevents.SpecKindMLAAttention, kvevents.SpecKindSinkFullAttention,
-				kvevents.SpecKindSlidingWindow, kvevents.SpecKindSlidingWindowMLA)
+				kvevents.SpecKindSlidingWindow, kvevents.SpecKindSlidingWindowMLA, kvevents.SpecKindMamba)
 		}
 	}
 	if len(gs) > 0 && !full {
@@ -170,6 +170,9 @@ type Shape struct {
 	// [[t0,t1],[t1,t2],...]: a page is stored only once the token after it
 	// is known (SGLang only).
 	Bigrams bool
+	// ReportMode is vLLM's kv_cache_report_mode for every request (vLLM
+	// only): ReportFull re-announces prefix-cache hits (see reportmode.go).
+	ReportMode ReportMode
 }
 
 // Validate checks the shape.
@@ -182,6 +185,9 @@ func (sh Shape) Validate() error {
 	}
 	if sh.Dialect == DialectSGLang && len(sh.Groups) > 0 {
 		return fmt.Errorf("%w: KV-cache groups need the vllm dialect: SGLang's events carry no group_idx or spec kind", ErrInvalidConfig)
+	}
+	if err := sh.checkReportMode(); err != nil {
+		return err
 	}
 	if sh.Bigrams && sh.Dialect != DialectSGLang {
 		return fmt.Errorf("%w: bigram token_ids are SGLang's (EAGLE/NEXTN/MTP); set the sglang dialect", ErrInvalidConfig)
@@ -202,6 +208,12 @@ func (e *Engine) storable(s *seq) int {
 // appendStored appends the events announcing blocks [first, full) of s,
 // which were just cached, in the engine's shape.
 func (e *Engine) appendStored(dst []kvevents.Event, s *seq, first, full int) []kvevents.Event {
+	return e.appendStoredAs(dst, s, first, full, false)
+}
+
+// appendStoredAs is appendStored; reused says the blocks are prefix-cache
+// hits re-announced in ReportFull mode, which every group announces whole.
+func (e *Engine) appendStoredAs(dst []kvevents.Event, s *seq, first, full int, reused bool) []kvevents.Event {
 	bs := e.cfg.BlockSize
 	sh := &e.cfg.Shape
 	if sh.Dialect == DialectSGLang {
@@ -264,6 +276,10 @@ func (e *Engine) appendStored(dst []kvevents.Event, s *seq, first, full int) []k
 		gev.GroupIdx, gev.SpecKind = ptrInt(g), grp.Kind
 		if grp.windowed() {
 			gev.SlidingWindow = ptrInt(grp.SlidingWindow)
+		}
+		if grp.mamba() && !reused {
+			dst = e.mambaStore(dst, &gev, g, s, full)
+			continue
 		}
 		dst = append(dst, &gev)
 	}
@@ -329,13 +345,14 @@ func (e *Engine) groupRemovals(evs []kvevents.Event) []kvevents.Event {
 			continue
 		}
 		for g, grp := range groups {
-			if grp.windowed() {
+			if !kvevents.IsFullAttentionKind(grp.Kind) {
 				continue
 			}
 			grm := *rm
 			grm.GroupIdx = ptrInt(g)
 			out = append(out, &grm)
 		}
+		out = e.mambaEvicted(out, rm)
 	}
 	return out
 }

@@ -302,8 +302,9 @@ func TestParseKVGroupsAndShape(t *testing.T) {
 		"sliding_window:1024", // nothing keeps the prefix
 		"sliding_window",      // no window
 		"sliding_window:x,full_attention",
-		"full_attention:16",    // a window on full attention
-		"mamba,full_attention", // not emulated
+		"full_attention:16",                        // a window on full attention
+		"chunked_local_attention:8,full_attention", // not emulated
+		"mamba", // nothing keeps the prefix
 	} {
 		if _, err := ParseKVGroups(bad); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%q: err %v, want ErrInvalidConfig", bad, err)
