@@ -77,7 +77,7 @@ func (c Config) withDefaults() (Config, error) {
 	if err := c.Shape.Validate(); err != nil {
 		return c, err
 	}
-	if err := c.checkOffload(); err != nil {
+	if err := c.CheckOffload(); err != nil {
 		return c, err
 	}
 	return c, nil

@@ -48,8 +48,9 @@ var offloadMedia = map[Dialect][]string{
 // tokens, as the GPU cache does).
 const MaxOffloadBlocks = 1 << 22
 
-// checkOffload validates the tier settings against the shape.
-func (c Config) checkOffload() error {
+// CheckOffload validates the offload tier settings against the shape (New
+// checks them too).
+func (c Config) CheckOffload() error {
 	if c.OffloadMedium == "" {
 		if c.OffloadBlocks != 0 {
 			return fmt.Errorf("%w: OffloadBlocks %d without an offload medium", ErrInvalidConfig, c.OffloadBlocks)
