@@ -29,6 +29,9 @@ type turnCheck struct {
 	// SystemRepeat repeats the system prompt (default once), so that turn
 	// 1 spans several blocks of a large block size.
 	SystemRepeat int
+	// BetweenTurns, if set, runs after turn 1 with its worker (e.g. to
+	// evict turn 1's blocks from the engine's GPU cache).
+	BetweenTurns func(worker string)
 }
 
 // turnTwoFollowsTurnOne sends turn 1 of session sess through router r0
@@ -54,6 +57,9 @@ func turnTwoFollowsTurnOne(t *testing.T, ctx context.Context, r0, r1, sess strin
 	}
 	if a1.prompt < 2*tc.BlockSize {
 		t.Fatalf("%s: turn 1 has %d prompt tokens, less than two blocks of %d: lengthen it (SystemRepeat)", sess, a1.prompt, tc.BlockSize)
+	}
+	if tc.BetweenTurns != nil {
+		tc.BetweenTurns(a1.worker)
 	}
 	c.Messages = append(c.Messages, message{Role: "assistant", Content: a1.content}, message{Role: "user", Content: "And what does it cost?"})
 	testkit.Eventually(t, 15*time.Second, "the directory to hold turn 1's blocks", func() (bool, string) {
@@ -110,8 +116,10 @@ type engineShape struct {
 	// pull makes the engines TensorRT-LLM ones whose agents poll POST
 	// /kv_cache_events (fleet.Config.PullEvents).
 	pull bool
-	// after, if set, runs once the turns passed, with the row's fleet.
-	after func(t *testing.T, ctx context.Context, f *fleet.Fleet)
+	// betweenTurns, if set, runs between each session's turns with turn
+	// 1's worker; after, if set, once the sessions are done (media_test.go).
+	betweenTurns func(t *testing.T, ctx context.Context, f *fleet.Fleet, worker string)
+	after        func(t *testing.T, ctx context.Context, f *fleet.Fleet)
 }
 
 // engineShapes are the model families and engines kvdir serves; each
@@ -172,6 +180,22 @@ var engineShapes = []engineShape{
 	{name: "vllm hybrid, Mamba group 0, full attention group 1, block 64",
 		engineArgs: []string{"--kv-cache-groups", "mamba,full_attention", "--block-size", "64"},
 		check:      turnCheck{BlockSize: 64, SystemRepeat: 3}},
+	// Offloading: a GPU cache of 24 blocks is flushed between the turns,
+	// so turn 1's blocks are on the tier when turn 2 comes: the directory
+	// holds them on CPU (DISK), the router credits them and the engine
+	// serves them from the tier.
+	{name: "vllm CPU offload, GPU flushed between turns",
+		engineArgs:   []string{"--kv-blocks", "24", "--kv-offload-medium", "CPU", "--kv-offload-blocks", "1024"},
+		betweenTurns: flushGPU(24), after: mediumHeld("cpu")},
+	{name: "vllm STORAGE offload, GPU flushed between turns",
+		engineArgs:   []string{"--kv-blocks", "24", "--kv-offload-medium", "STORAGE", "--kv-offload-blocks", "1024", "--kv-events-form", "map"},
+		betweenTurns: flushGPU(24), after: mediumHeld("disk")},
+	// TensorRT-LLM's ZMQ events, every second request's stores remote:
+	// each session's turn 2 is, so turn 2 lands on turn 1's local blocks,
+	// and a probe shows remote blocks are not credited.
+	{name: "trtllm zmq, remote stores",
+		engineArgs: []string{"--kv-events-dialect", "trtllm", "--trtllm-remote-every", "2"},
+		after:      remoteNotCredited},
 }
 
 // TestEngineShapes checks, for every engine shape, that turn 2 of a
@@ -185,8 +209,12 @@ func TestEngineShapes(t *testing.T) {
 				EngineArgs: append([]string{"--time-scale", "0.02", "--default-max-tokens", "4"}, sh.engineArgs...),
 				AgentArgs:  sh.agentArgs,
 				RouterArgs: append([]string{"--policy", "kvdir", "--match-timeout", "200ms"}, sh.routerArgs...)})
+			check := sh.check
+			if sh.betweenTurns != nil {
+				check.BetweenTurns = func(worker string) { sh.betweenTurns(t, ctx, f, worker) }
+			}
 			for i := range 2 {
-				turnTwoFollowsTurnOne(t, ctx, f.Routers[0].URL, f.Routers[1].URL, fmt.Sprintf("shape-%d", i), i, sh.check)
+				turnTwoFollowsTurnOne(t, ctx, f.Routers[0].URL, f.Routers[1].URL, fmt.Sprintf("shape-%d", i), i, check)
 			}
 			if sh.loadCounters[0] != "" {
 				loadReachesDirectory(t, f, sh.loadCounters)

@@ -55,7 +55,8 @@ type config struct {
 	speculativeBigrams bool
 	kvReportMode       string
 	metricsFormat      string
-	shape              simengine.Shape // parsed from the four above by check
+	shape              simengine.Shape // parsed from the four above (and media) by check
+	media              mediaFlags      // media.go
 
 	loraModules []loraModule
 
@@ -130,8 +131,9 @@ func newProgram(cfg *config, getenv func(string) string, stdout, stderr io.Write
 	fs.IntVar(&cfg.dpSize, "data-parallel-size", 1, "data-parallel ranks behind this one server, as vLLM's --data-parallel-size: each rank has its own cache, events on the ports + rank and metrics (engine label); a request goes to the rank its X-data-parallel-rank header names, else to the least loaded")
 	fs.StringVar(&cfg.kvCacheGroups, "kv-cache-groups", "", "KV-cache groups the events report, in group_idx order: `SPEC` kinds full_attention, mla_attention, sink_full_attention, sliding_window:WINDOW, sliding_window_mla:WINDOW, mamba, comma-separated (e.g. sliding_window:1024,full_attention or mamba,full_attention); empty: one group without group_idx (vllm dialect only)")
 	fs.StringVar(&cfg.kvReportMode, "kv-report-mode", "incremental", "vLLM's kv_cache_report_mode for every request: incremental, or full (a request's prefix-cache hits are announced again as BlockStored, identical to the first store, with no removal; vllm dialect only)")
-	fs.StringVar(&cfg.eventsDialect, "kv-events-dialect", "vllm", "event encoding of `ENGINE`: vllm, or sglang (one page per BlockStored, no lora_name, cache_salt in BlockStoredWithMetadata with --kv-events-form array, top-level with map)")
+	fs.StringVar(&cfg.eventsDialect, "kv-events-dialect", "vllm", "event encoding of `ENGINE`: vllm, or sglang (one page per BlockStored, no lora_name, cache_salt in BlockStoredWithMetadata with --kv-events-form array, top-level with map), or trtllm (TensorRT-LLM's ZMQ publisher: tagged maps, no lora_name, locality, mm_keys)")
 	fs.BoolVar(&cfg.speculativeBigrams, "speculative-bigrams", false, "token_ids as SGLang's EAGLE/NEXTN/MTP bigram pairs [[t0,t1],[t1,t2],...] (sglang dialect only)")
+	declareMediaFlags(fs, &cfg.media)
 	p.Group("Metrics")
 	fs.StringVar(&cfg.metricsFormat, "metrics-format", "vllm", "/metrics names of `ENGINE`: vllm (vllm:*), sglang (sglang:*) or trtllm (trtllm-serve's JSON iteration stats, drained on read)")
 	return p
@@ -190,6 +192,9 @@ func (c *config) check() error {
 	if err := c.checkShape(); err != nil {
 		return err
 	}
+	if err := c.checkMedia(); err != nil {
+		return err
+	}
 	return c.checkPull()
 }
 
@@ -211,9 +216,15 @@ func (c *config) checkShape() error {
 	if mode == simengine.ReportFull && c.kvEventsPull {
 		return errors.New("--kv-report-mode full is vLLM's; --kv-events-pull writes TensorRT-LLM's events")
 	}
-	c.shape = simengine.Shape{Groups: groups, Dialect: dialect, Bigrams: c.speculativeBigrams, ReportMode: mode}
+	c.shape = simengine.Shape{Groups: groups, Dialect: dialect, Bigrams: c.speculativeBigrams, ReportMode: mode,
+		RemoteEvery: c.media.remoteEvery, MMEvery: c.media.mmEvery}
 	if err := c.shape.Validate(); err != nil {
-		return fmt.Errorf("--kv-cache-groups, --kv-events-dialect, --speculative-bigrams, --kv-report-mode: %w", err)
+		return fmt.Errorf("--kv-cache-groups, --kv-events-dialect, --speculative-bigrams, --kv-report-mode, --trtllm-remote-every, --trtllm-mm-tokens: %w", err)
+	}
+	medium, blocks := c.media.offloadConfig()
+	probe := simengine.Config{BlockSize: c.blockSize, Shape: c.shape, OffloadMedium: medium, OffloadBlocks: blocks}
+	if err := probe.CheckOffload(); err != nil {
+		return fmt.Errorf("--kv-offload-medium, --kv-offload-blocks: %w", err)
 	}
 	return nil
 }

@@ -119,6 +119,7 @@ func newEngine(ctx context.Context, cfg config, logger *slog.Logger) (*server, e
 		baseCtx: ctx,
 		start:   time.Now(),
 	}
+	s.engCfg.OffloadMedium, s.engCfg.OffloadBlocks = cfg.media.offloadConfig()
 	if cfg.kvEventsPull {
 		s.trt = newTRTEvents(cfg.trtQueueSize, cfg.maxModelLen, cfg.kvBlocks)
 	}
@@ -252,9 +253,12 @@ func (s *server) publishBatch(b simengine.EventBatch) {
 		Events: b.Events,
 	}
 	var err error
-	if s.cfg.shape.Dialect == simengine.DialectSGLang {
+	switch s.cfg.shape.Dialect {
+	case simengine.DialectSGLang:
 		err = s.publishSGLang(out)
-	} else {
+	case simengine.DialectTRTLLM:
+		err = s.publishTRTLLM(out)
+	default:
 		_, err = s.pub.Publish(out)
 	}
 	if err != nil && !errors.Is(err, kvevents.ErrClosed) {

@@ -18,7 +18,7 @@ func TestShapeFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--kv-cache-groups", "sliding_window:1024"},
 		{"--kv-cache-groups", "mamba"},
-		{"--kv-events-dialect", "trtllm"},
+		{"--kv-events-dialect", "tgi"},
 		{"--speculative-bigrams"},
 		{"--kv-events-dialect", "sglang", "--kv-cache-groups", "mla_attention"},
 		{"--metrics-format", "json"},

@@ -58,6 +58,8 @@ type Cache struct {
 	events  []kvevents.Event
 	queries int64
 	hits    int64
+
+	media *media // told of evictions and resets; nil without (offload.go)
 }
 
 func newCache(capacity, blockSize int) *Cache {
@@ -218,8 +220,12 @@ func (c *Cache) evict(id int32) {
 		return
 	}
 	c.unindex(b.hash, id)
+	rm := &kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{b.hash.Wire()}, Medium: MediumGPU}
+	c.events = append(c.events, rm)
+	if c.media != nil {
+		c.media.evicted(c, id, rm)
+	}
 	b.cached, b.hasParent = false, false
-	c.events = append(c.events, &kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{b.hash.Wire()}, Medium: MediumGPU})
 }
 
 func (c *Cache) unindex(h BlockHash, id int32) {
@@ -277,6 +283,9 @@ func (c *Cache) reset() error {
 	}
 	clear(c.index)
 	clear(c.dups)
+	if c.media != nil {
+		c.media.reset()
+	}
 	c.events = append(c.events, &kvevents.AllBlocksCleared{})
 	return nil
 }

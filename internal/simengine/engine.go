@@ -42,6 +42,11 @@ type Config struct {
 	MaxRunning       int               // most running requests (max_num_seqs); default 256
 	Seed             uint64            // seeds the block-hash roots and the generated tokens
 	Shape            Shape             // how the events present the cache (see Shape); zero: plain vLLM
+	// OffloadMedium, if set, keeps blocks evicted from the GPU cache on
+	// an offload tier of OffloadBlocks blocks announced on that medium
+	// (see offload.go), e.g. "CPU" (vLLM) or "CPU_TIER1" (SGLang).
+	OffloadMedium string
+	OffloadBlocks int
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -70,6 +75,9 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if err := c.Shape.Validate(); err != nil {
+		return c, err
+	}
+	if err := c.CheckOffload(); err != nil {
 		return c, err
 	}
 	return c, nil
@@ -166,6 +174,7 @@ type seq struct {
 	firstToken  time.Duration
 	cached      int // prompt tokens hit when first scheduled; -1 before
 	preemptions int
+	meta        *reqMeta // with media: what its blocks carry into later events
 }
 
 func (s *seq) outputs() int { return len(s.tokens) - s.promptLen }
@@ -181,6 +190,8 @@ type Engine struct {
 	cfg   Config
 	cache *Cache
 	sink  EventSink
+	media *media // offload tier and block owners; nil without either (offload.go)
+	subs  int64  // requests submitted
 
 	waiting     []*seq // FCFS; waiting[head:] are queued
 	head        int
@@ -202,13 +213,18 @@ func New(cfg Config, sink EventSink) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{
+	e := &Engine{
 		cfg:       cfg,
 		cache:     newCache(cfg.CapacityBlocks, cfg.BlockSize),
 		sink:      sink,
 		inFlight:  make(map[string]*seq),
 		mambaHeld: make(map[BlockHash]int32),
-	}, nil
+	}
+	if cfg.OffloadMedium != "" || cfg.Shape.RemoteEvery > 0 || cfg.Shape.MMEvery > 0 {
+		e.media = newMedia(e)
+		e.cache.media = e.media
+	}
+	return e, nil
 }
 
 // Config returns the engine's configuration, defaults filled in.
@@ -250,6 +266,8 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		hashes:  make([]BlockHash, 0, min(len(tokens)+r.MaxTokens, 1<<20)/e.cfg.BlockSize),
 		arrival: now, cached: -1,
 	}
+	e.subs++
+	s.meta = e.requestMeta(r)
 	e.inFlight[r.ID] = s
 	e.waiting = append(e.waiting, s)
 	return nil
@@ -379,7 +397,11 @@ func (e *Engine) admit(s *seq, budget int) bool {
 	e.ensureHashes(s, maxHit)
 	hits := e.cache.lookup(e.hitBuf[:0], s.hashes[:maxHit])
 	e.hitBuf = hits
-	hitTokens := len(hits) * bs
+	loaded := 0 // blocks after hits that the offload tier holds
+	if e.media != nil {
+		loaded = e.media.tierHits(s.hashes[len(hits):maxHit])
+	}
+	hitTokens := (len(hits) + loaded) * bs
 	n := min(len(s.tokens)-hitTokens, budget)
 	need := (hitTokens+n+bs-1)/bs - len(hits)
 	if need+e.cache.evictableAmong(hits) > e.cache.NumFree() {
@@ -397,6 +419,9 @@ func (e *Engine) admit(s *seq, budget int) bool {
 	}
 	if need > 0 {
 		s.blocks = e.cache.allocate(s.blocks, need)
+	}
+	if loaded > 0 {
+		e.loadFromTier(s, len(hits), len(hits)+loaded)
 	}
 	return true
 }
@@ -429,6 +454,9 @@ func (e *Engine) schedule(s *seq, n int, cost *costmodel.StepCost, res *StepResu
 			e.cache.store(s.blocks[i], s.hashes[i], parent, i > 0, s.tokens[i*bs:(i+1)*bs])
 		}
 		s.numStored = full
+		if e.media != nil {
+			e.media.noteStored(s, first, full)
+		}
 		e.cache.events = e.appendStored(e.cache.events, s, first, full)
 	}
 	e.cache.events = e.slideWindows(e.cache.events, s)

@@ -44,6 +44,11 @@ const (
 	// the cache salt in BlockStoredWithMetadata (array layout) or a
 	// top-level cache_salt (map layout); see EncodeSGLangBatch.
 	DialectSGLang
+	// DialectTRTLLM is TensorRT-LLM's ZMQ publisher's: tagged maps
+	// without defaults, no lora_name, locality and multimodal string
+	// tokens with mm_keys (see Shape.RemoteEvery, Shape.MMEvery and
+	// EncodeTRTLLMBatch).
+	DialectTRTLLM
 )
 
 // String names the dialect as ParseDialect reads it.
@@ -53,19 +58,23 @@ func (d Dialect) String() string {
 		return "vllm"
 	case DialectSGLang:
 		return "sglang"
+	case DialectTRTLLM:
+		return "trtllm"
 	}
 	return "dialect(" + strconv.Itoa(int(d)) + ")"
 }
 
-// ParseDialect reads "vllm" or "sglang".
+// ParseDialect reads "vllm", "sglang" or "trtllm".
 func ParseDialect(s string) (Dialect, error) {
 	switch s {
 	case "vllm", "":
 		return DialectVLLM, nil
 	case "sglang":
 		return DialectSGLang, nil
+	case "trtllm":
+		return DialectTRTLLM, nil
 	}
-	return 0, fmt.Errorf("%w: events dialect %q, want vllm or sglang", ErrInvalidConfig, s)
+	return 0, fmt.Errorf("%w: events dialect %q, want vllm, sglang or trtllm", ErrInvalidConfig, s)
 }
 
 // KVGroup is one KV-cache group the engine reports: its
@@ -173,11 +182,20 @@ type Shape struct {
 	// ReportMode is vLLM's kv_cache_report_mode for every request (vLLM
 	// only): ReportFull re-announces prefix-cache hits (see reportmode.go).
 	ReportMode ReportMode
+	// RemoteEvery N > 0 announces the blocks of every Nth request
+	// submitted with locality "REMOTE", stores and evictions, as if they
+	// went to a pool shared with other workers (TensorRT-LLM only).
+	RemoteEvery int
+	// MMEvery N > 0 makes every Nth request submitted multimodal: one
+	// token of its prompt, the first of its second block (of its first
+	// if it has one block), is announced as a string placeholder with
+	// the block's mm_keys (TensorRT-LLM only).
+	MMEvery int
 }
 
 // Validate checks the shape.
 func (sh Shape) Validate() error {
-	if sh.Dialect > DialectSGLang {
+	if sh.Dialect > DialectTRTLLM {
 		return fmt.Errorf("%w: unknown events dialect %d", ErrInvalidConfig, sh.Dialect)
 	}
 	if err := checkGroups(sh.Groups); err != nil {
@@ -192,7 +210,7 @@ func (sh Shape) Validate() error {
 	if sh.Bigrams && sh.Dialect != DialectSGLang {
 		return fmt.Errorf("%w: bigram token_ids are SGLang's (EAGLE/NEXTN/MTP); set the sglang dialect", ErrInvalidConfig)
 	}
-	return nil
+	return sh.validateTRTLLM()
 }
 
 // storable returns how many leading blocks of s may be cached: the full
@@ -216,6 +234,9 @@ func (e *Engine) appendStored(dst []kvevents.Event, s *seq, first, full int) []k
 func (e *Engine) appendStoredAs(dst []kvevents.Event, s *seq, first, full int, reused bool) []kvevents.Event {
 	bs := e.cfg.BlockSize
 	sh := &e.cfg.Shape
+	if sh.Dialect == DialectTRTLLM {
+		return e.appendStoredTRTLLM(dst, s, first, full)
+	}
 	if sh.Dialect == DialectSGLang {
 		// One page per event, chained by parent_block_hash.
 		for i := first; i < full; i++ {

@@ -325,7 +325,7 @@ func TestParseKVGroupsAndShape(t *testing.T) {
 	if d, err := ParseDialect("sglang"); err != nil || d != DialectSGLang || d.String() != "sglang" {
 		t.Fatalf("ParseDialect: %v %v", d, err)
 	}
-	if _, err := ParseDialect("trtllm"); !errors.Is(err, ErrInvalidConfig) {
-		t.Fatalf("ParseDialect(trtllm): %v", err)
+	if _, err := ParseDialect("tgi"); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("ParseDialect(tgi): %v", err)
 	}
 }
