@@ -206,6 +206,21 @@ func TestTranslateRemoteLocality(t *testing.T) {
 	if evs, _ := tr.Translate(nil, batch(rm)); len(evs) != 0 || tr.Stats().Problems[ProblemRemoteLocality] != 2 {
 		t.Fatalf("remote removal: %v %v", evs, tr.Stats().Problems)
 	}
+	// A local block stored under a remote one resolves its parent: it is
+	// published under the remote block's content hash (which the worker
+	// does not hold, so a match stops before it), not dropped.
+	child := stored(&[]kvevents.Hash{eh(7)}[0], tokens(testBS, 100), 9)
+	child.Medium, child.Locality = "GPU", "LOCAL"
+	evs, n = tr.Translate(nil, decodeWire(t, batch(child), kvevents.FormMap))
+	if n != 1 || len(evs) != 1 || evs[0].GetStored().Parent == 0 || tr.Stats().Problems[ProblemUnknownParent] != 0 {
+		t.Fatalf("local child of a remote block: %d blocks %v, problems %v", n, evs, tr.Stats().Problems)
+	}
+	// Removing the remote parent as if it were held is an unknown removal:
+	// it never gained a reference.
+	rmLocal := &kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{eh(7)}, Medium: "STORAGE"}
+	if evs, _ := tr.Translate(nil, batch(rmLocal)); len(evs) != 0 || tr.Stats().Problems[ProblemUnknownRemoved] != 1 {
+		t.Fatalf("local removal of a remote block: %v %v", evs, tr.Stats().Problems)
+	}
 }
 
 func TestTranslateBlockSizeMismatch(t *testing.T) {

@@ -503,9 +503,12 @@ func (t *Translator) stored1(dst []*kvdirv1.Event, e *kvevents.BlockStored) ([]*
 		t.problem(ProblemOtherGroup, n, why)
 		return dst, 0
 	}
-	if isRemote(e.Locality) {
+	// A remote store (a shared pool, not the worker's own) is hashed and
+	// mapped, so that local blocks stored under it still resolve their
+	// parent, but it gains no reference and nothing is published.
+	remote := isRemote(e.Locality)
+	if remote {
 		t.problem(ProblemRemoteLocality, n, "locality REMOTE: a shared pool, not the worker's own")
-		return dst, 0
 	}
 	if e.BlockSize < 1 || e.BlockSize > blockhash.MaxBlockSize {
 		t.problem(ProblemBadBlockSize, n, "block_size out of range")
@@ -583,13 +586,18 @@ func (t *Translator) stored1(dst []*kvdirv1.Event, e *kvevents.BlockStored) ([]*
 			ent.elem = t.lru.PushFront(ent)
 			t.m[eh] = ent
 		}
-		if t.mode == ReportFull && ent.refs[med] > 0 {
+		switch {
+		case remote:
+		case t.mode == ReportFull && ent.refs[med] > 0:
 			t.rereport++
-		} else {
+		default:
 			ent.refs[med]++
 		}
 		t.chain = append(t.chain, h)
 		parent = h
+	}
+	if remote {
+		return t.evict(dst), 0
 	}
 	if len(t.chain) == 0 {
 		return dst, 0

@@ -188,13 +188,17 @@ func TestTRTLLMRemoteStoresAreNotCredited(t *testing.T) {
 		t.Fatalf("problems %v, want b's 3 blocks as %s", pr, agent.ProblemRemoteLocality)
 	}
 	// The engine still serves b's prefix: remote blocks are cached. The
-	// agent does not map remote blocks, so the block request 3 stores
-	// after them has an unknown parent and is not indexed either.
+	// agent maps remote blocks without crediting them, so the local block
+	// request 3 stores after them resolves its parent and is published
+	// (under a prefix the worker does not hold, so it matches nothing).
 	if r := runOne(t, e, "b2", "", b); r.CachedTokens != 8 {
 		t.Fatalf("b again: %d cached, want 8", r.CachedTokens)
 	}
-	if pr := p.problems(); pr[agent.ProblemUnknownParent] != 1 || pr[agent.ProblemRemoteLocality] != 4 {
-		t.Fatalf("problems %v after b2: want 1 %s (its block 2) and b's block 2's remote removal", pr, agent.ProblemUnknownParent)
+	if pr := p.problems(); pr[agent.ProblemUnknownParent] != 0 || pr[agent.ProblemRemoteLocality] != 4 {
+		t.Fatalf("problems %v after b2: want no %s and b's block 2's remote removal", pr, agent.ProblemUnknownParent)
+	}
+	if gpu := p.held[kvdirv1.Medium_MEDIUM_GPU]; len(gpu) != 1 {
+		t.Fatalf("after b2: GPU %v, want its one local block", gpu)
 	}
 }
 
