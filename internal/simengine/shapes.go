@@ -258,21 +258,8 @@ func (e *Engine) appendStoredAs(dst []kvevents.Event, s *seq, first, full int, r
 		}
 		return dst
 	}
-	ev := &kvevents.BlockStored{
-		BlockHashes: wireHashes(s.hashes[first:full]),
-		TokenIDs:    slices.Clone(s.tokens[first*bs : full*bs]),
-		BlockSize:   bs,
-		LoRAName:    s.lora,
-		Medium:      MediumGPU,
-	}
-	if s.loraID != 0 {
-		id := s.loraID
-		ev.LoRAID = &id
-	}
-	if first > 0 {
-		parent := s.hashes[first-1].Wire()
-		ev.Parent = &parent
-	}
+	ev := e.storedRun(s, first, full)
+	ev.LoRAName = s.lora
 	if s.salt != "" || s.lora != "" {
 		// vLLM hashes every block of an adapter's request with the
 		// adapter's name as its first extra key, and a salted request's
@@ -383,3 +370,25 @@ func ptrInt(v int) *int { return &v }
 // ErrNotSGLang is returned by EncodeSGLangBatch for events SGLang's
 // classes cannot carry.
 var ErrNotSGLang = errors.New("simengine: not expressible in SGLang's events")
+
+// storedRun is the BlockStored of s's blocks first to full (exclusive) on
+// the GPU, under the block before them, with the request's LoRA id: what
+// every dialect's store starts from.
+func (e *Engine) storedRun(s *seq, first, full int) *kvevents.BlockStored {
+	bs := e.cfg.BlockSize
+	ev := &kvevents.BlockStored{
+		BlockHashes: wireHashes(s.hashes[first:full]),
+		TokenIDs:    slices.Clone(s.tokens[first*bs : full*bs]),
+		BlockSize:   bs,
+		Medium:      MediumGPU,
+	}
+	if s.loraID != 0 {
+		id := s.loraID
+		ev.LoRAID = &id
+	}
+	if first > 0 {
+		parent := s.hashes[first-1].Wire()
+		ev.Parent = &parent
+	}
+	return ev
+}

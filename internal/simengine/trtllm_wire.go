@@ -3,7 +3,6 @@ package simengine
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/kvdir/kvdir/internal/kvevents"
@@ -79,20 +78,7 @@ func (e *Engine) mmPosition(s *seq) int {
 // request, a placeholder string for a multimodal request's token.
 func (e *Engine) appendStoredTRTLLM(dst []kvevents.Event, s *seq, first, full int) []kvevents.Event {
 	bs := e.cfg.BlockSize
-	ev := &kvevents.BlockStored{
-		BlockHashes: wireHashes(s.hashes[first:full]),
-		TokenIDs:    slices.Clone(s.tokens[first*bs : full*bs]),
-		BlockSize:   bs,
-		Medium:      MediumGPU,
-	}
-	if s.loraID != 0 {
-		id := s.loraID
-		ev.LoRAID = &id
-	}
-	if first > 0 {
-		parent := s.hashes[first-1].Wire()
-		ev.Parent = &parent
-	}
+	ev := e.storedRun(s, first, full)
 	if m := s.meta; m != nil {
 		if m.remote {
 			ev.Locality = kvevents.LocalityRemote
