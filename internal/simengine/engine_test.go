@@ -2,6 +2,7 @@ package simengine
 
 import (
 	"errors"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"reflect"
@@ -509,7 +510,7 @@ func TestMaxRunningAndBudget(t *testing.T) {
 	if len(out) != 5 {
 		t.Fatalf("%d finished", len(out))
 	}
-	for _, id := range sortedIDs(out) {
+	for _, id := range slices.Sorted(maps.Keys(out)) {
 		r := out[id]
 		if r.FirstToken < r.Arrival || r.Finish < r.FirstToken || len(r.Output) != 5 {
 			t.Fatalf("bad result %+v", r)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"sort"
 	"testing"
 	"time"
 
@@ -242,15 +241,6 @@ func checkRefs(e *Engine) error {
 		}
 	}
 	return nil
-}
-
-func sortedIDs(m map[string]Result) []string {
-	ids := make([]string, 0, len(m))
-	for id := range m {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	return ids
 }
 
 // engineHash returns the engine hash an event carries: the engine emits

@@ -2,6 +2,7 @@ package simengine
 
 import (
 	"log/slog"
+	"maps"
 	"reflect"
 	"slices"
 	"testing"
@@ -97,7 +98,7 @@ func TestReportFullStream(t *testing.T) {
 
 	want := contentChain(t, "", bs, other[:7*bs])
 	full, tr := directoryState(t, agent.ReportFull, all)
-	if got := sortedKeys(full); !slices.Equal(got, sorted(want)) {
+	if got := slices.Sorted(maps.Keys(full)); !slices.Equal(got, sorted(want)) {
 		t.Fatalf("full mode: directory holds %x, want only the last request's blocks %x", got, sorted(want))
 	}
 	if r := tr.Stats().Rereported; r != 4 {
@@ -122,15 +123,6 @@ func eventsOf(s []*kvevents.BlockStored) []kvevents.Event {
 	for i, e := range s {
 		out[i] = e
 	}
-	return out
-}
-
-func sortedKeys(m map[uint64]bool) []uint64 {
-	out := make([]uint64, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
 	return out
 }
 
