@@ -116,9 +116,10 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 		cfg.DirectoryNodes = 3
 	}
 	f = &Fleet{cfg: cfg, bins: cfg.Bins}
+	started := f // the error returns below set f to nil
 	defer func() {
 		if err != nil {
-			f.Stop()
+			started.Stop()
 			f = nil
 		}
 	}()
@@ -135,60 +136,66 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 			return nil, fmt.Errorf("fleet: directory leader: %w", err)
 		}
 	}
-	ports, err := testkit.LoopbackPorts(3*cfg.Engines + cfg.Routers)
-	if err != nil {
-		return nil, err
-	}
+	// Each engine serves HTTP and, over ZMQ, events and replay.
+	agentEvents := make([][]string, cfg.Engines)
 	for i := range cfg.Engines {
-		p := ports[3*i : 3*i+3]
-		e := &Engine{WorkerID: fmt.Sprintf("sim-%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", p[0])}
-		events := []string{"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", p[1]), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", p[2])}
-		agentEvents := []string{"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p[1]),
-			"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p[2])}
-		if cfg.PullEvents {
-			events = []string{"--kv-events-pull", "--metrics-format", "trtllm"}
-			agentEvents = []string{"--kv-events-pull-url", e.URL + "/kv_cache_events"}
+		e := &Engine{WorkerID: fmt.Sprintf("sim-%d", i)}
+		e.Sim, _, err = startServing(ctx, "enginesim-"+fmt.Sprint(i), f.bins["enginesim"], 3, func(p []int) ([]string, string) {
+			e.URL = fmt.Sprintf("http://127.0.0.1:%d", p[0])
+			events := []string{"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", p[1]), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", p[2])}
+			agentEvents[i] = []string{"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p[1]),
+				"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p[2])}
+			if cfg.PullEvents {
+				events = []string{"--kv-events-pull", "--metrics-format", "trtllm"}
+				agentEvents[i] = []string{"--kv-events-pull-url", e.URL + "/kv_cache_events"}
+			}
+			args := append(append([]string{"--addr", fmt.Sprintf("127.0.0.1:%d", p[0]), "--model", cfg.Model, "--seed", fmt.Sprint(i + 1)},
+				events...), cfg.EngineArgs...)
+			if i < len(cfg.PerEngineArgs) {
+				args = append(args, cfg.PerEngineArgs[i]...)
+			}
+			return args, e.URL + "/health"
+		})
+		if e.Sim != nil {
+			f.Engines = append(f.Engines, e)
 		}
-		args := append(append([]string{"--addr", fmt.Sprintf("127.0.0.1:%d", p[0]), "--model", cfg.Model, "--seed", fmt.Sprint(i + 1)},
-			events...), cfg.EngineArgs...)
-		if i < len(cfg.PerEngineArgs) {
-			args = append(args, cfg.PerEngineArgs[i]...)
+		if err != nil {
+			return nil, fmt.Errorf("fleet: %w", err)
 		}
-		if e.Sim, err = StartProc("enginesim-"+fmt.Sprint(i), f.bins["enginesim"], args...); err != nil {
-			return nil, err
-		}
-		f.Engines = append(f.Engines, e)
+	}
+	for i, e := range f.Engines {
 		if cfg.NoDirectory {
-			continue
+			break
 		}
 		aargs := append(append(append([]string{"--directory", f.DirectoryAddrs(), "--worker-id", e.WorkerID, "--worker-address", e.URL,
-			"--model", cfg.Model, "--engine-kind", "enginesim"}, agentEvents...),
+			"--model", cfg.Model, "--engine-kind", "enginesim"}, agentEvents[i]...),
 			"--http-addr", "127.0.0.1:0", "--log-level", "warn"), cfg.AgentArgs...)
 		if e.Agent, err = StartProc("agent-"+fmt.Sprint(i), f.bins["agent"], aargs...); err != nil {
 			return nil, err
 		}
 	}
-	for _, e := range f.Engines {
-		if err := waitHTTP(ctx, e.URL+"/health", 30*time.Second); err != nil {
-			return nil, fmt.Errorf("fleet: %s: %w\n%s", e.Sim.Name, err, e.Sim.Tail(20))
-		}
-	}
 	for i := range cfg.Routers {
-		r := &Router{URL: fmt.Sprintf("http://127.0.0.1:%d", ports[3*cfg.Engines+i])}
-		args := []string{"--addr", strings.TrimPrefix(r.URL, "http://"), "--log-level", "warn"}
-		if cfg.NoDirectory {
-			var ws []string
-			for _, e := range f.Engines {
-				ws = append(ws, e.WorkerID+"="+e.URL+"@"+cfg.Model)
+		r := &Router{}
+		r.Proc, _, err = startServing(ctx, fmt.Sprintf("router-%d", i), f.bins["router"], 1, func(p []int) ([]string, string) {
+			r.URL = fmt.Sprintf("http://127.0.0.1:%d", p[0])
+			args := []string{"--addr", strings.TrimPrefix(r.URL, "http://"), "--log-level", "warn"}
+			if cfg.NoDirectory {
+				var ws []string
+				for _, e := range f.Engines {
+					ws = append(ws, e.WorkerID+"="+e.URL+"@"+cfg.Model)
+				}
+				args = append(args, "--workers", strings.Join(ws, ","))
+			} else {
+				args = append(args, "--directory", f.DirectoryAddrs())
 			}
-			args = append(args, "--workers", strings.Join(ws, ","))
-		} else {
-			args = append(args, "--directory", f.DirectoryAddrs())
+			return append(args, cfg.RouterArgs...), r.URL + "/healthz"
+		})
+		if r.Proc != nil {
+			f.Routers = append(f.Routers, r)
 		}
-		if r.Proc, err = StartProc(fmt.Sprintf("router-%d", i), f.bins["router"], append(args, cfg.RouterArgs...)...); err != nil {
-			return nil, err
+		if err != nil {
+			return nil, fmt.Errorf("fleet: %w", err)
 		}
-		f.Routers = append(f.Routers, r)
 	}
 	for _, r := range f.Routers {
 		if err := f.WaitRouterWorkers(ctx, r, cfg.Engines, 60*time.Second); err != nil {
@@ -286,9 +293,45 @@ func get(ctx context.Context, url string) (string, int, error) {
 	return b.String(), resp.StatusCode, err
 }
 
-func waitHTTP(ctx context.Context, url string, timeout time.Duration) error {
-	return testkit.Poll(ctx, timeout, "GET "+url, func() (bool, string) {
-		_, code, err := get(ctx, url)
-		return err == nil && code == 200, fmt.Sprint(code, err)
-	})
+// startAttempts bounds how often startServing picks new ports.
+const startAttempts = 3
+
+// startServing starts bin on nports free loopback ports, with the
+// arguments and health URL that args returns for them, and waits until
+// the health URL answers 200. Ports are only free when they are picked: a
+// process that exits because another took one of them ("address already
+// in use") is started again on new ports, up to startAttempts times. It
+// returns the process (also on a later failure, to be stopped) and its
+// ports.
+func startServing(ctx context.Context, name, bin string, nports int, args func(ports []int) ([]string, string)) (*testkit.Proc, []int, error) {
+	var last error
+	for range startAttempts {
+		ports, err := testkit.LoopbackPorts(nports)
+		if err != nil {
+			return nil, nil, err
+		}
+		a, health := args(ports)
+		p, err := StartProc(name, bin, a...)
+		if err != nil {
+			return nil, nil, err
+		}
+		err = testkit.Poll(ctx, 30*time.Second, "GET "+health, func() (bool, string) {
+			if !p.Running() {
+				return true, "" // ends the wait; checked below
+			}
+			_, code, err := get(ctx, health)
+			return err == nil && code == 200, fmt.Sprint(code, err)
+		})
+		if err == nil && p.Running() {
+			return p, ports, nil
+		}
+		if err == nil { // it exited
+			err = fmt.Errorf("%s exited before serving", name)
+		}
+		last = fmt.Errorf("%w\n%s", err, p.Tail(20))
+		if p.Running() || !strings.Contains(p.Log(), "address already in use") {
+			return p, ports, last
+		}
+	}
+	return nil, nil, last
 }
