@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
-
-	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // A fleet that fails to start returns the error (having stopped what it
@@ -47,7 +45,6 @@ func TestHelperProcess(t *testing.T) {
 // A process that loses its port to another before it binds is started
 // again on new ports.
 func TestStartServingRetriesOnNewPorts(t *testing.T) {
-	testkit.SkipIfShort(t, "starts child processes")
 	attempts := 0
 	p, ports, err := startServing(context.Background(), "helper", os.Args[0], 1, func(ports []int) ([]string, string) {
 		attempts++
