@@ -23,13 +23,14 @@ func TestBlockSizeMisconfigured(t *testing.T) {
 		EngineArgs: []string{"--time-scale", "0.02", "--default-max-tokens", "4", "--block-size", "64"},
 		AgentArgs:  []string{"--block-size", "16"},
 		RouterArgs: []string{"--policy", "kvdir", "--match-timeout", "200ms"}})
+	start := time.Now()
 	for i := range 2 {
 		turnTwoFollowsTurnOne(t, ctx, f.Routers[0].URL, f.Routers[1].URL, fmt.Sprintf("bs-%d", i), i,
 			turnCheck{BlockSize: 64, SystemRepeat: 3})
 	}
 	const cause = "agent --block-size 16, engine sends 64: set --block-size 64 or leave it unset"
 	var flagged map[string]bool
-	testkit.Eventually(t, 30*time.Second, "kvdirctl status to flag a worker's block size", func() (bool, string) {
+	testkit.Eventually(t, 30*time.Second-time.Since(start), "kvdirctl status to flag a worker's block size", func() (bool, string) {
 		out, errOut, code := ctl(t, "--directory", f.DirectoryAddrs(), "status", "-o", "json")
 		if code != 0 {
 			return false, fmt.Sprintf("exit %d: %s", code, errOut)
@@ -46,6 +47,7 @@ func TestBlockSizeMisconfigured(t *testing.T) {
 		}
 		return len(flagged) > 0, out
 	})
+	t.Logf("kvdirctl status flagged %d workers %v after the traffic started", len(flagged), time.Since(start).Round(time.Millisecond))
 	// The text output names the worker and the cause too.
 	out, _, code := ctl(t, "--directory", f.DirectoryAddrs(), "status")
 	if code != 0 || !strings.Contains(out, cause) {
