@@ -83,6 +83,14 @@ func (f *feed) push(logs []*raft.Log) {
 			f.entries = slices.Clone(f.entries)
 		}
 	}
+	f.wakeLocked()
+}
+
+// wakeLocked wakes the readers waiting for entries; f.mu is held.
+func (f *feed) wakeLocked() {
+	if f.closed {
+		return // closing woke them for good
+	}
 	close(f.wake)
 	f.wake = make(chan struct{})
 }
@@ -95,8 +103,7 @@ func (f *feed) reset(applied uint64) {
 	defer f.mu.Unlock()
 	clear(f.entries)
 	f.entries, f.bytes, f.floor = f.entries[:0], 0, applied
-	close(f.wake)
-	f.wake = make(chan struct{})
+	f.wakeLocked()
 }
 
 func (f *feed) close() {
