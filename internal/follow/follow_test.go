@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/kvdir/kvdir/internal/follow"
 	"github.com/kvdir/kvdir/internal/node"
 	"github.com/kvdir/kvdir/internal/testkit"
@@ -233,5 +235,38 @@ func TestFollowResumeInsideFeedSendsEntries(t *testing.T) {
 	}
 	if resp.CommitIndex < es[len(es)-1].Index {
 		t.Fatalf("commit index %d below the last entry sent %d", resp.CommitIndex, es[len(es)-1].Index)
+	}
+}
+
+func TestFollowerOfNodeThatInstallsSnapshot(t *testing.T) {
+	c := dirtest.New(t, 3, func(_ int, cfg *node.Config) {
+		cfg.SnapshotThreshold = 32
+		cfg.TrailingLogs = 8
+		cfg.SnapshotInterval = 50 * time.Millisecond
+	})
+	p := c.NewPublisher("w1", 1)
+	i := c.Follower()
+	f := start(t, []string{c.APIAddr(i)})
+	publish(t, 3, p)
+	caughtUp(t, c, f)
+	c.Isolate(i)
+	publish(t, 100, p)
+	l := c.Leader()
+	if err := c.Node(l).Raft().Snapshot().Error(); err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) {
+		t.Fatal(err)
+	}
+	if first, _ := c.Store(l).FirstIndex(); first <= c.Node(i).FSM().AppliedIndex()+1 {
+		t.Fatalf("leader's log still starts at %d; node %d applied %d", first, i, c.Node(i).FSM().AppliedIndex())
+	}
+	c.Heal()
+	// Node i catches up by installing a snapshot, which replaces its state
+	// and empties its feed: the follower on it needs a snapshot too.
+	caughtUp(t, c, f)
+	matchesAcked(t, f, p)
+	if snaps, _ := c.Snapshots(i).List(); len(snaps) == 0 {
+		t.Fatal("node caught up without installing a snapshot")
+	}
+	if f.Snapshots() != 2 {
+		t.Fatalf("follower restored %d snapshots, want 2 (start, after its node installed one)", f.Snapshots())
 	}
 }
