@@ -84,6 +84,11 @@ type Config struct {
 
 	// FSM bounds the state machine (batch sizes, sessions, index limits).
 	FSM raftfsm.Options
+	// FollowFeedEntries and FollowFeedBytes bound the in-memory feed of
+	// recently applied entries that Follow streams serve from (defaults
+	// DefaultFollowFeedEntries and DefaultFollowFeedBytes; see follow.go).
+	FollowFeedEntries int
+	FollowFeedBytes   int
 
 	// TLS, if set, serves the API over TLS. ClientTLS is used to dial other
 	// nodes when forwarding (nil: plaintext).
@@ -121,6 +126,7 @@ type Node struct {
 	pub     *publishBatcher
 	leases  *leases
 	watch   *watchHub
+	feed    *feed
 	metrics *metrics
 	auth    *authorizer
 
@@ -145,6 +151,9 @@ func New(cfg Config) (*Node, error) {
 	fsmOpts.Logger = n.log
 	fsmOpts.Metrics = raftfsm.NewMetrics(cfg.Registerer)
 	fsmOpts.OnWorkersChanged = n.watch.changed
+	n.feed = newFeed(cfg.FollowFeedEntries, cfg.FollowFeedBytes)
+	fsmOpts.OnApplied = n.feed.push
+	fsmOpts.OnRestored = n.feed.reset
 	n.fsm = raftfsm.New(fsmOpts)
 	auth, err := newAuthorizer(cfg.Tokens)
 	if err != nil {
@@ -318,6 +327,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		}
 		close(n.stop)
 		n.watch.close()
+		n.feed.close()
 		// Every phase is bounded and a slow one is logged: a chaos run's
 		// rolling restart once saw a follower's shutdown pass the process's
 		// hard limit without saying where it was. Unary calls finish in

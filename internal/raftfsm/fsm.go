@@ -57,6 +57,15 @@ type Options struct {
 	// state, with their ids and the command's log index. It runs on the
 	// apply path and must not block.
 	OnWorkersChanged func(ids []string, index uint64)
+	// OnApplied, if set, is called after ApplyBatch applied its command
+	// entries, with those entries in log order (not called when there are
+	// none). It runs on the apply path, must not block and must not modify
+	// the entries.
+	OnApplied func(logs []*raft.Log)
+	// OnRestored, if set, is called after Restore replaced the state, with
+	// the applied index of the snapshot. It runs on the apply path and must
+	// not block.
+	OnRestored func(applied uint64)
 	// Metrics, if set, receives apply timings and event counts.
 	Metrics *Metrics
 	Logger  *slog.Logger
@@ -151,6 +160,7 @@ func (f *FSM) Apply(l *raft.Log) any {
 func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
 	var changed []string
+	var applied []*raft.Log // command entries, for OnApplied
 	for i, l := range logs {
 		if l.Type != raft.LogCommand {
 			continue
@@ -170,7 +180,13 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 		f.applied.Store(l.Index)
 		f.mu.Unlock()
 		changed = append(changed, ids...)
+		if f.opts.OnApplied != nil {
+			applied = append(applied, l)
+		}
 		f.opts.Metrics.applied(d.Type, time.Since(start))
+	}
+	if len(applied) > 0 {
+		f.opts.OnApplied(applied)
 	}
 	if len(changed) > 0 && f.opts.OnWorkersChanged != nil {
 		slices.Sort(changed)
@@ -382,6 +398,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.index.Store(st.index)
 	f.applied.Store(applied)
 	f.mu.Unlock()
+	if f.opts.OnRestored != nil {
+		f.opts.OnRestored(applied)
+	}
 	if f.opts.OnWorkersChanged != nil {
 		f.opts.OnWorkersChanged(nil, applied)
 	}

@@ -77,6 +77,15 @@ func (f *FSM) WriteState(w io.Writer) error {
 	return writeState(w, f.st, f.applied.Load())
 }
 
+// WriteStateIndex is WriteState that also returns the applied index the
+// written state holds.
+func (f *FSM) WriteStateIndex(w io.Writer) (uint64, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	applied := f.applied.Load()
+	return applied, writeState(w, f.st, applied)
+}
+
 func writeState(w io.Writer, st *state, applied uint64) error {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	bw.WriteString(stateMagic)

@@ -1792,6 +1792,321 @@ func (x *WatchWorkersResponse) GetAppliedIndex() uint64 {
 	return 0
 }
 
+// FollowRequest opens a Follow stream.
+type FollowRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The index of the last entry the client applied; the stream continues
+	// after it. 0 starts with a snapshot.
+	AfterIndex    uint64 `protobuf:"varint,1,opt,name=after_index,json=afterIndex,proto3" json:"after_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowRequest) Reset() {
+	*x = FollowRequest{}
+	mi := &file_kvdir_v1_directory_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowRequest) ProtoMessage() {}
+
+func (x *FollowRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvdir_v1_directory_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
+func (*FollowRequest) Descriptor() ([]byte, []int) {
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *FollowRequest) GetAfterIndex() uint64 {
+	if x != nil {
+		return x.AfterIndex
+	}
+	return 0
+}
+
+// FollowSnapshot is one chunk of a state snapshot (the format
+// raftfsm.FSM.Restore reads). The chunks of one snapshot come in order,
+// with nothing between them; the one with last set completes it.
+type FollowSnapshot struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The next bytes of the snapshot.
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// The applied index the snapshot holds; entries after it follow.
+	Index uint64 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// Set on the snapshot's final chunk.
+	Last          bool `protobuf:"varint,3,opt,name=last,proto3" json:"last,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowSnapshot) Reset() {
+	*x = FollowSnapshot{}
+	mi := &file_kvdir_v1_directory_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowSnapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowSnapshot) ProtoMessage() {}
+
+func (x *FollowSnapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_kvdir_v1_directory_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowSnapshot.ProtoReflect.Descriptor instead.
+func (*FollowSnapshot) Descriptor() ([]byte, []int) {
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *FollowSnapshot) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *FollowSnapshot) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *FollowSnapshot) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
+}
+
+// FollowEntry is one committed Raft log entry.
+type FollowEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The entry's log index and term.
+	Index uint64 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Term  uint64 `protobuf:"varint,2,opt,name=term,proto3" json:"term,omitempty"`
+	// The entry's data exactly as the state machine applied it.
+	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowEntry) Reset() {
+	*x = FollowEntry{}
+	mi := &file_kvdir_v1_directory_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowEntry) ProtoMessage() {}
+
+func (x *FollowEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_kvdir_v1_directory_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowEntry.ProtoReflect.Descriptor instead.
+func (*FollowEntry) Descriptor() ([]byte, []int) {
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *FollowEntry) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *FollowEntry) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *FollowEntry) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// FollowEntries is a batch of committed entries, in log order.
+type FollowEntries struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*FollowEntry         `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowEntries) Reset() {
+	*x = FollowEntries{}
+	mi := &file_kvdir_v1_directory_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowEntries) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowEntries) ProtoMessage() {}
+
+func (x *FollowEntries) ProtoReflect() protoreflect.Message {
+	mi := &file_kvdir_v1_directory_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowEntries.ProtoReflect.Descriptor instead.
+func (*FollowEntries) Descriptor() ([]byte, []int) {
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *FollowEntries) GetEntries() []*FollowEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+// FollowResponse carries a snapshot chunk or a batch of entries.
+type FollowResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Payload:
+	//
+	//	*FollowResponse_Snapshot
+	//	*FollowResponse_Entries
+	Payload isFollowResponse_Payload `protobuf_oneof:"payload"`
+	// The node's latest applied index when it sent this, for lag.
+	CommitIndex   uint64 `protobuf:"varint,3,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowResponse) Reset() {
+	*x = FollowResponse{}
+	mi := &file_kvdir_v1_directory_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowResponse) ProtoMessage() {}
+
+func (x *FollowResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvdir_v1_directory_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowResponse.ProtoReflect.Descriptor instead.
+func (*FollowResponse) Descriptor() ([]byte, []int) {
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *FollowResponse) GetPayload() isFollowResponse_Payload {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+func (x *FollowResponse) GetSnapshot() *FollowSnapshot {
+	if x != nil {
+		if x, ok := x.Payload.(*FollowResponse_Snapshot); ok {
+			return x.Snapshot
+		}
+	}
+	return nil
+}
+
+func (x *FollowResponse) GetEntries() *FollowEntries {
+	if x != nil {
+		if x, ok := x.Payload.(*FollowResponse_Entries); ok {
+			return x.Entries
+		}
+	}
+	return nil
+}
+
+func (x *FollowResponse) GetCommitIndex() uint64 {
+	if x != nil {
+		return x.CommitIndex
+	}
+	return 0
+}
+
+type isFollowResponse_Payload interface {
+	isFollowResponse_Payload()
+}
+
+type FollowResponse_Snapshot struct {
+	// A chunk of a snapshot that replaces the client's state.
+	Snapshot *FollowSnapshot `protobuf:"bytes,1,opt,name=snapshot,proto3,oneof"`
+}
+
+type FollowResponse_Entries struct {
+	// Committed entries after the client's last one.
+	Entries *FollowEntries `protobuf:"bytes,2,opt,name=entries,proto3,oneof"`
+}
+
+func (*FollowResponse_Snapshot) isFollowResponse_Payload() {}
+
+func (*FollowResponse_Entries) isFollowResponse_Payload() {}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1800,7 +2115,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[28]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +2127,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[28]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +2140,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{28}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{33}
 }
 
 type Member struct {
@@ -1842,7 +2157,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[29]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1854,7 +2169,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[29]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1867,7 +2182,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{29}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Member) GetId() string {
@@ -1920,7 +2235,7 @@ type IndexCounters struct {
 
 func (x *IndexCounters) Reset() {
 	*x = IndexCounters{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[30]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1932,7 +2247,7 @@ func (x *IndexCounters) String() string {
 func (*IndexCounters) ProtoMessage() {}
 
 func (x *IndexCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[30]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1945,7 +2260,7 @@ func (x *IndexCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IndexCounters.ProtoReflect.Descriptor instead.
 func (*IndexCounters) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{30}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *IndexCounters) GetWorkers() uint64 {
@@ -2022,7 +2337,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[31]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2034,7 +2349,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[31]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2047,7 +2362,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{31}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -2161,7 +2476,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[32]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2488,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[32]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2501,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{32}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AddMemberRequest) GetId() string {
@@ -2226,7 +2541,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[33]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2238,7 +2553,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[33]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2251,7 +2566,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{33}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *AddMemberResponse) GetRaftIndex() uint64 {
@@ -2270,7 +2585,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[34]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2282,7 +2597,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[34]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2295,7 +2610,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{34}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RemoveMemberRequest) GetId() string {
@@ -2314,7 +2629,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[35]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2326,7 +2641,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[35]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2339,7 +2654,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{35}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RemoveMemberResponse) GetRaftIndex() uint64 {
@@ -2359,7 +2674,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[36]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2371,7 +2686,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[36]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2384,7 +2699,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{36}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *TransferLeadershipRequest) GetId() string {
@@ -2403,7 +2718,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[37]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2730,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[37]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2743,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{37}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *TransferLeadershipResponse) GetLeaderId() string {
@@ -2446,7 +2761,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[38]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2458,7 +2773,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[38]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2471,7 +2786,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{38}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{43}
 }
 
 type SnapshotResponse struct {
@@ -2484,7 +2799,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[39]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2496,7 +2811,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[39]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2509,7 +2824,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{39}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SnapshotResponse) GetIndex() uint64 {
@@ -2535,7 +2850,7 @@ type DrainWorkerRequest struct {
 
 func (x *DrainWorkerRequest) Reset() {
 	*x = DrainWorkerRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[40]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2547,7 +2862,7 @@ func (x *DrainWorkerRequest) String() string {
 func (*DrainWorkerRequest) ProtoMessage() {}
 
 func (x *DrainWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[40]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2560,7 +2875,7 @@ func (x *DrainWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainWorkerRequest.ProtoReflect.Descriptor instead.
 func (*DrainWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{40}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DrainWorkerRequest) GetWorkerId() string {
@@ -2579,7 +2894,7 @@ type DrainWorkerResponse struct {
 
 func (x *DrainWorkerResponse) Reset() {
 	*x = DrainWorkerResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[41]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2591,7 +2906,7 @@ func (x *DrainWorkerResponse) String() string {
 func (*DrainWorkerResponse) ProtoMessage() {}
 
 func (x *DrainWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[41]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2604,7 +2919,7 @@ func (x *DrainWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainWorkerResponse.ProtoReflect.Descriptor instead.
 func (*DrainWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{41}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DrainWorkerResponse) GetRaftIndex() uint64 {
@@ -2623,7 +2938,7 @@ type ExpireWorkerRequest struct {
 
 func (x *ExpireWorkerRequest) Reset() {
 	*x = ExpireWorkerRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[42]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +2950,7 @@ func (x *ExpireWorkerRequest) String() string {
 func (*ExpireWorkerRequest) ProtoMessage() {}
 
 func (x *ExpireWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[42]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +2963,7 @@ func (x *ExpireWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireWorkerRequest.ProtoReflect.Descriptor instead.
 func (*ExpireWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{42}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ExpireWorkerRequest) GetWorkerId() string {
@@ -2667,7 +2982,7 @@ type ExpireWorkerResponse struct {
 
 func (x *ExpireWorkerResponse) Reset() {
 	*x = ExpireWorkerResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[43]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2679,7 +2994,7 @@ func (x *ExpireWorkerResponse) String() string {
 func (*ExpireWorkerResponse) ProtoMessage() {}
 
 func (x *ExpireWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[43]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2692,7 +3007,7 @@ func (x *ExpireWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireWorkerResponse.ProtoReflect.Descriptor instead.
 func (*ExpireWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{43}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ExpireWorkerResponse) GetRaftIndex() uint64 {
@@ -2828,7 +3143,25 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\x14WatchWorkersResponse\x12*\n" +
 	"\aworkers\x18\x01 \x03(\v2\x10.kvdir.v1.WorkerR\aworkers\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x12#\n" +
-	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\"\x0f\n" +
+	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\"0\n" +
+	"\rFollowRequest\x12\x1f\n" +
+	"\vafter_index\x18\x01 \x01(\x04R\n" +
+	"afterIndex\"N\n" +
+	"\x0eFollowSnapshot\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x12\n" +
+	"\x04last\x18\x03 \x01(\bR\x04last\"K\n" +
+	"\vFollowEntry\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"@\n" +
+	"\rFollowEntries\x12/\n" +
+	"\aentries\x18\x01 \x03(\v2\x15.kvdir.v1.FollowEntryR\aentries\"\xab\x01\n" +
+	"\x0eFollowResponse\x126\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x18.kvdir.v1.FollowSnapshotH\x00R\bsnapshot\x123\n" +
+	"\aentries\x18\x02 \x01(\v2\x17.kvdir.v1.FollowEntriesH\x00R\aentries\x12!\n" +
+	"\fcommit_index\x18\x03 \x01(\x04R\vcommitIndexB\t\n" +
+	"\apayload\"\x0f\n" +
 	"\rStatusRequest\"\x8a\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
@@ -2907,7 +3240,7 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\aPublish\x12\x18.kvdir.v1.PublishRequest\x1a\x19.kvdir.v1.PublishResponse(\x010\x01\x12D\n" +
 	"\tHeartbeat\x12\x1a.kvdir.v1.HeartbeatRequest\x1a\x1b.kvdir.v1.HeartbeatResponse\x12G\n" +
 	"\n" +
-	"Deregister\x12\x1b.kvdir.v1.DeregisterRequest\x1a\x1c.kvdir.v1.DeregisterResponse2\x96\x04\n" +
+	"Deregister\x12\x1b.kvdir.v1.DeregisterRequest\x1a\x1c.kvdir.v1.DeregisterResponse2\xd5\x04\n" +
 	"\x10DirectoryService\x128\n" +
 	"\x05Match\x12\x16.kvdir.v1.MatchRequest\x1a\x17.kvdir.v1.MatchResponse\x12J\n" +
 	"\vListWorkers\x12\x1c.kvdir.v1.ListWorkersRequest\x1a\x1d.kvdir.v1.ListWorkersResponse\x12D\n" +
@@ -2915,7 +3248,8 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\x0eRecordSessions\x12\x1f.kvdir.v1.RecordSessionsRequest\x1a .kvdir.v1.RecordSessionsResponse\x12A\n" +
 	"\bWhoHolds\x12\x19.kvdir.v1.WhoHoldsRequest\x1a\x1a.kvdir.v1.WhoHoldsResponse\x12M\n" +
 	"\fListSessions\x12\x1d.kvdir.v1.ListSessionsRequest\x1a\x1e.kvdir.v1.ListSessionsResponse\x12O\n" +
-	"\fWatchWorkers\x12\x1d.kvdir.v1.WatchWorkersRequest\x1a\x1e.kvdir.v1.WatchWorkersResponse0\x012\x9f\x04\n" +
+	"\fWatchWorkers\x12\x1d.kvdir.v1.WatchWorkersRequest\x1a\x1e.kvdir.v1.WatchWorkersResponse0\x01\x12=\n" +
+	"\x06Follow\x12\x17.kvdir.v1.FollowRequest\x1a\x18.kvdir.v1.FollowResponse0\x012\x9f\x04\n" +
 	"\fAdminService\x12;\n" +
 	"\x06Status\x12\x17.kvdir.v1.StatusRequest\x1a\x18.kvdir.v1.StatusResponse\x12D\n" +
 	"\tAddMember\x12\x1a.kvdir.v1.AddMemberRequest\x1a\x1b.kvdir.v1.AddMemberResponse\x12M\n" +
@@ -2938,7 +3272,7 @@ func file_kvdir_v1_directory_proto_rawDescGZIP() []byte {
 }
 
 var file_kvdir_v1_directory_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvdir_v1_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_kvdir_v1_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_kvdir_v1_directory_proto_goTypes = []any{
 	(PublishStatus)(0),                 // 0: kvdir.v1.PublishStatus
 	(*RegisterRequest)(nil),            // 1: kvdir.v1.RegisterRequest
@@ -2969,101 +3303,111 @@ var file_kvdir_v1_directory_proto_goTypes = []any{
 	(*ListSessionsResponse)(nil),       // 26: kvdir.v1.ListSessionsResponse
 	(*WatchWorkersRequest)(nil),        // 27: kvdir.v1.WatchWorkersRequest
 	(*WatchWorkersResponse)(nil),       // 28: kvdir.v1.WatchWorkersResponse
-	(*StatusRequest)(nil),              // 29: kvdir.v1.StatusRequest
-	(*Member)(nil),                     // 30: kvdir.v1.Member
-	(*IndexCounters)(nil),              // 31: kvdir.v1.IndexCounters
-	(*StatusResponse)(nil),             // 32: kvdir.v1.StatusResponse
-	(*AddMemberRequest)(nil),           // 33: kvdir.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),          // 34: kvdir.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),        // 35: kvdir.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),       // 36: kvdir.v1.RemoveMemberResponse
-	(*TransferLeadershipRequest)(nil),  // 37: kvdir.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 38: kvdir.v1.TransferLeadershipResponse
-	(*SnapshotRequest)(nil),            // 39: kvdir.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),           // 40: kvdir.v1.SnapshotResponse
-	(*DrainWorkerRequest)(nil),         // 41: kvdir.v1.DrainWorkerRequest
-	(*DrainWorkerResponse)(nil),        // 42: kvdir.v1.DrainWorkerResponse
-	(*ExpireWorkerRequest)(nil),        // 43: kvdir.v1.ExpireWorkerRequest
-	(*ExpireWorkerResponse)(nil),       // 44: kvdir.v1.ExpireWorkerResponse
-	(*WorkerSpec)(nil),                 // 45: kvdir.v1.WorkerSpec
-	(*EventBatch)(nil),                 // 46: kvdir.v1.EventBatch
-	(*Load)(nil),                       // 47: kvdir.v1.Load
-	(WorkerState)(0),                   // 48: kvdir.v1.WorkerState
-	(*durationpb.Duration)(nil),        // 49: google.protobuf.Duration
-	(*Namespace)(nil),                  // 50: kvdir.v1.Namespace
-	(*Worker)(nil),                     // 51: kvdir.v1.Worker
-	(*SessionRecord)(nil),              // 52: kvdir.v1.SessionRecord
+	(*FollowRequest)(nil),              // 29: kvdir.v1.FollowRequest
+	(*FollowSnapshot)(nil),             // 30: kvdir.v1.FollowSnapshot
+	(*FollowEntry)(nil),                // 31: kvdir.v1.FollowEntry
+	(*FollowEntries)(nil),              // 32: kvdir.v1.FollowEntries
+	(*FollowResponse)(nil),             // 33: kvdir.v1.FollowResponse
+	(*StatusRequest)(nil),              // 34: kvdir.v1.StatusRequest
+	(*Member)(nil),                     // 35: kvdir.v1.Member
+	(*IndexCounters)(nil),              // 36: kvdir.v1.IndexCounters
+	(*StatusResponse)(nil),             // 37: kvdir.v1.StatusResponse
+	(*AddMemberRequest)(nil),           // 38: kvdir.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),          // 39: kvdir.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),        // 40: kvdir.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),       // 41: kvdir.v1.RemoveMemberResponse
+	(*TransferLeadershipRequest)(nil),  // 42: kvdir.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 43: kvdir.v1.TransferLeadershipResponse
+	(*SnapshotRequest)(nil),            // 44: kvdir.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),           // 45: kvdir.v1.SnapshotResponse
+	(*DrainWorkerRequest)(nil),         // 46: kvdir.v1.DrainWorkerRequest
+	(*DrainWorkerResponse)(nil),        // 47: kvdir.v1.DrainWorkerResponse
+	(*ExpireWorkerRequest)(nil),        // 48: kvdir.v1.ExpireWorkerRequest
+	(*ExpireWorkerResponse)(nil),       // 49: kvdir.v1.ExpireWorkerResponse
+	(*WorkerSpec)(nil),                 // 50: kvdir.v1.WorkerSpec
+	(*EventBatch)(nil),                 // 51: kvdir.v1.EventBatch
+	(*Load)(nil),                       // 52: kvdir.v1.Load
+	(WorkerState)(0),                   // 53: kvdir.v1.WorkerState
+	(*durationpb.Duration)(nil),        // 54: google.protobuf.Duration
+	(*Namespace)(nil),                  // 55: kvdir.v1.Namespace
+	(*Worker)(nil),                     // 56: kvdir.v1.Worker
+	(*SessionRecord)(nil),              // 57: kvdir.v1.SessionRecord
 }
 var file_kvdir_v1_directory_proto_depIdxs = []int32{
-	45, // 0: kvdir.v1.RegisterRequest.worker:type_name -> kvdir.v1.WorkerSpec
-	46, // 1: kvdir.v1.PublishRequest.batch:type_name -> kvdir.v1.EventBatch
+	50, // 0: kvdir.v1.RegisterRequest.worker:type_name -> kvdir.v1.WorkerSpec
+	51, // 1: kvdir.v1.PublishRequest.batch:type_name -> kvdir.v1.EventBatch
 	0,  // 2: kvdir.v1.PublishResponse.status:type_name -> kvdir.v1.PublishStatus
-	47, // 3: kvdir.v1.HeartbeatRequest.load:type_name -> kvdir.v1.Load
-	48, // 4: kvdir.v1.HeartbeatResponse.state:type_name -> kvdir.v1.WorkerState
-	49, // 5: kvdir.v1.HeartbeatResponse.lease:type_name -> google.protobuf.Duration
-	50, // 6: kvdir.v1.TokenQuery.namespace:type_name -> kvdir.v1.Namespace
+	52, // 3: kvdir.v1.HeartbeatRequest.load:type_name -> kvdir.v1.Load
+	53, // 4: kvdir.v1.HeartbeatResponse.state:type_name -> kvdir.v1.WorkerState
+	54, // 5: kvdir.v1.HeartbeatResponse.lease:type_name -> google.protobuf.Duration
+	55, // 6: kvdir.v1.TokenQuery.namespace:type_name -> kvdir.v1.Namespace
 	11, // 7: kvdir.v1.MatchRequest.chain:type_name -> kvdir.v1.ChainQuery
 	9,  // 8: kvdir.v1.MatchRequest.tokens:type_name -> kvdir.v1.TokenQuery
-	49, // 9: kvdir.v1.ReadInfo.staleness:type_name -> google.protobuf.Duration
+	54, // 9: kvdir.v1.ReadInfo.staleness:type_name -> google.protobuf.Duration
 	12, // 10: kvdir.v1.MatchResponse.matches:type_name -> kvdir.v1.WorkerMatch
 	13, // 11: kvdir.v1.MatchResponse.read:type_name -> kvdir.v1.ReadInfo
-	51, // 12: kvdir.v1.ListWorkersResponse.workers:type_name -> kvdir.v1.Worker
+	56, // 12: kvdir.v1.ListWorkersResponse.workers:type_name -> kvdir.v1.Worker
 	13, // 13: kvdir.v1.ListWorkersResponse.read:type_name -> kvdir.v1.ReadInfo
-	51, // 14: kvdir.v1.GetWorkerResponse.worker:type_name -> kvdir.v1.Worker
+	56, // 14: kvdir.v1.GetWorkerResponse.worker:type_name -> kvdir.v1.Worker
 	18, // 15: kvdir.v1.GetWorkerResponse.chains:type_name -> kvdir.v1.HeldChain
 	13, // 16: kvdir.v1.GetWorkerResponse.read:type_name -> kvdir.v1.ReadInfo
-	52, // 17: kvdir.v1.RecordSessionsRequest.sessions:type_name -> kvdir.v1.SessionRecord
-	52, // 18: kvdir.v1.SessionHolders.session:type_name -> kvdir.v1.SessionRecord
+	57, // 17: kvdir.v1.RecordSessionsRequest.sessions:type_name -> kvdir.v1.SessionRecord
+	57, // 18: kvdir.v1.SessionHolders.session:type_name -> kvdir.v1.SessionRecord
 	12, // 19: kvdir.v1.SessionHolders.holders:type_name -> kvdir.v1.WorkerMatch
 	23, // 20: kvdir.v1.WhoHoldsResponse.sessions:type_name -> kvdir.v1.SessionHolders
 	13, // 21: kvdir.v1.WhoHoldsResponse.read:type_name -> kvdir.v1.ReadInfo
-	52, // 22: kvdir.v1.ListSessionsResponse.sessions:type_name -> kvdir.v1.SessionRecord
+	57, // 22: kvdir.v1.ListSessionsResponse.sessions:type_name -> kvdir.v1.SessionRecord
 	13, // 23: kvdir.v1.ListSessionsResponse.read:type_name -> kvdir.v1.ReadInfo
-	51, // 24: kvdir.v1.WatchWorkersResponse.workers:type_name -> kvdir.v1.Worker
-	30, // 25: kvdir.v1.StatusResponse.members:type_name -> kvdir.v1.Member
-	31, // 26: kvdir.v1.StatusResponse.counters:type_name -> kvdir.v1.IndexCounters
-	49, // 27: kvdir.v1.StatusResponse.staleness:type_name -> google.protobuf.Duration
-	1,  // 28: kvdir.v1.AgentService.Register:input_type -> kvdir.v1.RegisterRequest
-	3,  // 29: kvdir.v1.AgentService.Publish:input_type -> kvdir.v1.PublishRequest
-	5,  // 30: kvdir.v1.AgentService.Heartbeat:input_type -> kvdir.v1.HeartbeatRequest
-	7,  // 31: kvdir.v1.AgentService.Deregister:input_type -> kvdir.v1.DeregisterRequest
-	10, // 32: kvdir.v1.DirectoryService.Match:input_type -> kvdir.v1.MatchRequest
-	15, // 33: kvdir.v1.DirectoryService.ListWorkers:input_type -> kvdir.v1.ListWorkersRequest
-	17, // 34: kvdir.v1.DirectoryService.GetWorker:input_type -> kvdir.v1.GetWorkerRequest
-	20, // 35: kvdir.v1.DirectoryService.RecordSessions:input_type -> kvdir.v1.RecordSessionsRequest
-	22, // 36: kvdir.v1.DirectoryService.WhoHolds:input_type -> kvdir.v1.WhoHoldsRequest
-	25, // 37: kvdir.v1.DirectoryService.ListSessions:input_type -> kvdir.v1.ListSessionsRequest
-	27, // 38: kvdir.v1.DirectoryService.WatchWorkers:input_type -> kvdir.v1.WatchWorkersRequest
-	29, // 39: kvdir.v1.AdminService.Status:input_type -> kvdir.v1.StatusRequest
-	33, // 40: kvdir.v1.AdminService.AddMember:input_type -> kvdir.v1.AddMemberRequest
-	35, // 41: kvdir.v1.AdminService.RemoveMember:input_type -> kvdir.v1.RemoveMemberRequest
-	37, // 42: kvdir.v1.AdminService.TransferLeadership:input_type -> kvdir.v1.TransferLeadershipRequest
-	39, // 43: kvdir.v1.AdminService.Snapshot:input_type -> kvdir.v1.SnapshotRequest
-	41, // 44: kvdir.v1.AdminService.DrainWorker:input_type -> kvdir.v1.DrainWorkerRequest
-	43, // 45: kvdir.v1.AdminService.ExpireWorker:input_type -> kvdir.v1.ExpireWorkerRequest
-	2,  // 46: kvdir.v1.AgentService.Register:output_type -> kvdir.v1.RegisterResponse
-	4,  // 47: kvdir.v1.AgentService.Publish:output_type -> kvdir.v1.PublishResponse
-	6,  // 48: kvdir.v1.AgentService.Heartbeat:output_type -> kvdir.v1.HeartbeatResponse
-	8,  // 49: kvdir.v1.AgentService.Deregister:output_type -> kvdir.v1.DeregisterResponse
-	14, // 50: kvdir.v1.DirectoryService.Match:output_type -> kvdir.v1.MatchResponse
-	16, // 51: kvdir.v1.DirectoryService.ListWorkers:output_type -> kvdir.v1.ListWorkersResponse
-	19, // 52: kvdir.v1.DirectoryService.GetWorker:output_type -> kvdir.v1.GetWorkerResponse
-	21, // 53: kvdir.v1.DirectoryService.RecordSessions:output_type -> kvdir.v1.RecordSessionsResponse
-	24, // 54: kvdir.v1.DirectoryService.WhoHolds:output_type -> kvdir.v1.WhoHoldsResponse
-	26, // 55: kvdir.v1.DirectoryService.ListSessions:output_type -> kvdir.v1.ListSessionsResponse
-	28, // 56: kvdir.v1.DirectoryService.WatchWorkers:output_type -> kvdir.v1.WatchWorkersResponse
-	32, // 57: kvdir.v1.AdminService.Status:output_type -> kvdir.v1.StatusResponse
-	34, // 58: kvdir.v1.AdminService.AddMember:output_type -> kvdir.v1.AddMemberResponse
-	36, // 59: kvdir.v1.AdminService.RemoveMember:output_type -> kvdir.v1.RemoveMemberResponse
-	38, // 60: kvdir.v1.AdminService.TransferLeadership:output_type -> kvdir.v1.TransferLeadershipResponse
-	40, // 61: kvdir.v1.AdminService.Snapshot:output_type -> kvdir.v1.SnapshotResponse
-	42, // 62: kvdir.v1.AdminService.DrainWorker:output_type -> kvdir.v1.DrainWorkerResponse
-	44, // 63: kvdir.v1.AdminService.ExpireWorker:output_type -> kvdir.v1.ExpireWorkerResponse
-	46, // [46:64] is the sub-list for method output_type
-	28, // [28:46] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	56, // 24: kvdir.v1.WatchWorkersResponse.workers:type_name -> kvdir.v1.Worker
+	31, // 25: kvdir.v1.FollowEntries.entries:type_name -> kvdir.v1.FollowEntry
+	30, // 26: kvdir.v1.FollowResponse.snapshot:type_name -> kvdir.v1.FollowSnapshot
+	32, // 27: kvdir.v1.FollowResponse.entries:type_name -> kvdir.v1.FollowEntries
+	35, // 28: kvdir.v1.StatusResponse.members:type_name -> kvdir.v1.Member
+	36, // 29: kvdir.v1.StatusResponse.counters:type_name -> kvdir.v1.IndexCounters
+	54, // 30: kvdir.v1.StatusResponse.staleness:type_name -> google.protobuf.Duration
+	1,  // 31: kvdir.v1.AgentService.Register:input_type -> kvdir.v1.RegisterRequest
+	3,  // 32: kvdir.v1.AgentService.Publish:input_type -> kvdir.v1.PublishRequest
+	5,  // 33: kvdir.v1.AgentService.Heartbeat:input_type -> kvdir.v1.HeartbeatRequest
+	7,  // 34: kvdir.v1.AgentService.Deregister:input_type -> kvdir.v1.DeregisterRequest
+	10, // 35: kvdir.v1.DirectoryService.Match:input_type -> kvdir.v1.MatchRequest
+	15, // 36: kvdir.v1.DirectoryService.ListWorkers:input_type -> kvdir.v1.ListWorkersRequest
+	17, // 37: kvdir.v1.DirectoryService.GetWorker:input_type -> kvdir.v1.GetWorkerRequest
+	20, // 38: kvdir.v1.DirectoryService.RecordSessions:input_type -> kvdir.v1.RecordSessionsRequest
+	22, // 39: kvdir.v1.DirectoryService.WhoHolds:input_type -> kvdir.v1.WhoHoldsRequest
+	25, // 40: kvdir.v1.DirectoryService.ListSessions:input_type -> kvdir.v1.ListSessionsRequest
+	27, // 41: kvdir.v1.DirectoryService.WatchWorkers:input_type -> kvdir.v1.WatchWorkersRequest
+	29, // 42: kvdir.v1.DirectoryService.Follow:input_type -> kvdir.v1.FollowRequest
+	34, // 43: kvdir.v1.AdminService.Status:input_type -> kvdir.v1.StatusRequest
+	38, // 44: kvdir.v1.AdminService.AddMember:input_type -> kvdir.v1.AddMemberRequest
+	40, // 45: kvdir.v1.AdminService.RemoveMember:input_type -> kvdir.v1.RemoveMemberRequest
+	42, // 46: kvdir.v1.AdminService.TransferLeadership:input_type -> kvdir.v1.TransferLeadershipRequest
+	44, // 47: kvdir.v1.AdminService.Snapshot:input_type -> kvdir.v1.SnapshotRequest
+	46, // 48: kvdir.v1.AdminService.DrainWorker:input_type -> kvdir.v1.DrainWorkerRequest
+	48, // 49: kvdir.v1.AdminService.ExpireWorker:input_type -> kvdir.v1.ExpireWorkerRequest
+	2,  // 50: kvdir.v1.AgentService.Register:output_type -> kvdir.v1.RegisterResponse
+	4,  // 51: kvdir.v1.AgentService.Publish:output_type -> kvdir.v1.PublishResponse
+	6,  // 52: kvdir.v1.AgentService.Heartbeat:output_type -> kvdir.v1.HeartbeatResponse
+	8,  // 53: kvdir.v1.AgentService.Deregister:output_type -> kvdir.v1.DeregisterResponse
+	14, // 54: kvdir.v1.DirectoryService.Match:output_type -> kvdir.v1.MatchResponse
+	16, // 55: kvdir.v1.DirectoryService.ListWorkers:output_type -> kvdir.v1.ListWorkersResponse
+	19, // 56: kvdir.v1.DirectoryService.GetWorker:output_type -> kvdir.v1.GetWorkerResponse
+	21, // 57: kvdir.v1.DirectoryService.RecordSessions:output_type -> kvdir.v1.RecordSessionsResponse
+	24, // 58: kvdir.v1.DirectoryService.WhoHolds:output_type -> kvdir.v1.WhoHoldsResponse
+	26, // 59: kvdir.v1.DirectoryService.ListSessions:output_type -> kvdir.v1.ListSessionsResponse
+	28, // 60: kvdir.v1.DirectoryService.WatchWorkers:output_type -> kvdir.v1.WatchWorkersResponse
+	33, // 61: kvdir.v1.DirectoryService.Follow:output_type -> kvdir.v1.FollowResponse
+	37, // 62: kvdir.v1.AdminService.Status:output_type -> kvdir.v1.StatusResponse
+	39, // 63: kvdir.v1.AdminService.AddMember:output_type -> kvdir.v1.AddMemberResponse
+	41, // 64: kvdir.v1.AdminService.RemoveMember:output_type -> kvdir.v1.RemoveMemberResponse
+	43, // 65: kvdir.v1.AdminService.TransferLeadership:output_type -> kvdir.v1.TransferLeadershipResponse
+	45, // 66: kvdir.v1.AdminService.Snapshot:output_type -> kvdir.v1.SnapshotResponse
+	47, // 67: kvdir.v1.AdminService.DrainWorker:output_type -> kvdir.v1.DrainWorkerResponse
+	49, // 68: kvdir.v1.AdminService.ExpireWorker:output_type -> kvdir.v1.ExpireWorkerResponse
+	50, // [50:69] is the sub-list for method output_type
+	31, // [31:50] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_kvdir_v1_directory_proto_init() }
@@ -3080,13 +3424,17 @@ func file_kvdir_v1_directory_proto_init() {
 		(*WhoHoldsRequest_SessionId)(nil),
 		(*WhoHoldsRequest_SessionPrefix)(nil),
 	}
+	file_kvdir_v1_directory_proto_msgTypes[32].OneofWrappers = []any{
+		(*FollowResponse_Snapshot)(nil),
+		(*FollowResponse_Entries)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvdir_v1_directory_proto_rawDesc), len(file_kvdir_v1_directory_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   44,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -259,6 +259,7 @@ const (
 	DirectoryService_WhoHolds_FullMethodName       = "/kvdir.v1.DirectoryService/WhoHolds"
 	DirectoryService_ListSessions_FullMethodName   = "/kvdir.v1.DirectoryService/ListSessions"
 	DirectoryService_WatchWorkers_FullMethodName   = "/kvdir.v1.DirectoryService/WatchWorkers"
+	DirectoryService_Follow_FullMethodName         = "/kvdir.v1.DirectoryService/Follow"
 )
 
 // DirectoryServiceClient is the client API for DirectoryService service.
@@ -282,6 +283,13 @@ type DirectoryServiceClient interface {
 	ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error)
 	// WatchWorkers streams the worker list, then every change to it.
 	WatchWorkers(ctx context.Context, in *WatchWorkersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchWorkersResponse], error)
+	// Follow streams the node's committed log as its state machine applied
+	// it, so that a client can keep a replica of the state machine: a
+	// snapshot first when the client's index is 0 or older than the node's
+	// in-memory feed, then every committed entry after it, without gap or
+	// duplicate. A client that falls too far behind is sent a fresh snapshot.
+	// Any node serves it from its own applied state.
+	Follow(ctx context.Context, in *FollowRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FollowResponse], error)
 }
 
 type directoryServiceClient struct {
@@ -371,6 +379,25 @@ func (c *directoryServiceClient) WatchWorkers(ctx context.Context, in *WatchWork
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DirectoryService_WatchWorkersClient = grpc.ServerStreamingClient[WatchWorkersResponse]
 
+func (c *directoryServiceClient) Follow(ctx context.Context, in *FollowRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FollowResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DirectoryService_ServiceDesc.Streams[1], DirectoryService_Follow_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FollowRequest, FollowResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DirectoryService_FollowClient = grpc.ServerStreamingClient[FollowResponse]
+
 // DirectoryServiceServer is the server API for DirectoryService service.
 // All implementations must embed UnimplementedDirectoryServiceServer
 // for forward compatibility.
@@ -392,6 +419,13 @@ type DirectoryServiceServer interface {
 	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
 	// WatchWorkers streams the worker list, then every change to it.
 	WatchWorkers(*WatchWorkersRequest, grpc.ServerStreamingServer[WatchWorkersResponse]) error
+	// Follow streams the node's committed log as its state machine applied
+	// it, so that a client can keep a replica of the state machine: a
+	// snapshot first when the client's index is 0 or older than the node's
+	// in-memory feed, then every committed entry after it, without gap or
+	// duplicate. A client that falls too far behind is sent a fresh snapshot.
+	// Any node serves it from its own applied state.
+	Follow(*FollowRequest, grpc.ServerStreamingServer[FollowResponse]) error
 	mustEmbedUnimplementedDirectoryServiceServer()
 }
 
@@ -422,6 +456,9 @@ func (UnimplementedDirectoryServiceServer) ListSessions(context.Context, *ListSe
 }
 func (UnimplementedDirectoryServiceServer) WatchWorkers(*WatchWorkersRequest, grpc.ServerStreamingServer[WatchWorkersResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchWorkers not implemented")
+}
+func (UnimplementedDirectoryServiceServer) Follow(*FollowRequest, grpc.ServerStreamingServer[FollowResponse]) error {
+	return status.Error(codes.Unimplemented, "method Follow not implemented")
 }
 func (UnimplementedDirectoryServiceServer) mustEmbedUnimplementedDirectoryServiceServer() {}
 func (UnimplementedDirectoryServiceServer) testEmbeddedByValue()                          {}
@@ -563,6 +600,17 @@ func _DirectoryService_WatchWorkers_Handler(srv interface{}, stream grpc.ServerS
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DirectoryService_WatchWorkersServer = grpc.ServerStreamingServer[WatchWorkersResponse]
 
+func _DirectoryService_Follow_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FollowRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DirectoryServiceServer).Follow(m, &grpc.GenericServerStream[FollowRequest, FollowResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DirectoryService_FollowServer = grpc.ServerStreamingServer[FollowResponse]
+
 // DirectoryService_ServiceDesc is the grpc.ServiceDesc for DirectoryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -599,6 +647,11 @@ var DirectoryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchWorkers",
 			Handler:       _DirectoryService_WatchWorkers_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Follow",
+			Handler:       _DirectoryService_Follow_Handler,
 			ServerStreams: true,
 		},
 	},

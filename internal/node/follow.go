@@ -1,0 +1,210 @@
+package node
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+)
+
+// Bounds of the follow feed. The feed keeps the most recently applied
+// command entries, at most DefaultFollowFeedEntries of them and at most
+// DefaultFollowFeedBytes of entry data, whichever bound is reached first;
+// a Follow client further behind than that is sent a fresh snapshot.
+const (
+	DefaultFollowFeedEntries = 64 << 10
+	DefaultFollowFeedBytes   = 64 << 20
+)
+
+// Bounds of one Follow message.
+const (
+	followBatchEntries = 1024
+	followBatchBytes   = 4 << 20
+	followChunkBytes   = 1 << 20
+)
+
+// feed is a bounded in-memory copy of the recently applied command
+// entries, which Follow streams read from. The state machine pushes to it
+// on the apply path and never waits on a reader: readers pull from it at
+// their own pace, and one that falls behind what the feed still holds
+// learns so and takes a snapshot instead.
+type feed struct {
+	maxEntries, maxBytes int
+
+	mu      sync.Mutex
+	entries []*kvdirv1.FollowEntry // in log order
+	bytes   int                    // data bytes in entries
+	// floor: every command entry applied after index floor is in entries.
+	floor  uint64
+	wake   chan struct{} // closed (and replaced) when entries arrive
+	closed bool
+}
+
+func newFeed(maxEntries, maxBytes int) *feed {
+	if maxEntries <= 0 {
+		maxEntries = DefaultFollowFeedEntries
+	}
+	if maxBytes <= 0 {
+		maxBytes = DefaultFollowFeedBytes
+	}
+	return &feed{maxEntries: maxEntries, maxBytes: maxBytes, wake: make(chan struct{})}
+}
+
+// push is the state machine's OnApplied hook: it appends the applied
+// command entries and drops the oldest over the bounds.
+func (f *feed) push(logs []*raft.Log) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, l := range logs {
+		if n := len(f.entries); n > 0 && l.Index <= f.entries[n-1].Index {
+			continue // never happens on one node's apply path; kept strictly ordered
+		}
+		f.entries = append(f.entries, &kvdirv1.FollowEntry{Index: l.Index, Term: l.Term, Data: l.Data})
+		f.bytes += len(l.Data)
+	}
+	drop := 0
+	for len(f.entries)-drop > f.maxEntries || (f.bytes > f.maxBytes && len(f.entries)-drop > 1) {
+		e := f.entries[drop]
+		f.bytes -= len(e.Data)
+		f.floor = e.Index
+		f.entries[drop] = nil
+		drop++
+	}
+	if drop > 0 {
+		f.entries = f.entries[drop:]
+		if cap(f.entries) > 2*f.maxEntries {
+			f.entries = slices.Clone(f.entries)
+		}
+	}
+	f.wakeLocked()
+}
+
+// wakeLocked wakes the readers waiting for entries; f.mu is held.
+func (f *feed) wakeLocked() {
+	if f.closed {
+		return // closing woke them for good
+	}
+	close(f.wake)
+	f.wake = make(chan struct{})
+}
+
+// reset is the state machine's OnRestored hook: the state was replaced by
+// a snapshot at applied, so the entries the feed holds no longer join up
+// with what comes next.
+func (f *feed) reset(applied uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	clear(f.entries)
+	f.entries, f.bytes, f.floor = f.entries[:0], 0, applied
+	f.wakeLocked()
+}
+
+func (f *feed) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.closed {
+		f.closed = true
+		close(f.wake)
+	}
+}
+
+// read returns up to one message's worth of the entries after index after.
+// behind reports that some of them are no longer held (a snapshot is
+// needed). When there is nothing to read, wake is closed once there may be.
+func (f *feed) read(after uint64) (out []*kvdirv1.FollowEntry, behind bool, wake <-chan struct{}, closed bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil, false, nil, true
+	}
+	if after < f.floor {
+		return nil, true, nil, false
+	}
+	i := sort.Search(len(f.entries), func(i int) bool { return f.entries[i].Index > after })
+	size := 0
+	for ; i < len(f.entries) && len(out) < followBatchEntries; i++ {
+		e := f.entries[i]
+		if len(out) > 0 && size+len(e.Data) > followBatchBytes {
+			break
+		}
+		out = append(out, e)
+		size += len(e.Data)
+	}
+	return out, false, f.wake, false
+}
+
+// Follow streams the committed log from this node's applied state: a
+// snapshot when the client starts from 0 or from before the feed, then
+// every entry after the index it reports, and a fresh snapshot whenever
+// the client falls behind the feed.
+func (s *directoryService) Follow(req *kvdirv1.FollowRequest, stream kvdirv1.DirectoryService_FollowServer) error {
+	n := s.n
+	after, snap := req.AfterIndex, req.AfterIndex == 0
+	for {
+		if snap {
+			idx, err := n.sendFollowSnapshot(stream)
+			if err != nil {
+				return err
+			}
+			after, snap = idx, false
+		}
+		entries, behind, wake, closed := n.feed.read(after)
+		switch {
+		case closed:
+			return status.Error(codes.Unavailable, "node is shutting down; follow another node")
+		case behind:
+			n.log.Debug("follow: client behind the feed; sending a snapshot", "after", after)
+			snap = true
+			continue
+		case len(entries) > 0:
+			err := stream.Send(&kvdirv1.FollowResponse{
+				Payload:     &kvdirv1.FollowResponse_Entries{Entries: &kvdirv1.FollowEntries{Entries: entries}},
+				CommitIndex: n.fsm.AppliedIndex(),
+			})
+			if err != nil {
+				return err
+			}
+			after = entries[len(entries)-1].Index
+			continue
+		}
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-n.stop:
+			return status.Error(codes.Unavailable, "node is shutting down; follow another node")
+		case <-wake:
+		}
+	}
+}
+
+// sendFollowSnapshot sends the state machine's current state in chunks and
+// returns the applied index it holds.
+func (n *Node) sendFollowSnapshot(stream kvdirv1.DirectoryService_FollowServer) (uint64, error) {
+	var buf bytes.Buffer
+	idx, err := n.fsm.WriteStateIndex(&buf)
+	if err != nil {
+		return 0, status.Errorf(codes.Internal, "follow: snapshot: %v", err)
+	}
+	data := buf.Bytes()
+	for {
+		chunk := data[:min(len(data), followChunkBytes)]
+		data = data[len(chunk):]
+		err := stream.Send(&kvdirv1.FollowResponse{
+			Payload:     &kvdirv1.FollowResponse_Snapshot{Snapshot: &kvdirv1.FollowSnapshot{Data: chunk, Index: idx, Last: len(data) == 0}},
+			CommitIndex: n.fsm.AppliedIndex(),
+		})
+		if err != nil {
+			return 0, fmt.Errorf("follow: send snapshot: %w", err)
+		}
+		if len(data) == 0 {
+			return idx, nil
+		}
+	}
+}
