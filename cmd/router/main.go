@@ -29,6 +29,7 @@ import (
 	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/enginemetrics"
+	"github.com/kvdir/kvdir/internal/follow"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/router"
 	"github.com/kvdir/kvdir/internal/tokenize"
@@ -49,6 +50,7 @@ type options struct {
 	addr, workers, policy, fallback                string
 	profile, tokenizer, tokenizeURL, tokenizeModel string
 	token                                          string
+	followLog                                      bool
 	directory                                      []string
 	hashBalance, seed                              int
 	sessionCacheSessions, sessionCacheTokens       int
@@ -95,6 +97,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.StringVar(&o.workers, "workers", o.workers, "static workers instead of discovery: `id=url[@model][#rank],...` (model learned from the engine's metrics if omitted; #rank: one data-parallel rank of the engine at url, its load read from that rank's series and its requests sent with "+router.HeaderDataParallelRank+"); with --directory, prefixes are still matched there")
 	fs.StringVar(&c.EngineKind, "engine-kind", "auto", "shape of the engines' /metrics: "+enginemetrics.KindNames+" (auto: detected from each scrape)")
 	fs.StringVar(&o.token, "token", o.token, "bearer `TOKEN` for the directory (prefer "+p.EnvVar("token")+": flags show in ps)")
+	fs.BoolVar(&o.followLog, "follow-log", false, "keep a local replica of the directory, fed by a node's stream of the committed log, and answer prefix matches from it while it is in sync (the directory answers them otherwise)")
 	fs.StringVar(&c.SessionHeader, "session-header", c.SessionHeader, "request header that carries the session id (optional in requests)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest request body accepted")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", o.shutdownTimeout, "on SIGTERM, how long requests in flight may take to finish")
@@ -256,6 +259,20 @@ func serve(ctx context.Context, o *options, ready chan<- string) error {
 		}
 		defer dir.Close()
 		cfg.Directory = dir
+		if o.followLog {
+			fl, err := follow.New(follow.Config{Addrs: o.directory, Token: o.token, Logger: log})
+			if err != nil {
+				return fmt.Errorf("--follow-log: %w", err)
+			}
+			defer fl.Close()
+			fctx, stopFollow := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); _ = fl.Run(fctx) }()
+			defer func() { stopFollow(); <-done }()
+			cfg.Local = fl
+		}
+	} else if o.followLog {
+		return cli.Usagef("--follow-log needs --directory")
 	}
 	if err := cfg.Validate(); err != nil {
 		return cli.Usage(err)

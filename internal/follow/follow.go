@@ -9,7 +9,8 @@
 // stream breaks it reconnects, to the next node in turn, and resumes after
 // the last index it applied. Reads (Match and the rest) go to FSM().
 //
-// Nothing in the router uses it yet.
+// The router uses it with --follow-log (router.Config.Local): while the
+// replica is in sync (Synced), MatchChain answers its prefix matches.
 package follow
 
 import (
@@ -26,6 +27,7 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/kvdir/kvdir/internal/raftfsm"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
@@ -47,9 +49,12 @@ const maxSnapshot = 4 << 30
 type Config struct {
 	// Addrs are the directory nodes' API addresses, tried in turn.
 	Addrs []string
-	// DialOptions are used to dial them (default: plaintext). Add
-	// credentials (TLS, the router's bearer token) here.
+	// DialOptions are used to dial them (default: plaintext); add TLS
+	// credentials here.
 	DialOptions []grpc.DialOption
+	// Token, if set, is sent as "authorization: Bearer <token>" (a token
+	// of the router role, which Follow requires when tokens are on).
+	Token string
 	// FSM bounds the local state machine; use the directory's own
 	// settings, or the replica may refuse what the directory accepted.
 	FSM raftfsm.Options
@@ -195,6 +200,9 @@ func (f *Follower) follow(ctx context.Context, at int) (progressed bool, err err
 	after := f.fsm.AppliedIndex()
 	if f.resync.Load() {
 		after = 0
+	}
+	if f.cfg.Token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+f.cfg.Token)
 	}
 	stream, err := kvdirv1.NewDirectoryServiceClient(f.conns[at]).Follow(ctx, &kvdirv1.FollowRequest{AfterIndex: after})
 	if err != nil {

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
-	"github.com/kvdir/kvdir/internal/radix"
+	"github.com/kvdir/kvdir/internal/raftfsm"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -93,24 +93,12 @@ func (s *directoryService) Match(ctx context.Context, req *kvdirv1.MatchRequest)
 	resp := &kvdirv1.MatchResponse{ChainBlocks: uint32(len(chain)), Read: n.readInfo(applied)}
 	best := 0
 	for _, m := range ms {
-		resp.Matches = append(resp.Matches, workerMatch(m, blockSize))
+		resp.Matches = append(resp.Matches, raftfsm.WorkerMatchProto(m, blockSize))
 		best = max(best, m.Blocks)
 	}
 	n.metrics.matchLatency.Observe(time.Since(start).Seconds())
 	n.metrics.matchDepth.Observe(float64(best))
 	return resp, nil
-}
-
-func workerMatch(m radix.WorkerMatch, blockSize uint32) *kvdirv1.WorkerMatch {
-	return &kvdirv1.WorkerMatch{
-		WorkerId:     m.Worker,
-		Blocks:       uint32(m.Blocks),
-		GpuBlocks:    uint32(m.Media[radix.GPU]),
-		CpuBlocks:    uint32(m.Media[radix.CPU]),
-		DiskBlocks:   uint32(m.Media[radix.Disk]),
-		RemoteBlocks: uint32(m.Media[radix.Remote]),
-		Tokens:       uint64(m.Blocks) * uint64(blockSize),
-	}
 }
 
 func (s *directoryService) ListWorkers(_ context.Context, req *kvdirv1.ListWorkersRequest) (*kvdirv1.ListWorkersResponse, error) {
@@ -184,7 +172,7 @@ func (s *directoryService) WhoHolds(_ context.Context, req *kvdirv1.WhoHoldsRequ
 		if chain, ok := n.fsm.SessionChain(r); ok {
 			ms, _, _ := n.fsm.Match(nil, chain)
 			for _, m := range ms {
-				sh.Holders = append(sh.Holders, workerMatch(m, r.BlockSize))
+				sh.Holders = append(sh.Holders, raftfsm.WorkerMatchProto(m, r.BlockSize))
 			}
 		}
 		resp.Sessions = append(resp.Sessions, sh)

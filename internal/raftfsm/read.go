@@ -187,3 +187,17 @@ func (f *FSM) Digest() uint64 {
 func (f *FSM) IndexDigest() uint64 {
 	return f.index.Load().Digest()
 }
+
+// WorkerMatchProto is m as the API answers it, with tokens counted in
+// blocks of blockSize.
+func WorkerMatchProto(m radix.WorkerMatch, blockSize uint32) *kvdirv1.WorkerMatch {
+	return &kvdirv1.WorkerMatch{
+		WorkerId:     m.Worker,
+		Blocks:       uint32(m.Blocks),
+		GpuBlocks:    uint32(m.Media[radix.GPU]),
+		CpuBlocks:    uint32(m.Media[radix.CPU]),
+		DiskBlocks:   uint32(m.Media[radix.Disk]),
+		RemoteBlocks: uint32(m.Media[radix.Remote]),
+		Tokens:       uint64(m.Blocks) * uint64(blockSize),
+	}
+}

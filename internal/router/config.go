@@ -40,6 +40,9 @@ func (c Config) Validate() error {
 	if c.Directory == nil && len(c.Static) == 0 {
 		return errors.New("router: give a directory to discover workers from, or a static worker list")
 	}
+	if c.Local != nil && c.Directory == nil {
+		return errors.New("router: a local replica of the directory (Config.Local) needs the directory it follows (Config.Directory)")
+	}
 	seen := map[string]bool{}
 	for _, w := range c.Static {
 		if w.ID == "" {

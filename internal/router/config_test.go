@@ -1,11 +1,14 @@
 package router
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvdir/kvdir/internal/placement"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
 func TestDefaultConfigValidate(t *testing.T) {
@@ -40,6 +43,7 @@ func TestDefaultConfigValidate(t *testing.T) {
 		{"worker scheme", func(c *Config) { c.Static = []StaticWorker{{ID: "a", Address: "ftp://h:1"}} }, "scheme"},
 		{"negative attempts", func(c *Config) { c.MaxAttempts = -1 }, "negative size"},
 		{"negative match timeout", func(c *Config) { c.MatchTimeout = -time.Millisecond }, "match timeout"},
+		{"local replica without directory", func(c *Config) { c.Local = noReplica{} }, "needs the directory it follows"},
 	} {
 		cfg := d
 		c.edit(&cfg)
@@ -55,3 +59,12 @@ func TestDefaultConfigValidate(t *testing.T) {
 		t.Errorf("negative SpecTTL: %v", err)
 	}
 }
+
+// noReplica is a LocalReplica that is never in sync.
+type noReplica struct{}
+
+func (noReplica) MatchChain(context.Context, []uint64, uint32, bool) (*kvdirv1.MatchResponse, error) {
+	return nil, errors.New("not in sync")
+}
+func (noReplica) Synced() bool { return false }
+func (noReplica) Lag() uint64  { return 0 }

@@ -36,10 +36,35 @@ const (
 // request has no session id.
 const chainPrefixBlocks = 4
 
-// matcher is the directory look-up the router needs; *dirclient.Client
-// implements it.
-type matcher interface {
+// Matcher is the directory look-up the router needs: *dirclient.Client
+// asks a directory node, *follow.Follower answers from a local replica of
+// the directory's state machine.
+type Matcher interface {
 	MatchChain(ctx context.Context, hashes []uint64, blockSize uint32, consistent bool) (*kvdirv1.MatchResponse, error)
+}
+
+// LocalReplica is a Matcher that answers from a local replica of the
+// directory (internal/follow), and says whether it is in sync and how
+// many log entries it is behind.
+type LocalReplica interface {
+	Matcher
+	Synced() bool
+	Lag() uint64
+}
+
+// Match sources, the source label of kvdir_router_matches_total.
+const (
+	MatchLocal     = "local"
+	MatchDirectory = "directory"
+)
+
+// matcherFor returns what answers the next match: the local replica
+// while it is in sync, else the directory.
+func (s *Server) matcherFor() (Matcher, string) {
+	if l := s.cfg.Local; l != nil && l.Synced() {
+		return l, MatchLocal
+	}
+	return s.dir, MatchDirectory
 }
 
 // decision is the outcome of placing one request, with what explain and the
@@ -269,7 +294,9 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 			return FallbackError
 		}
 		start := time.Now()
-		resp, err := s.dir.MatchChain(mctx, chain, uint32(ns.BlockSize), false)
+		m, source := s.matcherFor()
+		resp, err := m.MatchChain(mctx, chain, uint32(ns.BlockSize), false)
+		s.metrics.matches.WithLabelValues(source).Inc()
 		s.metrics.dirLookup.Observe(time.Since(start).Seconds())
 		if err != nil {
 			if errors.Is(mctx.Err(), context.DeadlineExceeded) {

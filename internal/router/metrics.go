@@ -22,6 +22,7 @@ type metrics struct {
 	requests       *prometheus.CounterVec
 	decision       prometheus.Histogram
 	dirLookup      prometheus.Histogram
+	matches        *prometheus.CounterVec
 	fallbacks      *prometheus.CounterVec
 	retries        *prometheus.CounterVec
 	predicted      *prometheus.CounterVec
@@ -73,7 +74,9 @@ func newMetrics(numWorkers func() float64) *metrics {
 		modelsFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_engine_models_failures_total",
 			Help: "Failed reads of an engine's /v1/models (the last list is kept), by worker and reason (unreachable, status, read)."}, []string{"worker", "reason"}),
 	}
-	m.reg.MustRegister(m.modelsFailures, m.requests, m.decision, m.dirLookup, m.fallbacks, m.retries, m.predicted, m.engineCached,
+	m.matches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_matches_total",
+		Help: "Directory look-ups by what answered them: local (the router's replica of the directory) or directory (a node, over gRPC)."}, []string{"source"})
+	m.reg.MustRegister(m.matches, m.modelsFailures, m.requests, m.decision, m.dirLookup, m.fallbacks, m.retries, m.predicted, m.engineCached,
 		m.promptTokens, m.ttft, m.workers, m.inflight, m.sessionsLost, m.sessionBatches, m.scrapeFailures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvdir/kvdir/internal/dirclient"
@@ -56,6 +57,11 @@ type Config struct {
 	// Directory, when set, is used to match prefixes, to discover workers
 	// (unless Static is set) and to record sessions.
 	Directory *dirclient.Client
+	// Local, when set with Directory, answers prefix matches from a local
+	// replica of the directory (internal/follow) while it is in sync; the
+	// directory answers them otherwise. Its lag is the
+	// kvdir_router_view_lag_entries gauge.
+	Local LocalReplica
 	// Static lists the workers when they are not discovered from the
 	// directory.
 	Static []StaticWorker
@@ -142,7 +148,7 @@ type Server struct {
 	policy    placement.Policy
 	fallback  placement.Policy
 	renderer  Renderer
-	dir       matcher
+	dir       Matcher
 	pool      *pool
 	scraper   *scraper
 	modelPoll *modelPoller // nil when disabled
@@ -182,6 +188,11 @@ func New(cfg Config) (*Server, error) {
 	s.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	s.pool = newPool(cfg.SpecTTL, s.startScraper)
 	s.metrics = newMetrics(func() float64 { return float64(len(s.pool.snapshot())) })
+	if l := cfg.Local; l != nil {
+		s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvdir_router_view_lag_entries",
+			Help: "Log entries the router's local replica of the directory is behind the last commit index a node reported."},
+			func() float64 { return float64(l.Lag()) }))
+	}
 	kind, force, err := engineKind(cfg.EngineKind)
 	if err != nil {
 		return nil, err

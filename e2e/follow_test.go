@@ -1,0 +1,76 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvdir/kvdir/internal/testkit"
+	"github.com/kvdir/kvdir/internal/testkit/fleet"
+)
+
+// metricOf reads one series (name with its labels, as /metrics spells it)
+// from url's /metrics; ok is false when the series is absent.
+func metricOf(url, series string) (v float64, ok bool, err error) {
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		return 0, false, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if line := sc.Text(); strings.HasPrefix(line, series+" ") {
+			v, err := strconv.ParseFloat(strings.TrimPrefix(line, series+" "), 64)
+			return v, err == nil, err
+		}
+	}
+	return 0, false, sc.Err()
+}
+
+// TestRoutersFollowTheLog runs routers with --follow-log: once a router's
+// replica of the directory is in sync it answers every match itself, and
+// turn 2 of each session, through the router that did not place turn 1,
+// still lands where turn 1's blocks are.
+func TestRoutersFollowTheLog(t *testing.T) {
+	ctx := context.Background()
+	f := fleet.New(t, fleet.Config{Engines: 2, Routers: 2,
+		EngineArgs: []string{"--time-scale", "0.02", "--default-max-tokens", "4"},
+		RouterArgs: []string{"--policy", "kvdir", "--match-timeout", "200ms", "--follow-log"}})
+	r0, r1 := f.Routers[0].URL, f.Routers[1].URL
+	local := `kvdir_router_matches_total{source="local"}`
+	remote := `kvdir_router_matches_total{source="directory"}`
+	// A router's replica is in sync once it answers a match itself.
+	for _, r := range []string{r0, r1} {
+		testkit.Eventually(t, 15*time.Second, r+" to answer a match from its replica", func() (bool, string) {
+			c := chatRequest{Model: "llama3-8b", MaxTokens: 4, Messages: []message{{Role: "user", Content: systemPrompt(99)}}}
+			if _, err := explainWith(ctx, r, "warm-up", c, nil); err != nil {
+				return false, err.Error()
+			}
+			v, ok, err := metricOf(r, local)
+			return ok && v > 0, fmt.Sprint(v, ok, err)
+		})
+	}
+	before, _, err := metricOf(r1, remote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		turnTwoFollowsTurnOne(t, ctx, r0, r1, fmt.Sprintf("follow-%d", i), i, turnCheck{})
+	}
+	after, _, err := metricOf(r1, remote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Fatalf("router 1 asked the directory %v times while its replica was in sync", after-before)
+	}
+	if lag, ok, err := metricOf(r1, "kvdir_router_view_lag_entries"); !ok || err != nil || lag > 1000 {
+		t.Fatalf("router 1's view lag: %v (present %v, %v)", lag, ok, err)
+	}
+}

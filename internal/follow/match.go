@@ -1,0 +1,47 @@
+package follow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+
+	"github.com/kvdir/kvdir/internal/raftfsm"
+)
+
+// ErrNotSynced is MatchChain's answer while the follower has no state it
+// can answer from: before its first snapshot, while it must resync, or
+// while no stream is open.
+var ErrNotSynced = errors.New("follow: the local replica is not in sync with a directory node")
+
+// ErrConsistent is MatchChain's answer to a consistent read, which only
+// the leader can serve.
+var ErrConsistent = errors.New("follow: a consistent read needs the leader; the local replica cannot serve it")
+
+// Synced reports whether the replica has a state to answer from and a
+// stream open that keeps it current.
+func (f *Follower) Synced() bool {
+	return f.snapshots.Load() > 0 && !f.resync.Load() && f.Node() != ""
+}
+
+// MatchChain answers a chain match from the local replica, as a directory
+// node's Match answers it from its own state (the router's matcher).
+func (f *Follower) MatchChain(_ context.Context, hashes []uint64, blockSize uint32, consistent bool) (*kvdirv1.MatchResponse, error) {
+	if consistent {
+		return nil, ErrConsistent
+	}
+	if !f.Synced() {
+		return nil, ErrNotSynced
+	}
+	ms, applied, err := f.fsm.Match(nil, hashes)
+	if err != nil {
+		return nil, fmt.Errorf("follow: match: %w", err)
+	}
+	resp := &kvdirv1.MatchResponse{ChainBlocks: uint32(len(hashes)),
+		Read: &kvdirv1.ReadInfo{NodeId: "local", AppliedIndex: applied}}
+	for _, m := range ms {
+		resp.Matches = append(resp.Matches, raftfsm.WorkerMatchProto(m, blockSize))
+	}
+	return resp, nil
+}
