@@ -74,3 +74,47 @@ func TestRoutersFollowTheLog(t *testing.T) {
 		t.Fatalf("router 1's view lag: %v (present %v, %v)", lag, ok, err)
 	}
 }
+
+// TestRoutersKeepTheirViewWithoutTheDirectory kills every directory node
+// under --follow-log routers: they keep placing from their replica (no
+// fallback to hashing) and say it is stale once the directory has been
+// silent for --follow-stale-after; past --follow-max-stale they fall back.
+func TestRoutersKeepTheirViewWithoutTheDirectory(t *testing.T) {
+	ctx := context.Background()
+	f := fleet.New(t, fleet.Config{Engines: 2, Routers: 2,
+		EngineArgs: []string{"--time-scale", "0.02", "--default-max-tokens", "4"},
+		RouterArgs: []string{"--policy", "kvdir", "--match-timeout", "200ms", "--follow-log",
+			"--follow-stale-after", "1s", "--follow-max-stale", "8s"}})
+	r0, r1 := f.Routers[0].URL, f.Routers[1].URL
+	a1, _ := turnTwoFollowsTurnOne(t, ctx, r0, r1, "offline", 0, turnCheck{})
+	// The next turn of the same conversation, as explain sees it.
+	c := chatRequest{Model: "llama3-8b", MaxTokens: 4, Messages: []message{
+		{Role: "system", Content: systemPrompt(0)}, {Role: "user", Content: "Question 0: what does a prefix cache save?"}}}
+	// The replica's age counts from the last message a node sent, some
+	// time between the start and the end of the shutdown.
+	killStart := time.Now()
+	f.Directory.Stop()
+	killEnd := time.Now()
+	testkit.Eventually(t, 5*time.Second, "router 1 to place from its stale replica", func() (bool, string) {
+		e, err := explainWith(ctx, r1, "offline", c, nil)
+		if err != nil {
+			return false, err.Error()
+		}
+		return e.MatchSource == "local-stale" && e.Fallback == "" && e.Pick == a1.worker && e.PredictedCachedTokens > 0,
+			fmt.Sprintf("source %q fallback %q pick %s predicted %d", e.MatchSource, e.Fallback, e.Pick, e.PredictedCachedTokens)
+	})
+	if since := time.Since(killEnd); since > 8*time.Second {
+		t.Fatalf("stale placement seen only %v after the kill, past --follow-max-stale", since)
+	}
+	testkit.Eventually(t, 15*time.Second, "router 1 to fall back once its view is too old", func() (bool, string) {
+		e, err := explainWith(ctx, r1, "offline", c, nil)
+		if err != nil {
+			return false, err.Error()
+		}
+		return e.Fallback != "" && e.MatchSource != "local" && e.MatchSource != "local-stale",
+			fmt.Sprintf("source %q fallback %q", e.MatchSource, e.Fallback)
+	})
+	if since := time.Since(killStart); since < 8*time.Second {
+		t.Fatalf("fell back %v after the kill began, before --follow-max-stale", since)
+	}
+}

@@ -97,6 +97,8 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.StringVar(&o.workers, "workers", o.workers, "static workers instead of discovery: `id=url[@model][#rank],...` (model learned from the engine's metrics if omitted; #rank: one data-parallel rank of the engine at url, its load read from that rank's series and its requests sent with "+router.HeaderDataParallelRank+"); with --directory, prefixes are still matched there")
 	fs.StringVar(&c.EngineKind, "engine-kind", "auto", "shape of the engines' /metrics: "+enginemetrics.KindNames+" (auto: detected from each scrape)")
 	fs.StringVar(&o.token, "token", o.token, "bearer `TOKEN` for the directory (prefer "+p.EnvVar("token")+": flags show in ps)")
+	fs.DurationVar(&o.cfg.LocalStaleAfter, "follow-stale-after", router.DefaultLocalStaleAfter, "with --follow-log: matches from a replica not heard from the directory for this `DURATION` are marked stale (explain, metrics)")
+	fs.DurationVar(&o.cfg.LocalMaxStale, "follow-max-stale", router.DefaultLocalMaxStale, "with --follow-log: past this `DURATION` without the directory the replica stops answering and the directory (or the fallback policy) does")
 	fs.BoolVar(&o.followLog, "follow-log", false, "keep a local replica of the directory, fed by a node's stream of the committed log, and answer prefix matches from it while it is in sync (the directory answers them otherwise)")
 	fs.StringVar(&c.SessionHeader, "session-header", c.SessionHeader, "request header that carries the session id (optional in requests)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest request body accepted")

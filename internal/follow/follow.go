@@ -72,6 +72,7 @@ type Follower struct {
 	conns []*grpc.ClientConn
 
 	commit    atomic.Uint64 // latest commit index a node reported
+	heard     atomic.Int64  // when a node last sent anything (Unix nanoseconds; 0: never)
 	snapshots atomic.Uint64 // snapshots restored
 	// resync makes the next stream start from a snapshot (the local state
 	// is not to be trusted after a failed apply).
@@ -269,6 +270,7 @@ func (f *Follower) follow(ctx context.Context, at int) (progressed bool, err err
 			return progressed, fmt.Errorf("follow stream: message with no payload (%T)", p)
 		}
 		f.commit.Store(max(f.commit.Load(), resp.CommitIndex))
+		f.heard.Store(time.Now().UnixNano())
 	}
 }
 

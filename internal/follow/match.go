@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"time"
 
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 
@@ -11,18 +13,31 @@ import (
 )
 
 // ErrNotSynced is MatchChain's answer while the follower has no state it
-// can answer from: before its first snapshot, while it must resync, or
-// while no stream is open.
+// can answer from: before its first snapshot, or while it must resync.
 var ErrNotSynced = errors.New("follow: the local replica is not in sync with a directory node")
 
 // ErrConsistent is MatchChain's answer to a consistent read, which only
 // the leader can serve.
 var ErrConsistent = errors.New("follow: a consistent read needs the leader; the local replica cannot serve it")
 
-// Synced reports whether the replica has a state to answer from and a
-// stream open that keeps it current.
+// Synced reports whether the replica has a state to answer from: a
+// snapshot restored and nothing since that makes it untrustworthy. How
+// current that state is, is Staleness.
 func (f *Follower) Synced() bool {
-	return f.snapshots.Load() > 0 && !f.resync.Load() && f.Node() != ""
+	return f.snapshots.Load() > 0 && !f.resync.Load()
+}
+
+// Staleness is how long ago a directory node last sent the replica
+// anything (entries, a snapshot, or the empty batch a node sends every
+// half second on a quiet stream); a replica never reached reports a very
+// large value. An in-sync replica with a live stream stays well under a
+// second.
+func (f *Follower) Staleness() time.Duration {
+	h := f.heard.Load()
+	if h == 0 {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Since(time.Unix(0, h))
 }
 
 // MatchChain answers a chain match from the local replica, as a directory

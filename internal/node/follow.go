@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc/codes"
@@ -22,6 +23,10 @@ const (
 	DefaultFollowFeedEntries = 64 << 10
 	DefaultFollowFeedBytes   = 64 << 20
 )
+
+// followKeepalive is how long a Follow stream stays silent before the node
+// sends an empty batch, so that a follower can bound how stale its view is.
+const followKeepalive = 500 * time.Millisecond
 
 // Bounds of one Follow message.
 const (
@@ -174,12 +179,26 @@ func (s *directoryService) Follow(req *kvdirv1.FollowRequest, stream kvdirv1.Dir
 			after = entries[len(entries)-1].Index
 			continue
 		}
+		keepalive := time.NewTimer(followKeepalive)
 		select {
 		case <-stream.Context().Done():
+			keepalive.Stop()
 			return nil
 		case <-n.stop:
+			keepalive.Stop()
 			return status.Error(codes.Unavailable, "node is shutting down; follow another node")
 		case <-wake:
+			keepalive.Stop()
+		case <-keepalive.C:
+			// Nothing was applied for a while: an empty batch tells the
+			// client the stream and this node are alive, with the applied
+			// index, so that it can tell a quiet cluster from a lost one.
+			if err := stream.Send(&kvdirv1.FollowResponse{
+				Payload:     &kvdirv1.FollowResponse_Entries{Entries: &kvdirv1.FollowEntries{}},
+				CommitIndex: n.fsm.AppliedIndex(),
+			}); err != nil {
+				return err
+			}
 		}
 	}
 }

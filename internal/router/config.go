@@ -40,6 +40,9 @@ func (c Config) Validate() error {
 	if c.Directory == nil && len(c.Static) == 0 {
 		return errors.New("router: give a directory to discover workers from, or a static worker list")
 	}
+	if c.LocalStaleAfter < 0 || c.LocalMaxStale < 0 || (c.LocalMaxStale > 0 && c.LocalMaxStale < c.LocalStaleAfter) {
+		return fmt.Errorf("router: --follow-max-stale %v must be at least --follow-stale-after %v (and neither negative)", c.LocalMaxStale, c.LocalStaleAfter)
+	}
 	if c.Local != nil && c.Directory == nil {
 		return errors.New("router: a local replica of the directory (Config.Local) needs the directory it follows (Config.Directory)")
 	}

@@ -44,6 +44,7 @@ func TestDefaultConfigValidate(t *testing.T) {
 		{"negative attempts", func(c *Config) { c.MaxAttempts = -1 }, "negative size"},
 		{"negative match timeout", func(c *Config) { c.MatchTimeout = -time.Millisecond }, "match timeout"},
 		{"local replica without directory", func(c *Config) { c.Local = noReplica{} }, "needs the directory it follows"},
+		{"max stale below stale after", func(c *Config) { c.LocalStaleAfter, c.LocalMaxStale = 5*time.Second, time.Second }, "--follow-max-stale"},
 	} {
 		cfg := d
 		c.edit(&cfg)
@@ -66,5 +67,6 @@ type noReplica struct{}
 func (noReplica) MatchChain(context.Context, []uint64, uint32, bool) (*kvdirv1.MatchResponse, error) {
 	return nil, errors.New("not in sync")
 }
-func (noReplica) Synced() bool { return false }
-func (noReplica) Lag() uint64  { return 0 }
+func (noReplica) Synced() bool             { return false }
+func (noReplica) Lag() uint64              { return 0 }
+func (noReplica) Staleness() time.Duration { return time.Hour }

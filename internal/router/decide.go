@@ -50,19 +50,28 @@ type LocalReplica interface {
 	Matcher
 	Synced() bool
 	Lag() uint64
+	// Staleness is how long ago a directory node was last heard from.
+	Staleness() time.Duration
 }
 
 // Match sources, the source label of kvdir_router_matches_total.
 const (
-	MatchLocal     = "local"
-	MatchDirectory = "directory"
+	MatchLocal      = "local"       // the local replica, heard from within Config.LocalStaleAfter
+	MatchLocalStale = "local-stale" // the local replica, older than that but within Config.LocalMaxStale
+	MatchDirectory  = "directory"   // a directory node, over gRPC
 )
 
 // matcherFor returns what answers the next match: the local replica
-// while it is in sync, else the directory.
+// while it is in sync and not older than LocalMaxStale (marked stale past
+// LocalStaleAfter: a slightly old view beats hashing), else the directory.
 func (s *Server) matcherFor() (Matcher, string) {
 	if l := s.cfg.Local; l != nil && l.Synced() {
-		return l, MatchLocal
+		switch age := l.Staleness(); {
+		case age <= s.cfg.LocalStaleAfter:
+			return l, MatchLocal
+		case age <= s.cfg.LocalMaxStale:
+			return l, MatchLocalStale
+		}
 	}
 	return s.dir, MatchDirectory
 }
@@ -72,6 +81,9 @@ func (s *Server) matcherFor() (Matcher, string) {
 type decision struct {
 	policy   string
 	fallback string // why the directory was not used; "" if it was (or was not needed)
+	// matchSource says what answered the directory look-up (Match*; ""
+	// when there was none).
+	matchSource string
 
 	tokens    int      // prompt tokens
 	blockSize int      // block size of chain
@@ -297,6 +309,7 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 		m, source := s.matcherFor()
 		resp, err := m.MatchChain(mctx, chain, uint32(ns.BlockSize), false)
 		s.metrics.matches.WithLabelValues(source).Inc()
+		d.matchSource = source
 		s.metrics.dirLookup.Observe(time.Since(start).Seconds())
 		if err != nil {
 			if errors.Is(mctx.Err(), context.DeadlineExceeded) {

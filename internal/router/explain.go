@@ -12,13 +12,17 @@ type Explanation struct {
 	Model string `json:"model"`
 	// LoRA is the adapter the request is hashed under on the picked worker
 	// ("" when model is a base model).
-	LoRA                  string        `json:"lora"`
-	SessionID             string        `json:"session_id"`
-	Policy                string        `json:"policy"`
-	PromptTokens          int           `json:"prompt_tokens"`
-	BlockSize             int           `json:"block_size"`
-	ChainBlocks           int           `json:"chain_blocks"`
-	Fallback              string        `json:"fallback"`
+	LoRA         string `json:"lora"`
+	SessionID    string `json:"session_id"`
+	Policy       string `json:"policy"`
+	PromptTokens int    `json:"prompt_tokens"`
+	BlockSize    int    `json:"block_size"`
+	ChainBlocks  int    `json:"chain_blocks"`
+	Fallback     string `json:"fallback"`
+	// MatchSource says what answered the directory look-up: local (the
+	// router's replica of the directory), local-stale (the same, not heard
+	// from the directory within --follow-stale-after), or directory.
+	MatchSource           string        `json:"match_source,omitempty"`
 	Pick                  string        `json:"pick"`
 	PredictedCachedTokens int           `json:"predicted_cached_tokens"`
 	DecisionMicros        float64       `json:"decision_us"`
@@ -97,7 +101,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 // explain builds the Explanation of d.
 func (s *Server) explain(req *request, d *decision) Explanation {
 	e := Explanation{Model: req.model, SessionID: req.session, Policy: d.policy, PromptTokens: d.tokens,
-		BlockSize: d.blockSize, ChainBlocks: len(d.chain), Fallback: d.fallback, Pick: d.pick.Worker,
+		BlockSize: d.blockSize, ChainBlocks: len(d.chain), Fallback: d.fallback, MatchSource: d.matchSource, Pick: d.pick.Worker,
 		PredictedCachedTokens: d.pick.PredictedCachedTokens, LoRA: d.ns[d.pick.Index].LoRA,
 		DecisionMicros: float64((d.renderDur + d.hashDur + d.matchDur + d.scoreDur).Nanoseconds()) / 1e3,
 		RenderMicros:   us(d.renderDur), HashMicros: us(d.hashDur), MatchMicros: us(d.matchDur), ScoreMicros: us(d.scoreDur),

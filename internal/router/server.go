@@ -28,10 +28,14 @@ const (
 	DefaultMatchTimeout   = 5 * time.Millisecond
 	DefaultScrapeInterval = 100 * time.Millisecond
 	DefaultSpecTTL        = 5 * time.Second
-	DefaultMaxAttempts    = 3
-	DefaultDownFor        = 2 * time.Second
-	DefaultBlockSize      = 16
-	DefaultConnectTimeout = 2 * time.Second
+	// DefaultLocalStaleAfter and DefaultLocalMaxStale bound the age of the
+	// local replica's view (Config.LocalStaleAfter, LocalMaxStale).
+	DefaultLocalStaleAfter = 2 * time.Second
+	DefaultLocalMaxStale   = 30 * time.Second
+	DefaultMaxAttempts     = 3
+	DefaultDownFor         = 2 * time.Second
+	DefaultBlockSize       = 16
+	DefaultConnectTimeout  = 2 * time.Second
 )
 
 // StaticWorker is a worker given on the command line instead of discovered.
@@ -62,6 +66,11 @@ type Config struct {
 	// directory answers them otherwise. Its lag is the
 	// kvdir_router_view_lag_entries gauge.
 	Local LocalReplica
+	// LocalStaleAfter is the age past which the local replica's matches
+	// are marked stale (default 2 s); LocalMaxStale the age past which the
+	// directory answers instead (default 30 s). Both ages are how long ago
+	// a directory node was last heard from.
+	LocalStaleAfter, LocalMaxStale time.Duration
 	// Static lists the workers when they are not discovered from the
 	// directory.
 	Static []StaticWorker
@@ -120,6 +129,8 @@ func (c *Config) setDefaults() error {
 	def(&c.ScrapeInterval, DefaultScrapeInterval)
 	def(&c.ModelsInterval, DefaultModelsInterval)
 	def(&c.SpecTTL, DefaultSpecTTL)
+	def(&c.LocalStaleAfter, DefaultLocalStaleAfter)
+	def(&c.LocalMaxStale, max(DefaultLocalMaxStale, c.LocalStaleAfter))
 	def(&c.DownFor, DefaultDownFor)
 	def(&c.ConnectTimeout, DefaultConnectTimeout)
 	def(&c.SessionInterval, DefaultSessionInterval)
