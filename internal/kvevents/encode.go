@@ -160,7 +160,7 @@ func appendStored(dst []byte, e *BlockStored, asMap bool) []byte {
 		dst = appendHash(dst, *e.Parent)
 	}
 	key("token_ids")
-	dst = appendTokens(dst, e)
+	dst = AppendTokenIDs(dst, e)
 	key("block_size")
 	dst = mpenc.AppendInt(dst, int64(e.BlockSize))
 	key("lora_id")
@@ -230,9 +230,10 @@ func appendStored(dst []byte, e *BlockStored, asMap bool) []byte {
 	return dst
 }
 
-// appendTokens writes token_ids: bigram pairs when e.Bigram, otherwise the
-// integer ids with e.StrTokens written as strings at their index.
-func appendTokens(dst []byte, e *BlockStored) []byte {
+// AppendTokenIDs writes e's token_ids as engines put them on the wire:
+// bigram pairs when e.Bigram, otherwise the integer ids with e.StrTokens
+// (in index order) written as strings at their index.
+func AppendTokenIDs(dst []byte, e *BlockStored) []byte {
 	dst = mpenc.AppendArrayLen(dst, len(e.TokenIDs))
 	if e.Bigram {
 		for i, t := range e.TokenIDs {

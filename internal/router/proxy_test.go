@@ -291,17 +291,8 @@ func TestModelsUnion(t *testing.T) {
 	a, b, c := newUpstream(t, "m1", okJSON(0)), newUpstream(t, "m2", okJSON(0)), newUpstream(t, "m1", okJSON(0))
 	// c's model is learned from its metrics.
 	_, url := testRouter(t, "kvdir", []StaticWorker{{ID: "a", Address: a.URL, Model: "m1"}, {ID: "b", Address: b.URL, Model: "m2"}, {ID: "c", Address: c.URL}}, nil)
-	resp, err := http.Get(url + "/v1/models")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var list openai.ModelList
-	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
-		t.Fatal(err)
-	}
 	var ids []string
-	for _, m := range list.Data {
+	for _, m := range routerModels(t, url).Data {
 		ids = append(ids, m.ID)
 	}
 	if strings.Join(ids, ",") != "m1,m2" {

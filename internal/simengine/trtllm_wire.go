@@ -179,19 +179,12 @@ func trtllmStored(dst []byte, e *kvevents.BlockStored) ([]byte, error) {
 		}
 		dst = mpenc.AppendUint(dst, e.Parent.Key())
 	}
-	dst = mpenc.AppendArrayLen(mpenc.AppendStr(dst, "token_ids"), len(e.TokenIDs))
-	strs := e.StrTokens
-	for i, t := range e.TokenIDs {
-		if len(strs) > 0 && strs[0].Index == i {
-			dst = mpenc.AppendStr(dst, strs[0].Value)
-			strs = strs[1:]
-			continue
+	for i, st := range e.StrTokens {
+		if st.Index < 0 || st.Index >= len(e.TokenIDs) || (i > 0 && st.Index <= e.StrTokens[i-1].Index) {
+			return nil, fmt.Errorf("%w: string token at %d, beyond or out of order in token_ids", ErrNotTRTLLM, st.Index)
 		}
-		dst = mpenc.AppendUint(dst, uint64(t))
 	}
-	if len(strs) > 0 {
-		return nil, fmt.Errorf("%w: string token at %d, beyond or out of order in token_ids", ErrNotTRTLLM, strs[0].Index)
-	}
+	dst = kvevents.AppendTokenIDs(mpenc.AppendStr(dst, "token_ids"), e)
 	dst = mpenc.AppendInt(mpenc.AppendStr(dst, "block_size"), int64(e.BlockSize))
 	dst = mpenc.AppendStr(dst, "lora_id")
 	if e.LoRAID == nil {
