@@ -298,3 +298,33 @@ func (f *Follower) apply(entries []*kvdirv1.FollowEntry) error {
 	}
 	return nil
 }
+
+// View is what a follower reports of its replica: where it streams from,
+// how far it is behind, and the digests of its state at AppliedIndex.
+type View struct {
+	// Node is the address streamed from now ("" when not connected).
+	Node string
+	// Synced is Synced(); Staleness is Staleness().
+	Synced    bool
+	Staleness time.Duration
+	// AppliedIndex is the local applied index; CommitIndex the latest a
+	// node reported; LagEntries the difference (Lag).
+	AppliedIndex, CommitIndex, LagEntries uint64
+	// Digest is the state's digest (raftfsm.FSM.Digest) and IndexDigest the
+	// block index's (the one a node's Status reports), both at AppliedIndex.
+	Digest, IndexDigest uint64
+	// Snapshots is Snapshots().
+	Snapshots uint64
+}
+
+// View reports the replica's state, its digests read together with the
+// applied index they describe.
+func (f *Follower) View() View {
+	d, id, applied := f.fsm.Digests()
+	v := View{Node: f.Node(), Synced: f.Synced(), Staleness: f.Staleness(), AppliedIndex: applied,
+		CommitIndex: f.commit.Load(), Digest: d, IndexDigest: id, Snapshots: f.snapshots.Load()}
+	if v.CommitIndex > applied {
+		v.LagEntries = v.CommitIndex - applied
+	}
+	return v
+}

@@ -75,8 +75,10 @@ func caughtUp(t *testing.T, c *dirtest.Cluster, f *running) {
 	testkit.Eventually(t, 15*time.Second, "the follower to catch up with the directory", func() (bool, string) {
 		want, wantD, wantI := n.FSM().AppliedIndex(), n.FSM().Digest(), n.FSM().IndexDigest()
 		got, gotD, gotI := f.AppliedIndex(), f.Digest(), f.IndexDigest()
-		return got == want && gotD == wantD && gotI == wantI && f.Lag() == 0,
-			fmt.Sprintf("node %s %d/%016x/%016x, follower %d/%016x/%016x lag %d", n.ID(), want, wantD, wantI, got, gotD, gotI, f.Lag())
+		v := f.View()
+		viewOK := v.Synced && v.Node != "" && v.AppliedIndex == want && v.Digest == wantD && v.IndexDigest == wantI && v.LagEntries == 0
+		return got == want && gotD == wantD && gotI == wantI && f.Lag() == 0 && viewOK,
+			fmt.Sprintf("node %s %d/%016x/%016x, follower %d/%016x/%016x lag %d, view %+v", n.ID(), want, wantD, wantI, got, gotD, gotI, f.Lag(), v)
 	})
 }
 

@@ -151,6 +151,19 @@ func (f *FSM) Counters() Counters {
 func (f *FSM) Digest() uint64 {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	return f.digestLocked()
+}
+
+// Digests returns Digest and IndexDigest with the applied index they
+// describe, read together: no command is applied between them.
+func (f *FSM) Digests() (state, index, applied uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.digestLocked(), f.index.Load().Digest(), f.applied.Load()
+}
+
+// digestLocked is Digest; f.mu is held.
+func (f *FSM) digestLocked() uint64 {
 	st := f.st
 	h := xxh3.New()
 	var b [8]byte

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/follow"
 	"github.com/kvdir/kvdir/internal/placement"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
@@ -70,3 +71,4 @@ func (noReplica) MatchChain(context.Context, []uint64, uint32, bool) (*kvdirv1.M
 func (noReplica) Synced() bool             { return false }
 func (noReplica) Lag() uint64              { return 0 }
 func (noReplica) Staleness() time.Duration { return time.Hour }
+func (noReplica) View() follow.View        { return follow.View{} }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/follow"
 	"github.com/kvdir/kvdir/internal/placement"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
@@ -52,6 +53,8 @@ type LocalReplica interface {
 	Lag() uint64
 	// Staleness is how long ago a directory node was last heard from.
 	Staleness() time.Duration
+	// View reports the replica's position and digests (GET /v1/kvdir/view).
+	View() follow.View
 }
 
 // Match sources, the source label of kvdir_router_matches_total.

@@ -17,6 +17,7 @@ const (
 	PathChat        = "/v1/chat/completions"
 	PathCompletions = "/v1/completions"
 	PathExplain     = "/v1/kvdir/explain"
+	PathView        = "/v1/kvdir/view"
 )
 
 // request is a parsed client request: what placement needs, plus the body

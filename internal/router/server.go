@@ -231,6 +231,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST "+PathChat, func(w http.ResponseWriter, r *http.Request) { s.serveProxy(w, r, true) })
 	s.mux.HandleFunc("POST "+PathCompletions, func(w http.ResponseWriter, r *http.Request) { s.serveProxy(w, r, false) })
 	s.mux.HandleFunc("POST "+PathExplain, s.serveExplain)
+	s.mux.HandleFunc("GET "+PathView, s.serveView)
 	s.mux.HandleFunc("GET /v1/models", s.serveModels)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	s.mux.HandleFunc("GET /readyz", s.serveReady)
