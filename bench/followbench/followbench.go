@@ -135,6 +135,9 @@ type LagPhase struct {
 	// BatchesPerEntry is the acknowledged batches per log entry the leader
 	// wrote (it groups batches from all streams).
 	BatchesPerEntry float64 `json:"batches_per_entry"`
+	// NodeSnapshots is how many nodes took a Raft snapshot during the
+	// phase (applies wait while a node captures its state).
+	NodeSnapshots int `json:"node_snapshots"`
 }
 
 // Details are the envelope's details.

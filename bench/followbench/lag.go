@@ -52,9 +52,16 @@ func lagPhases(ctx context.Context, c *fleet.Directory, leader *fleet.DirNode, l
 		return errors.New("no worker has a piece to churn")
 	}
 	for _, rate := range rates {
+		before := snapshotIndexes(ctx, c)
 		ph, err := lagPhase(ctx, leader, live, churners, rate, d)
 		if err != nil {
 			return fmt.Errorf("lag at %d events/s: %w", rate, err)
+		}
+		after := snapshotIndexes(ctx, c)
+		for i := range after {
+			if after[i] != before[i] {
+				ph.NodeSnapshots++
+			}
 		}
 		res.LagPhases = append(res.LagPhases, *ph)
 		log.Info("lag phase", "offered", rate, "achieved", ph.AchievedPerSec, "commit_p99_ms", ph.CommitP99ms,
@@ -257,4 +264,16 @@ func quantile(v []float64, q float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[int(q*float64(len(s)-1))]
+}
+
+// snapshotIndexes is each node's last Raft snapshot index (0 when it
+// cannot say).
+func snapshotIndexes(ctx context.Context, c *fleet.Directory) []uint64 {
+	out := make([]uint64, len(c.Nodes))
+	for i, n := range c.Nodes {
+		if st, err := n.Status(ctx); err == nil {
+			out[i] = st.LastSnapshotIndex
+		}
+	}
+	return out
 }
