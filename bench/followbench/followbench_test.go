@@ -22,8 +22,16 @@ func TestRunTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"cold_start_seconds", "snapshot_bytes", "node_fsm_bytes_per_entry", "replica_bytes_per_entry",
-		"replica_memory_ratio", "view_lag_p99_ms", "max_sustained_events_per_sec"} {
+		"replica_memory_ratio", "lag_events_per_sec"} {
 		if f, ok := res.Figure(name); !ok || f.Measured <= 0 {
+			t.Errorf("figure %s: %+v, present %v", name, f, ok)
+		}
+	}
+	// On a loaded machine a one-second phase may fall short of its rate,
+	// and a replica may apply a batch before its acknowledgement arrives:
+	// these may be zero, never negative.
+	for _, name := range []string{"view_lag_p99_ms", "max_sustained_events_per_sec"} {
+		if f, ok := res.Figure(name); !ok || f.Measured < 0 {
 			t.Errorf("figure %s: %+v, present %v", name, f, ok)
 		}
 	}
