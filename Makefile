@@ -123,7 +123,7 @@ bench-sim: ## kvbench sim: every policy on TRACE, 8 x llama3-70b, KV 2x and 0.7x
 	$(GO) run ./bench/cmd/kvbench sim --trace $(TRACE) --replicas 8 --profile llama3-70b --kv-blocks 101200 --time-scale 2 --policies all --parallel 2 --out bench/results/sim-mooncake-70b-kv2x-halfrate.json
 
 .PHONY: bench
-bench: bench-index bench-directory bench-agent bench-router bench-sim demo ## Every benchmark; refreshes bench/results/ and the figure tables quoting them
+bench: bench-index bench-directory bench-follow bench-agent bench-router bench-sim demo ## Every benchmark; refreshes bench/results/ and the figure tables quoting them
 	$(GO) run ./bench/cmd/kvbench docs
 
 .PHONY: bench-index
@@ -135,6 +135,11 @@ bench-index: ## Index and hashing figures at full scale -> bench/results/index.j
 bench-directory: ## 3 directory processes, 64 publishing workers -> bench/results/directory.json
 	@mkdir -p bench/results
 	$(GO) run ./bench/cmd/kvbench directory --out bench/results/directory.json
+
+.PHONY: bench-follow
+bench-follow: ## A router's local replica at 10 M entries: cold start, memory per entry, view lag (3 directory processes) -> bench/results/follow.json
+	@mkdir -p bench/results
+	$(GO) run ./bench/cmd/kvbench follow --out bench/results/follow.json
 
 .PHONY: bench-agent
 bench-agent: ## Agent decode+hash rate, end-to-end event lag (directory, enginesim, agent processes) -> bench/results/agent.json

@@ -13,9 +13,9 @@ import (
 	"github.com/kvdir/kvdir/internal/testkit/fleet"
 )
 
-// converge waits until every running node has the same applied index and
+// Converge waits until every running node has the same applied index and
 // digest.
-func converge(ctx context.Context, c *fleet.Directory, timeout time.Duration) error {
+func Converge(ctx context.Context, c *fleet.Directory, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last string
 	for time.Now().Before(deadline) {

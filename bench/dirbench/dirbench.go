@@ -153,7 +153,7 @@ func measure(ctx context.Context, cfg Options) (res *Measures, err error) {
 		}
 		defer os.RemoveAll(dir)
 	}
-	c, err := startDirectory(dir, cfg.NodeFlags)
+	c, err := StartDirectory(dir, cfg.NodeFlags)
 	if err != nil {
 		return nil, err
 	}
@@ -174,11 +174,11 @@ func measure(ctx context.Context, cfg Options) (res *Measures, err error) {
 	res = &Measures{Details: Details{Nodes: Nodes, BatchBlocks: cfg.BatchBlocks, InflightPerWkr: cfg.Inflight, MatchChain: cfg.ChainBlocks}}
 	wl := radixtest.Generate(radixtest.Full.Scaled(cfg.Scale))
 	res.Workers = wl.Shape.Workers
-	work := batches(wl, cfg.BatchBlocks)
+	work := Batches(wl, cfg.BatchBlocks)
 	for _, b := range work {
 		res.Batches += len(b)
 	}
-	if err := publishAll(ctx, c.Nodes[leader], work, cfg.Inflight, res); err != nil {
+	if err := PublishAll(ctx, c.Nodes[leader], work, cfg.Inflight, res); err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
 	log.Info("published", "events", res.Events, "events_per_sec", res.EventsPerSec, "burst_commit_p99_ms", res.BurstCommitP99ms)
@@ -187,7 +187,7 @@ func measure(ctx context.Context, cfg Options) (res *Measures, err error) {
 	}
 	log.Info("commit latency at a steady rate", "events_per_sec", res.LatencyRate, "p50_ms", res.CommitP50ms, "p99_ms", res.CommitP99ms)
 
-	if err := converge(ctx, c, 2*time.Minute); err != nil {
+	if err := Converge(ctx, c, 2*time.Minute); err != nil {
 		return nil, err
 	}
 	res.DigestsAgree = true
@@ -220,8 +220,8 @@ func measure(ctx context.Context, cfg Options) (res *Measures, err error) {
 	return res, nil
 }
 
-// startDirectory builds cmd/directory into dir and starts the nodes there.
-func startDirectory(dir string, nodeFlags []string) (*fleet.Directory, error) {
+// StartDirectory builds cmd/directory into dir and starts the nodes there.
+func StartDirectory(dir string, nodeFlags []string) (*fleet.Directory, error) {
 	bins, err := testkit.Build(dir, "directory")
 	if err != nil {
 		return nil, fmt.Errorf("build the directory: %w", err)

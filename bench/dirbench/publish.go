@@ -15,9 +15,9 @@ import (
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
-// batches turns the workload into each worker's event batches: its system
+// Batches turns the workload into each worker's event batches: its system
 // prompts, then its sessions turn by turn, packed up to max blocks a batch.
-func batches(wl *radixtest.Workload, max int) [][]*kvdirv1.EventBatch {
+func Batches(wl *radixtest.Workload, max int) [][]*kvdirv1.EventBatch {
 	pieces := make([][]*kvdirv1.StoredBlocks, wl.Shape.Workers)
 	for i, sys := range wl.Systems {
 		for _, h := range wl.SystemHolders[i] {
@@ -52,9 +52,9 @@ func batches(wl *radixtest.Workload, max int) [][]*kvdirv1.EventBatch {
 	return out
 }
 
-// publishAll registers every worker on the leader and publishes their
+// PublishAll registers every worker on the leader and publishes their
 // batches on one stream each, inflight batches at a time.
-func publishAll(ctx context.Context, leader *fleet.DirNode, work [][]*kvdirv1.EventBatch, inflight int, res *Measures) error {
+func PublishAll(ctx context.Context, leader *fleet.DirNode, work [][]*kvdirv1.EventBatch, inflight int, res *Measures) error {
 	agent := kvdirv1.NewAgentServiceClient(leader.Conn())
 	for w, bs := range work {
 		reg, err := agent.Register(ctx, &kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{

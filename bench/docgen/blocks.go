@@ -69,6 +69,21 @@ var tables = map[string]table{
 | same with the kvdir policy (a directory match per request) | | {{m "kvdir_proxy_overhead_p50_us" 0}} µs = {{m "kvdir_overhead_ratio_vs_haproxy" 2}}x HAProxy |
 | requests per second through the router (kvdir; session-hash; HAProxy; direct), {{dn "rps_clients" 1 0}} clients | {{or (t "requests_per_sec" 0) "record"}} | {{m "requests_per_sec" 0}}; {{m "session_hash_requests_per_sec" 0}}; {{m "haproxy_requests_per_sec" 0}}; {{m "direct_requests_per_sec" 0}} |
 `},
+	"follow": {"follow.json", `| figure | target | measured |
+|---|---|---|
+| a new replica at {{dn "entries" 1e6 0}} M entries, start until in sync, median of {{len (dl "cold_starts")}} (slowest) | {{t "cold_start_seconds" 0}} s | {{m "cold_start_seconds" 2}} s ({{m "cold_start_max_seconds" 2}} s), a {{ms "snapshot_bytes" 1e6 0}} MB snapshot |
+| memory per (block, worker) entry: the new replica / a state machine that applied every entry, as a node's | ratio {{t "replica_memory_ratio" 0}} | {{m "replica_bytes_per_entry" 1}} / {{m "node_fsm_bytes_per_entry" 1}} B, ratio {{m "replica_memory_ratio" 2}} |
+| view lag: the leader's acknowledgement of a batch until the replica applied it, at {{ms "lag_events_per_sec" 1e3 0}} k block events/s, p99 (p50) | {{t "view_lag_p99_ms" 0}} ms | {{m "view_lag_p99_ms" 1}} ms ({{m "view_lag_p50_ms" 1}} ms); {{m "view_lag_entries_p99" 0}} log entries at p99 |
+| highest block-event rate the directory sustained in a lag phase | record | {{ms "max_sustained_events_per_sec" 1e3 0}} k events/s |
+`},
+	"follow-phases": {"follow.json", `| offered events/s | acknowledged events/s | sustained | publish to commit p99 | view lag p50 | view lag p99 | view lag max | lag in entries p99 | batches per entry | nodes that took a snapshot |
+|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|
+{{range $p := dl "lag_phases"}}| {{num $p.offered_events_per_sec 0}} | {{num $p.achieved_events_per_sec 0}} | {{$p.sustained}} | {{num $p.commit_p99_ms 1}} ms | {{num $p.lag_p50_ms 1}} ms | {{num $p.lag_p99_ms 1}} ms | {{num $p.lag_max_ms 1}} ms | {{num $p.lag_entries_p99 0}} | {{num $p.batches_per_entry 1}} | {{num $p.node_snapshots 0}} |
+{{end}}`},
+	"follow-coldstarts": {"follow.json", `| start until in sync | first chunk after | transfer (decoding as it arrives) | after the last chunk | heap added |
+|---:|---:|---:|---:|---:|
+{{range $c := dl "cold_starts"}}| {{num $c.seconds 3}} s | {{num $c.wait_seconds 3}} s | {{num $c.receive_seconds 3}} s | {{num $c.apply_seconds 3}} s | {{num $c.heap_bytes 0}} B |
+{{end}}`},
 
 	"chaos": {"chaos.json", `| fault | ok | failed requests | lost ack. batches | leader recovery s | view converged s | requests | warm-ups | digests agree at |
 |---|---|---|---|---|---|---|---|---|

@@ -3,8 +3,9 @@
 //
 // A Follower holds its own raftfsm.FSM. It opens DirectoryService.Follow on
 // one of the nodes it is given, restores the snapshot the node sends first
-// (when it has no state yet, or has fallen behind the node's feed) and then
-// applies each committed entry with the same Apply code the directory's
+// (when it has no state yet, or has fallen behind the node's feed; decoded
+// as its chunks arrive, never held whole, and swapped in only once all of
+// it has been read and checked) and then applies each committed entry with the same Apply code the directory's
 // nodes run, so that its state equals a node's at the same index. When the
 // stream breaks it reconnects, to the next node in turn, and resumes after
 // the last index it applied. Reads (Match and the rest) go to FSM().
@@ -14,7 +15,6 @@
 package follow
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -61,7 +61,26 @@ type Config struct {
 	// RetryMin and RetryMax bound the pause before reconnecting after a
 	// broken stream (doubling from RetryMin).
 	RetryMin, RetryMax time.Duration
-	Logger             *slog.Logger
+	// OnApplied, if set, is called with the local applied index after each
+	// batch of entries is applied and after each snapshot is restored. It
+	// runs on the goroutine that applies and must not block.
+	OnApplied func(applied uint64)
+	Logger    *slog.Logger
+}
+
+// RestoreStats describes a snapshot the follower restored, and where the
+// time to restore it went.
+type RestoreStats struct {
+	// Index is the snapshot's applied index, Bytes its size.
+	Index uint64
+	Bytes int64
+	// Wait is from opening the stream until the snapshot's first chunk
+	// arrived (for a stream that starts with a snapshot: the node starting
+	// to encode its state); Receive from then until the last chunk
+	// arrived, the chunks being decoded as they arrive; Apply from then
+	// until the restored state was in place (the end of the decoding, the
+	// block table built and every counter checked).
+	Wait, Receive, Apply time.Duration
 }
 
 // Follower is a local replica of the directory's state machine.
@@ -78,9 +97,10 @@ type Follower struct {
 	// is not to be trusted after a failed apply).
 	resync atomic.Bool
 
-	mu       sync.Mutex
-	applyErr error // set by the FSM's Fatal hook during an apply
-	node     string
+	mu          sync.Mutex
+	applyErr    error // set by the FSM's Fatal hook during an apply
+	node        string
+	lastRestore RestoreStats
 }
 
 // New returns a Follower for cfg; Run starts it.
@@ -159,6 +179,14 @@ func (f *Follower) Lag() uint64 {
 // with, and one more each time it resumed from before a node's feed.
 func (f *Follower) Snapshots() uint64 { return f.snapshots.Load() }
 
+// LastRestore describes the last snapshot restored; ok is false before the
+// first.
+func (f *Follower) LastRestore() (stats RestoreStats, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lastRestore, f.snapshots.Load() > 0
+}
+
 // Node is the address of the node the follower streams from now ("" when
 // it is not connected).
 func (f *Follower) Node() string {
@@ -217,8 +245,13 @@ func (f *Follower) follow(ctx context.Context, at int) (progressed bool, err err
 		f.node = ""
 		f.mu.Unlock()
 	}()
-	var snap bytes.Buffer
-	var snapIndex uint64
+	opened := time.Now()
+	var rs *restore // the snapshot being received, if any
+	defer func() {
+		if rs != nil {
+			_ = rs.finish(errors.New("follow stream ended inside a snapshot"))
+		}
+	}()
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
@@ -230,32 +263,51 @@ func (f *Follower) follow(ctx context.Context, at int) (progressed bool, err err
 		switch p := resp.Payload.(type) {
 		case *kvdirv1.FollowResponse_Snapshot:
 			s := p.Snapshot
-			if snap.Len() > 0 && s.Index != snapIndex {
-				return progressed, fmt.Errorf("follow stream: snapshot chunk of index %d inside the snapshot of index %d", s.Index, snapIndex)
+			if rs != nil && s.Index != rs.index {
+				return progressed, fmt.Errorf("follow stream: snapshot chunk of index %d inside the snapshot of index %d", s.Index, rs.index)
 			}
-			if snap.Len()+len(s.Data) > maxSnapshot {
+			if rs == nil {
+				rs = startRestore(f.fsm, s.Index)
+			}
+			if rs.bytes+int64(len(s.Data)) > maxSnapshot {
 				return progressed, fmt.Errorf("follow stream: snapshot over %d bytes", maxSnapshot)
 			}
-			snapIndex = s.Index
-			snap.Write(s.Data)
+			if !rs.add(s.Data) {
+				err := rs.finish(io.EOF)
+				rs = nil
+				f.resync.Store(true)
+				if err == nil {
+					err = errors.New("data after the snapshot's end")
+				}
+				return progressed, fmt.Errorf("follow stream: snapshot refused before its last chunk: %w", err)
+			}
 			if !s.Last {
 				continue
 			}
-			if err := f.fsm.Restore(io.NopCloser(bytes.NewReader(snap.Bytes()))); err != nil {
+			received := time.Now()
+			r := rs
+			rs = nil
+			if err := r.finish(io.EOF); err != nil {
 				f.resync.Store(true)
 				return progressed, fmt.Errorf("follow stream: %w", err)
 			}
-			if got := f.fsm.AppliedIndex(); got != snapIndex {
+			if got := f.fsm.AppliedIndex(); got != r.index {
 				f.resync.Store(true)
-				return progressed, fmt.Errorf("follow stream: snapshot said index %d, holds %d", snapIndex, got)
+				return progressed, fmt.Errorf("follow stream: snapshot said index %d, holds %d", r.index, got)
 			}
+			stats := RestoreStats{Index: r.index, Bytes: r.bytes, Wait: r.start.Sub(opened),
+				Receive: received.Sub(r.start), Apply: time.Since(received)}
+			f.mu.Lock()
+			f.lastRestore = stats
+			f.mu.Unlock()
 			f.resync.Store(false)
 			f.snapshots.Add(1)
-			snap.Reset()
 			progressed = true
-			f.log.Info("restored a snapshot from the directory", "node", f.cfg.Addrs[at], "index", snapIndex)
+			f.log.Info("restored a snapshot from the directory", "node", f.cfg.Addrs[at], "index", r.index,
+				"bytes", stats.Bytes, "wait", stats.Wait, "receive", stats.Receive, "apply", stats.Apply)
+			f.applied(r.index)
 		case *kvdirv1.FollowResponse_Entries:
-			if snap.Len() > 0 {
+			if rs != nil {
 				return progressed, errors.New("follow stream: entries inside a snapshot")
 			}
 			if f.resync.Load() {
@@ -296,6 +348,7 @@ func (f *Follower) apply(entries []*kvdirv1.FollowEntry) error {
 	if err != nil {
 		return fmt.Errorf("follow: apply: %w; resyncing from a snapshot", err)
 	}
+	f.applied(applied)
 	return nil
 }
 
@@ -327,4 +380,11 @@ func (f *Follower) View() View {
 		v.LagEntries = v.CommitIndex - applied
 	}
 	return v
+}
+
+// applied calls the OnApplied hook, if any.
+func (f *Follower) applied(index uint64) {
+	if f.cfg.OnApplied != nil {
+		f.cfg.OnApplied(index)
+	}
 }

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bytes"
 	"fmt"
 	"slices"
 	"sort"
@@ -204,26 +203,127 @@ func (s *directoryService) Follow(req *kvdirv1.FollowRequest, stream kvdirv1.Dir
 }
 
 // sendFollowSnapshot sends the state machine's current state in chunks and
-// returns the applied index it holds.
+// returns the applied index it holds. The state is encoded into memory on a
+// goroutine of its own (the encoding holds the state machine's locks, so it
+// must never wait on the network) while the chunks already encoded are
+// sent, so that the first chunk leaves at once and the client decodes while
+// the rest is encoded and sent.
 func (n *Node) sendFollowSnapshot(stream kvdirv1.DirectoryService_FollowServer) (uint64, error) {
-	var buf bytes.Buffer
-	idx, err := n.fsm.WriteStateIndex(&buf)
-	if err != nil {
-		return 0, status.Errorf(codes.Internal, "follow: snapshot: %v", err)
-	}
-	data := buf.Bytes()
+	sc := newSnapChunks()
+	go func() {
+		err := n.fsm.WriteStateAt(sc, sc.begin)
+		sc.close(err)
+	}()
 	for {
-		chunk := data[:min(len(data), followChunkBytes)]
-		data = data[len(chunk):]
-		err := stream.Send(&kvdirv1.FollowResponse{
-			Payload:     &kvdirv1.FollowResponse_Snapshot{Snapshot: &kvdirv1.FollowSnapshot{Data: chunk, Index: idx, Last: len(data) == 0}},
+		chunk, last, idx, err := sc.next(stream.Context().Done())
+		if err != nil {
+			return 0, status.Errorf(codes.Internal, "follow: snapshot: %v", err)
+		}
+		if chunk == nil {
+			return 0, stream.Context().Err()
+		}
+		err = stream.Send(&kvdirv1.FollowResponse{
+			Payload:     &kvdirv1.FollowResponse_Snapshot{Snapshot: &kvdirv1.FollowSnapshot{Data: chunk, Index: idx, Last: last}},
 			CommitIndex: n.fsm.AppliedIndex(),
 		})
 		if err != nil {
 			return 0, fmt.Errorf("follow: send snapshot: %w", err)
 		}
-		if len(data) == 0 {
+		if last {
 			return idx, nil
+		}
+	}
+}
+
+// snapChunks collects an encoded snapshot in chunks of followChunkBytes and
+// hands them out as they fill. The writer never waits for the reader.
+type snapChunks struct {
+	mu     sync.Mutex
+	full   [][]byte // filled chunks not yet taken
+	cur    []byte   // the chunk being filled
+	index  uint64   // the applied index being written, once begun
+	closed bool
+	err    error // once closed: the encoder's error
+	wake   chan struct{}
+}
+
+func newSnapChunks() *snapChunks { return &snapChunks{wake: make(chan struct{}, 1)} }
+
+// begin records the applied index of the state about to be written.
+func (c *snapChunks) begin(index uint64) {
+	c.mu.Lock()
+	c.index = index
+	c.mu.Unlock()
+}
+
+// Write appends p, handing out each chunk it fills.
+func (c *snapChunks) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		if c.cur == nil {
+			c.cur = make([]byte, 0, followChunkBytes)
+		}
+		k := copy(c.cur[len(c.cur):cap(c.cur)], p)
+		c.cur, p = c.cur[:len(c.cur)+k], p[k:]
+		if len(c.cur) == cap(c.cur) {
+			c.mu.Lock()
+			c.full = append(c.full, c.cur)
+			c.mu.Unlock()
+			c.cur = nil
+			c.signal()
+		}
+	}
+	return n, nil
+}
+
+// close ends the snapshot: the partly filled chunk is handed out too.
+func (c *snapChunks) close(err error) {
+	c.mu.Lock()
+	if len(c.cur) > 0 || len(c.full) == 0 {
+		c.full = append(c.full, c.cur) // an empty state still sends one (empty) chunk
+	}
+	c.cur = nil
+	c.closed, c.err = true, err
+	c.mu.Unlock()
+	c.signal()
+}
+
+func (c *snapChunks) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// next waits for the next chunk, and says whether it is the last and the
+// applied index of the state it is part of. It returns a nil chunk when stop is closed
+// first, and the encoder's error if it failed.
+func (c *snapChunks) next(stop <-chan struct{}) (chunk []byte, last bool, index uint64, err error) {
+	for {
+		c.mu.Lock()
+		if c.closed && c.err != nil {
+			c.mu.Unlock()
+			return nil, false, 0, c.err
+		}
+		// A chunk goes out once another follows it, or the encoder is
+		// done; only then is it known whether it is the last.
+		if len(c.full) > 1 || (c.closed && len(c.full) == 1) {
+			chunk = c.full[0]
+			c.full[0] = nil
+			c.full = c.full[1:]
+			last = c.closed && len(c.full) == 0
+			index = c.index
+			c.mu.Unlock()
+			if chunk == nil {
+				chunk = []byte{}
+			}
+			return chunk, last, index, nil
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.wake:
+		case <-stop:
+			return nil, false, 0, nil
 		}
 	}
 }

@@ -80,10 +80,21 @@ func (f *FSM) WriteState(w io.Writer) error {
 // WriteStateIndex is WriteState that also returns the applied index the
 // written state holds.
 func (f *FSM) WriteStateIndex(w io.Writer) (uint64, error) {
+	var applied uint64
+	err := f.WriteStateAt(w, func(i uint64) { applied = i })
+	return applied, err
+}
+
+// WriteStateAt is WriteState that first calls at with the applied index
+// the written state holds, before it writes anything (for a writer that
+// labels what it passes on with the index). Applies wait while it writes,
+// so w must not block for long.
+func (f *FSM) WriteStateAt(w io.Writer, at func(applied uint64)) error {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	applied := f.applied.Load()
-	return applied, writeState(w, f.st, applied)
+	at(applied)
+	return writeState(w, f.st, applied)
 }
 
 func writeState(w io.Writer, st *state, applied uint64) error {

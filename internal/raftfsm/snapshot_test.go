@@ -66,6 +66,19 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		if !bytes.Equal(buf.Bytes(), snapshotBytes(t, a)) {
 			t.Fatalf("WriteState and Persist wrote different bytes")
 		}
+		// WriteStateAt names the applied index before the first byte, and
+		// writes the same bytes.
+		var at bytes.Buffer
+		named := uint64(0)
+		err := a.WriteStateAt(&at, func(i uint64) {
+			if at.Len() != 0 {
+				t.Errorf("index named after %d bytes were written", at.Len())
+			}
+			named = i
+		})
+		if err != nil || named != a.AppliedIndex() || !bytes.Equal(at.Bytes(), buf.Bytes()) {
+			t.Fatalf("WriteStateAt: %v, index %d (applied %d), same bytes %v", err, named, a.AppliedIndex(), bytes.Equal(at.Bytes(), buf.Bytes()))
+		}
 	}
 }
 

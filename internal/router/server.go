@@ -69,7 +69,8 @@ type Config struct {
 	// LocalStaleAfter is the age past which the local replica's matches
 	// are marked stale (default 2 s); LocalMaxStale the age past which the
 	// directory answers instead (default 30 s). Both ages are how long ago
-	// a directory node was last heard from.
+	// a directory node was last heard from. With Local, /readyz also waits
+	// for the replica's first sync, for LocalMaxStale at most.
 	LocalStaleAfter, LocalMaxStale time.Duration
 	// Static lists the workers when they are not discovered from the
 	// directory.
@@ -172,6 +173,8 @@ type Server struct {
 	mux       *http.ServeMux
 
 	synced         atomic.Bool  // the worker list has been loaded once
+	created        time.Time    // when New returned: the local replica's wait for readiness counts from here
+	localReady     atomic.Bool  // the local replica was seen in sync, or readiness stopped waiting for it
 	dirFailures    atomic.Int32 // consecutive failed directory look-ups
 	dirPausedUntil atomic.Int64 // unix nanos: the directory is not asked until then
 	breakerPause   time.Duration
@@ -184,7 +187,8 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, policy: cfg.Policy, fallback: cfg.Fallback, renderer: cfg.Renderer, log: cfg.Logger, breakerPause: breakerPause}
+	s := &Server{cfg: cfg, policy: cfg.Policy, fallback: cfg.Fallback, renderer: cfg.Renderer, log: cfg.Logger, breakerPause: breakerPause,
+		created: time.Now()}
 	if cfg.Directory != nil {
 		s.dir = cfg.Directory
 	}
@@ -359,10 +363,17 @@ func (s *Server) serveModels(w http.ResponseWriter, _ *http.Request) {
 	_ = json.NewEncoder(w).Encode(list)
 }
 
-// serveReady answers 200 once workers are known and at least one is routable.
+// serveReady answers 200 once workers are known and at least one is
+// routable, and, with a local replica, once the replica has been in sync
+// (see localWait).
 func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
 	if !s.synced.Load() {
 		http.Error(w, "worker list not loaded yet", http.StatusServiceUnavailable)
+		return
+	}
+	if wait := s.localWait(); wait > 0 {
+		http.Error(w, fmt.Sprintf("local replica of the directory not in sync yet; ready once it is, or in %v (--follow-max-stale) without it",
+			wait.Round(time.Millisecond)), http.StatusServiceUnavailable)
 		return
 	}
 	now := time.Now()
@@ -373,4 +384,37 @@ func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
 		}
 	}
 	http.Error(w, "no routable worker", http.StatusServiceUnavailable)
+}
+
+// localWait is how much longer readiness waits for the local replica's
+// first sync (0: it does not wait). A router that just started with a
+// local replica would otherwise take traffic while every match goes over
+// the network, or, with the directory unreachable, is placed by hashing.
+// The wait is bounded by LocalMaxStale, counted from New: a router that has
+// had no view of the directory for that long serves anyway, as one whose
+// view has grown that old does, so a router without a directory does not
+// stay out of service for good. Once the replica has been in sync,
+// readiness no longer depends on it: a directory outage later must not take
+// every router out of service at once (matches then go by staleness, see
+// matcherFor).
+func (s *Server) localWait() time.Duration {
+	l := s.cfg.Local
+	if l == nil || s.localReady.Load() {
+		return 0
+	}
+	if l.Synced() {
+		if s.localReady.CompareAndSwap(false, true) {
+			s.log.Info("router: local replica of the directory in sync; ready", "after", time.Since(s.created).Round(time.Millisecond))
+		}
+		return 0
+	}
+	left := s.cfg.LocalMaxStale - time.Since(s.created)
+	if left <= 0 {
+		if s.localReady.CompareAndSwap(false, true) {
+			s.log.Warn("router: local replica of the directory still not in sync; ready without it (matches go to the directory, or the fallback policy)",
+				"waited", s.cfg.LocalMaxStale)
+		}
+		return 0
+	}
+	return left
 }

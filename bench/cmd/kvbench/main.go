@@ -9,6 +9,7 @@
 //	kvbench report            re-render the Markdown table and charts of a result JSON
 //	kvbench index             the block-prefix index and content hash figures
 //	kvbench directory         a 3-process directory cluster's figures
+//	kvbench follow            a router's local replica of the directory: cold start, memory, view lag
 //	kvbench agent             the agent's event path and the engine model's figures
 //	kvbench router            the router's decision time, overhead against HAProxy, throughput
 //	kvbench docs              rewrite (or --check) the figure tables in the Markdown files from bench/results
@@ -75,6 +76,6 @@ Exit status: 0 on success, 1 when a run fails, 2 on a usage error.`,
 	}
 	gen.AddCommand(newGenSessions(), newGenSharedPrefix())
 	root.AddCommand(gen, newSim(log), newReplay(log), newDemo(log), newDev(), newReport())
-	root.AddCommand(newIndex(log), newDirectory(log), newAgent(log), newRouter(log), newDocs(log))
+	root.AddCommand(newIndex(log), newDirectory(log), newFollow(log), newAgent(log), newRouter(log), newDocs(log))
 	return root
 }
