@@ -68,6 +68,7 @@ func (h *harness) followers() []int {
 type followCounters struct {
 	fallbacks, local, stale, remote float64
 	snapshots                       uint64
+	started                         float64 // process_start_time_seconds: another value means a restart
 }
 
 // followCounts reads the counters of every following router (the zero
@@ -81,6 +82,7 @@ func (h *harness) followCounts() map[int]followCounters {
 		c.local, _ = metric(h.ctx, h.hc, u, "kvdir_router_matches_total", `source="local"`)
 		c.stale, _ = metric(h.ctx, h.hc, u, "kvdir_router_matches_total", `source="local-stale"`)
 		c.remote, _ = metric(h.ctx, h.hc, u, "kvdir_router_matches_total", `source="directory"`)
+		c.started, _ = metric(h.ctx, h.hc, u, "process_start_time_seconds")
 		if v, err := h.routerView(i); err == nil {
 			c.snapshots = v.Snapshots
 		}
@@ -89,13 +91,14 @@ func (h *harness) followCounts() map[int]followCounters {
 	return out
 }
 
-// since returns the growth of a counter from before to now; a counter that
-// went down belongs to a restarted router, which counts from 0.
-func since(before, now float64) int {
-	if now < before {
-		return int(now)
+// growth returns how much the counters grew from b to n; a router that
+// restarted in between counts from 0.
+func growth(b, n followCounters) followCounters {
+	if b.started != n.started {
+		return n
 	}
-	return int(now - before)
+	return followCounters{fallbacks: n.fallbacks - b.fallbacks, local: n.local - b.local, stale: n.stale - b.stale,
+		remote: n.remote - b.remote, snapshots: n.snapshots - b.snapshots}
 }
 
 // followResults records what the following routers did during a fault;
@@ -103,17 +106,13 @@ func since(before, now float64) int {
 func (h *harness) followResults(r *FaultResult, before map[int]followCounters, noFallback bool) {
 	now := h.followCounts()
 	for _, i := range h.followers() {
-		b, n := before[i], now[i]
-		fb := since(b.fallbacks, n.fallbacks)
+		g := growth(before[i], now[i])
+		fb := int(g.fallbacks)
 		r.FollowingFallbacks += fb
-		r.FollowingLocalMatches += since(b.local, n.local)
-		r.FollowingStaleMatches += since(b.stale, n.stale)
-		r.FollowingDirectoryMatches += since(b.remote, n.remote)
-		if n.snapshots >= b.snapshots {
-			r.ReplicaSnapshots += int(n.snapshots - b.snapshots)
-		} else {
-			r.ReplicaSnapshots += int(n.snapshots) // restarted
-		}
+		r.FollowingLocalMatches += int(g.local)
+		r.FollowingStaleMatches += int(g.stale)
+		r.FollowingDirectoryMatches += int(g.remote)
+		r.ReplicaSnapshots += int(g.snapshots)
 		if noFallback && fb > 0 {
 			r.problem("%s follows the log but fell back to hashing %d times", routerNames[i], fb)
 		}
