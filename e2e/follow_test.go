@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/router"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/testkit/fleet"
 )
@@ -117,4 +118,135 @@ func TestRoutersKeepTheirViewWithoutTheDirectory(t *testing.T) {
 	if since := time.Since(killStart); since < 8*time.Second {
 		t.Fatalf("fell back %v after the kill began, before --follow-max-stale", since)
 	}
+}
+
+// The fault tests below run routers with --follow-log under steady traffic
+// (chat requests through the routers, and a publisher whose acknowledged
+// batches are checked), inject one fault, stop the traffic and check the
+// invariants (checkFollowInvariants): the directory nodes converge and
+// hold every acknowledged batch, and each router's replica has the index
+// digest of every node at the same applied index.
+
+// TestFollowingRoutersViewsEqualAfterTraffic: with no fault, the routers'
+// replicas answer their matches and equal the directory once the traffic
+// stops.
+func TestFollowingRoutersViewsEqualAfterTraffic(t *testing.T) {
+	ctx := context.Background()
+	f := startFollowFleet(t)
+	tr := startTraffic(t, ctx, f.Directory.Nodes[1], f.Routers[0].URL, f.Routers[1].URL)
+	tr.waitAcked(t, 150)
+	tr.stopTraffic(t)
+	checkFollowInvariants(t, f, tr)
+	for _, r := range f.Routers {
+		if n := metricSum(t, r, `kvdir_router_matches_total{source="local"}`); n == 0 {
+			t.Errorf("%s answered no match from its replica", r.Proc.Name)
+		}
+	}
+}
+
+// TestFollowingRoutersThroughALeaderKill kills the directory leader with
+// SIGKILL under traffic: the routers keep answering from their replicas
+// (no fallback, no match asked of the directory), and once the old leader
+// is back and the traffic stopped their views equal the directory's.
+func TestFollowingRoutersThroughALeaderKill(t *testing.T) {
+	ctx := context.Background()
+	f := startFollowFleet(t)
+	old := f.Directory.Nodes[waitLeader(t, f.Directory, 20*time.Second)]
+	var fallbacks, remote []float64
+	for _, r := range f.Routers {
+		fallbacks = append(fallbacks, metricSum(t, r, "kvdir_router_fallbacks_total"))
+		remote = append(remote, metricSum(t, r, `kvdir_router_matches_total{source="directory"}`))
+	}
+	tr := startTraffic(t, ctx, otherNode(f, old), f.Routers[0].URL, f.Routers[1].URL)
+	tr.waitAcked(t, 30)
+	old.Kill9()
+	next := f.Directory.Nodes[waitLeader(t, f.Directory, 20*time.Second)]
+	t.Logf("killed leader %s; %s leads", old.ID, next.ID)
+	tr.waitAcked(t, 60)
+	if err := old.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tr.stopTraffic(t)
+	checkFollowInvariants(t, f, tr)
+	for i, r := range f.Routers {
+		if n := metricSum(t, r, "kvdir_router_fallbacks_total") - fallbacks[i]; n != 0 {
+			t.Errorf("%s fell back %v times around the leader kill", r.Proc.Name, n)
+		}
+		if n := metricSum(t, r, `kvdir_router_matches_total{source="directory"}`) - remote[i]; n != 0 {
+			t.Errorf("%s asked the directory %v matches around the leader kill instead of its replica", r.Proc.Name, n)
+		}
+	}
+}
+
+// TestFollowingRouterReconnectsToAnotherNode kills the node a router
+// streams from: the router resumes from another node's feed (no new
+// snapshot: that node still holds the entries after the router's index),
+// and its view equals the directory's in the end.
+func TestFollowingRouterReconnectsToAnotherNode(t *testing.T) {
+	ctx := context.Background()
+	f := startFollowFleet(t)
+	r := f.Routers[0]
+	before := waitView(t, r, "in sync", func(v router.View) bool { return v.Synced && v.Node != "" })
+	victim := nodeAt(t, f, before.Node)
+	tr := startTraffic(t, ctx, otherNode(f, victim), f.Routers[0].URL, f.Routers[1].URL)
+	tr.waitAcked(t, 30)
+	victim.Kill9()
+	after := waitView(t, r, "streaming from another node", func(v router.View) bool {
+		return v.Synced && v.Node != "" && v.Node != victim.API
+	})
+	t.Logf("killed %s (%s); %s streams from %s", victim.ID, victim.API, r.Proc.Name, after.Node)
+	tr.waitAcked(t, 60)
+	if after := waitView(t, r, "caught up", func(v router.View) bool { return v.Synced && v.LagEntries < 50 }); after.Snapshots != before.Snapshots {
+		t.Errorf("%s took %d snapshots to resume from another node, want none (it was %d entries behind at most)",
+			r.Proc.Name, after.Snapshots-before.Snapshots, after.LagEntries)
+	}
+	if err := victim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tr.stopTraffic(t)
+	checkFollowInvariants(t, f, tr)
+}
+
+// TestFollowingRoutersResumeFromASnapshot pauses a router (SIGSTOP) and
+// kills the node it streams from, then applies more entries than the
+// nodes' follow feed holds (--follow-feed-entries 100): once resumed, the
+// router must resync from a fresh snapshot from another node, and its view
+// equals the directory's in the end.
+func TestFollowingRoutersResumeFromASnapshot(t *testing.T) {
+	const feed = 100
+	ctx := context.Background()
+	f := startFollowFleet(t, "--follow-feed-entries", fmt.Sprint(feed))
+	r := f.Routers[0]
+	before := waitView(t, r, "in sync", func(v router.View) bool { return v.Synced && v.Node != "" })
+	victim := nodeAt(t, f, before.Node)
+	via := otherNode(f, victim)
+	// Router 0 is paused: the traffic goes through router 1 only.
+	tr := startTraffic(t, ctx, via, f.Routers[1].URL)
+	tr.waitAcked(t, 20)
+	resume := pause(t, r.Proc)
+	victim.Kill9()
+	st, err := via.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Everything the router could have received is at most at st's index.
+	target := st.AppliedIndex + 3*feed
+	testkit.Eventually(t, 20*time.Second, fmt.Sprintf("%s to apply index %d", via.ID, target), func() (bool, string) {
+		st, err := via.Status(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		return st.AppliedIndex >= target, fmt.Sprintf("applied %d", st.AppliedIndex)
+	})
+	resume()
+	after := waitView(t, r, "resynced from a new snapshot", func(v router.View) bool {
+		return v.Synced && v.Node != "" && v.Snapshots > before.Snapshots && v.AppliedIndex >= target
+	})
+	t.Logf("%s paused at most at index %d; resumed from %s with snapshot %d, at index %d", r.Proc.Name, st.AppliedIndex, after.Node, after.Snapshots, after.AppliedIndex)
+	if err := victim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tr.waitAcked(t, 20)
+	tr.stopTraffic(t)
+	checkFollowInvariants(t, f, tr)
 }

@@ -94,6 +94,8 @@ func newSettings(env []string, stdout, stderr io.Writer) *settings {
 	fs.Var(cli.PositiveInt(&c.FSM.Index.MaxWorkers), "max-workers", "most distinct workers the index holds")
 	fs.Var(cli.PositiveInt(&c.FSM.Index.MaxChain), "max-chain", "longest chain accepted, in blocks")
 	fs.Var(cli.PositiveInt(&c.FSM.Index.MaxOrphanBlocks), "max-orphan-blocks", "most blocks kept in out-of-order pieces waiting for their parent")
+	fs.Var(cli.PositiveInt(&c.FollowFeedEntries), "follow-feed-entries",
+		"most recently applied log entries kept in memory for Follow streams (routers' --follow-log); a follower further behind is sent a fresh snapshot")
 
 	p.Group("Raft")
 	fs.Var(cli.PositiveDuration(&c.SnapshotInterval), "snapshot-interval", "how often Raft checks whether to take a snapshot")
@@ -161,7 +163,7 @@ var flagOf = map[string]string{
 	"SnapshotInterval": "snapshot-interval", "HeartbeatTimeout": "heartbeat-timeout", "ElectionTimeout": "election-timeout",
 	"FSM.MaxSessions": "max-sessions", "FSM.MaxGoneWorkers": "max-gone-workers", "FSM.MaxBatchEvents": "max-batch-events",
 	"FSM.MaxBatchBlocks": "max-batch-blocks", "FSM.Index.MaxWorkers": "max-workers", "FSM.Index.MaxChain": "max-chain",
-	"FSM.Index.MaxOrphanBlocks": "max-orphan-blocks", "Tokens": "agent-token(-file), --router-token(-file) and --admin-token(-file)",
+	"FSM.Index.MaxOrphanBlocks": "max-orphan-blocks", "FollowFeedEntries": "follow-feed-entries", "Tokens": "agent-token(-file), --router-token(-file) and --admin-token(-file)",
 }
 
 // flagError rewrites a node.FieldError in the flags' names.

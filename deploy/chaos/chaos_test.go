@@ -33,7 +33,9 @@ func (r *Results) figures() []benchjson.Figure {
 			benchjson.Figure{Name: f.Name + ".leader_recovery_seconds", Unit: "s", Measured: f.LeaderRecoverySeconds,
 				Note: "from the fault to a leader every reachable node agrees on"},
 			benchjson.Figure{Name: f.Name + ".view_converged_seconds", Unit: "s", Measured: f.ViewConvergedSeconds,
-				Note: "from the repair until the directory's view equals what the engines hold"})
+				Note: "from the repair until the directory's view equals what the engines hold"},
+			benchjson.Figure{Name: f.Name + ".following_router_fallbacks", Unit: "requests", Measured: float64(f.FollowingFallbacks),
+				Note: "requests a router following the log placed by hashing, without its replica or the directory"})
 	}
 	return out
 }
@@ -43,17 +45,21 @@ func (r *Results) figures() []benchjson.Figure {
 type fault struct {
 	name   string
 	inject func(h *harness, r *FaultResult) (repaired time.Time, err error)
+	// noFallback: a router following the log must not fall back to
+	// hashing during this fault.
+	noFallback bool
 }
 
 var faults = []fault{
-	{"kill-leader", killNode(true)},
-	{"kill-follower", killNode(false)},
-	{"partition-follower", partition(false)},
-	{"partition-leader", partition(true)},
-	{"rolling-restart", rollingRestart},
-	{"restart-engine", restartEngine},
-	{"restart-agent", restartAgent},
-	{"restart-router", restartRouter},
+	{name: "kill-leader", inject: killNode(true), noFallback: true},
+	{name: "kill-follower", inject: killNode(false)},
+	{name: "kill-followed-node", inject: killFollowedNode, noFallback: true},
+	{name: "partition-follower", inject: partition(false)},
+	{name: "partition-leader", inject: partition(true)},
+	{name: "rolling-restart", inject: rollingRestart},
+	{name: "restart-engine", inject: restartEngine},
+	{name: "restart-agent", inject: restartAgent},
+	{name: "restart-router", inject: restartRouter},
 }
 
 // TestChaos brings up the compose cluster, puts steady load on both routers,
@@ -89,6 +95,7 @@ func TestChaos(t *testing.T) {
 		t.Logf("%s: ok=%v failed=%d lost=%d leader=%.2fs view=%.2fs requests=%d (%.0f s) %v",
 			r.Name, r.OK, r.FailedRequests, r.LostAcknowledgedBatches, r.LeaderRecoverySeconds,
 			r.ViewConvergedSeconds, r.Requests, r.DurationSeconds, r.Problems)
+		t.Logf("%s: %s", r.Name, r.followingSummary())
 		if ctx.Err() != nil {
 			break
 		}
@@ -123,6 +130,8 @@ func (h *harness) run(f fault) (r FaultResult) {
 		r.LeaderBefore = lv.Leader
 	}
 	fallbacks := h.fallbacks()
+	follow := h.followCounts()
+	r.FollowingRouters = len(follow)
 	load := StartLoad(h.ctx, h.loadConfig())
 	stopped := false
 	stop := func() {
@@ -197,6 +206,7 @@ func (h *harness) run(f fault) (r FaultResult) {
 	if err != nil {
 		r.problem("digests: %v", err)
 	}
+	h.replicasEqual(&r)
 	if _, _, err := h.waitView(begin, time.Now(), time.Now(), viewBound); err != nil {
 		r.problem("view after the load: %v", err)
 	}
@@ -242,6 +252,7 @@ func (h *harness) run(f fault) (r FaultResult) {
 		}
 		r.FallbackRequests += int(n)
 	}
+	h.followResults(&r, follow, f.noFallback)
 	return r
 }
 

@@ -64,16 +64,30 @@ type FaultResult struct {
 	FailedInFlightAtKilled  int `json:"failed_in_flight_at_killed_router"`
 	ReroutedBeforeFirstByte int `json:"rerouted_before_first_byte"`
 	// What the checks looked at.
-	LeaderBefore     string   `json:"leader_before"`
-	LeaderAfter      string   `json:"leader_after"`
-	DigestsAgreeAt   uint64   `json:"digests_agree_at_applied_index"`
-	ViewProbes       int      `json:"view_probe_prompts"`
-	EngineProbes     int      `json:"engine_probes"`
-	GapRefusals      int      `json:"agent_gap_refusals"`
-	EngineWarmups    int      `json:"engine_warmup_requests"`
-	FallbackRequests int      `json:"router_fallbacks"`
-	DurationSeconds  float64  `json:"duration_seconds"`
-	Problems         []string `json:"problems,omitempty"`
+	LeaderBefore     string `json:"leader_before"`
+	LeaderAfter      string `json:"leader_after"`
+	DigestsAgreeAt   uint64 `json:"digests_agree_at_applied_index"`
+	ViewProbes       int    `json:"view_probe_prompts"`
+	EngineProbes     int    `json:"engine_probes"`
+	GapRefusals      int    `json:"agent_gap_refusals"`
+	EngineWarmups    int    `json:"engine_warmup_requests"`
+	FallbackRequests int    `json:"router_fallbacks"`
+	// Routers following the log (--follow-log): how many, what answered
+	// their matches during the fault, their fallbacks to hashing, the
+	// snapshots their replicas restored, and, per router, the applied
+	// index at which its replica's digest was last found equal to a node's.
+	FollowingRouters          int      `json:"following_routers"`
+	FollowingFallbacks        int      `json:"following_router_fallbacks"`
+	FollowingLocalMatches     int      `json:"following_router_local_matches"`
+	FollowingStaleMatches     int      `json:"following_router_stale_matches"`
+	FollowingDirectoryMatches int      `json:"following_router_directory_matches"`
+	ReplicaSnapshots          int      `json:"replica_snapshots"`
+	ReplicasEqualAt           []uint64 `json:"replicas_equal_at_applied_index,omitempty"`
+	// ReplicaResumeSeconds (kill-followed-node): from the kill until the
+	// router's replica is in sync again, streaming from another node.
+	ReplicaResumeSeconds float64  `json:"replica_resume_seconds,omitempty"`
+	DurationSeconds      float64  `json:"duration_seconds"`
+	Problems             []string `json:"problems,omitempty"`
 }
 
 func (r *FaultResult) problem(format string, a ...any) {
@@ -95,6 +109,7 @@ type harness struct {
 	rng   *rand.Rand
 
 	routerURLs []string
+	following  []bool // per router: it follows the log (its view says so)
 	engineMu   sync.Mutex
 	engineURL  map[string]string // worker id (= engine container) -> base URL
 	kvdirctl   string            // image
@@ -194,6 +209,9 @@ func newHarness(t *testing.T, ctx context.Context) *harness {
 	}
 	if err := h.lb.waitRouters(ctx, 30*time.Second); err != nil {
 		t.Fatalf("routers: %v", err)
+	}
+	if err := h.findFollowing(); err != nil {
+		t.Fatalf("routers' views: %v", err)
 	}
 	for _, e := range engineNames {
 		if _, err := h.engine(e, true); err != nil {

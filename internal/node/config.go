@@ -48,6 +48,8 @@ func DefaultConfig() Config {
 		HeartbeatTimeout:  time.Second,
 		ElectionTimeout:   time.Second,
 		ApplyTimeout:      10 * time.Second,
+		FollowFeedEntries: DefaultFollowFeedEntries,
+		FollowFeedBytes:   DefaultFollowFeedBytes,
 		FSM: raftfsm.Options{
 			Index: radix.Options{
 				MaxChain:        radix.DefaultMaxChain,
@@ -241,6 +243,7 @@ func (c Config) Validate() error {
 		{"FSM.MaxSessions", c.FSM.MaxSessions}, {"FSM.MaxGoneWorkers", c.FSM.MaxGoneWorkers},
 		{"FSM.Index.MaxChain", c.FSM.Index.MaxChain}, {"FSM.Index.MaxOrphanBlocks", c.FSM.Index.MaxOrphanBlocks},
 		{"FSM.Index.MaxWorkers", c.FSM.Index.MaxWorkers},
+		{"FollowFeedEntries", c.FollowFeedEntries}, {"FollowFeedBytes", c.FollowFeedBytes},
 	} {
 		if l.v < 0 {
 			return fieldErr(l.field, "", "%d is negative (0 means the default)", l.v)

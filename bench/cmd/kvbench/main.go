@@ -76,6 +76,6 @@ Exit status: 0 on success, 1 when a run fails, 2 on a usage error.`,
 	}
 	gen.AddCommand(newGenSessions(), newGenSharedPrefix())
 	root.AddCommand(gen, newSim(log), newReplay(log), newDemo(log), newDev(), newReport())
-	root.AddCommand(newIndex(log), newDirectory(log), newFollow(log), newAgent(log), newRouter(log), newDocs(log))
+	root.AddCommand(newIndex(log), newDirectory(log), newFollow(log), newAgent(log), newRouter(log), newLeaderKill(log), newDocs(log))
 	return root
 }
