@@ -37,6 +37,9 @@ import (
 const (
 	DefaultRetryMin = 50 * time.Millisecond
 	DefaultRetryMax = 2 * time.Second
+	// DefaultSilence is six of the empty batches a current node sends on
+	// a quiet stream every half second.
+	DefaultSilence = 3 * time.Second
 )
 
 // maxMessage matches the nodes' message limit.
@@ -61,6 +64,12 @@ type Config struct {
 	// RetryMin and RetryMax bound the pause before reconnecting after a
 	// broken stream (doubling from RetryMin).
 	RetryMin, RetryMax time.Duration
+	// Silence ends a stream on which nothing arrived for that long, and
+	// the follower moves to the next node (default DefaultSilence;
+	// negative: never). A node sends something every half second while it
+	// is current; one cut off from its peers, or from the follower by a
+	// network that drops packets, does not.
+	Silence time.Duration
 	// OnApplied, if set, is called with the local applied index after each
 	// batch of entries is applied and after each snapshot is restored. It
 	// runs on the goroutine that applies and must not block.
@@ -113,6 +122,9 @@ func New(cfg Config) (*Follower, error) {
 	}
 	if cfg.RetryMax < cfg.RetryMin {
 		cfg.RetryMax = max(DefaultRetryMax, cfg.RetryMin)
+	}
+	if cfg.Silence == 0 {
+		cfg.Silence = DefaultSilence
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -245,6 +257,20 @@ func (f *Follower) follow(ctx context.Context, at int) (progressed bool, err err
 		f.node = ""
 		f.mu.Unlock()
 	}()
+	// silent is set, and the stream cancelled, when nothing arrived on it
+	// for cfg.Silence.
+	var silent atomic.Bool
+	alive := func() {}
+	if f.cfg.Silence > 0 {
+		watchdog := time.AfterFunc(f.cfg.Silence, func() { silent.Store(true); cancel() })
+		defer watchdog.Stop()
+		defer func() {
+			if silent.Load() {
+				err = fmt.Errorf("follow stream: nothing from %s for %v: %w", f.cfg.Addrs[at], f.cfg.Silence, err)
+			}
+		}()
+		alive = func() { watchdog.Reset(f.cfg.Silence) }
+	}
 	opened := time.Now()
 	var rs *restore // the snapshot being received, if any
 	defer func() {
@@ -260,6 +286,7 @@ func (f *Follower) follow(ctx context.Context, at int) (progressed bool, err err
 			}
 			return progressed, fmt.Errorf("follow stream: %w", err)
 		}
+		alive()
 		switch p := resp.Payload.(type) {
 		case *kvdirv1.FollowResponse_Snapshot:
 			s := p.Snapshot

@@ -138,3 +138,28 @@ func TestSnapshotDecodedAsItArrives(t *testing.T) {
 		t.Fatalf("OnApplied saw %v, want [%d]", applied, firstIndex)
 	}
 }
+
+// TestSilentNodeIsLeft follows a node whose stream opens and then stays
+// silent (a node cut off, or a network that drops packets), listed before
+// a live one: past Config.Silence the follower leaves it and syncs from
+// the live node.
+func TestSilentNodeIsLeft(t *testing.T) {
+	silent := serveScript(t, &scriptedNode{})
+	c := dirtest.New(t, 1, nil)
+	p := c.NewPublisher("w1", 1)
+	publish(t, 5, p)
+	f, err := follow.New(follow.Config{Addrs: []string{silent, c.APIAddr(c.Leader())}, Silence: 300 * time.Millisecond,
+		RetryMin: 10 * time.Millisecond, Logger: testkit.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	r := &running{Follower: f}
+	r.run(t)
+	live := c.APIAddr(c.Leader())
+	testkit.Eventually(t, 10*time.Second, "the follower to leave the silent node and sync from the live one", func() (bool, string) {
+		v := f.View()
+		return v.Synced && v.Node == live, fmt.Sprintf("%+v", v)
+	})
+	matchesAcked(t, r, p)
+}

@@ -27,6 +27,24 @@ const (
 // sends an empty batch, so that a follower can bound how stale its view is.
 const followKeepalive = 500 * time.Millisecond
 
+// followCurrentWithin is how recently a follower node must have heard
+// from the leader to send keepalives: a node cut off for longer sends
+// nothing, and its clients' views age (see Follow).
+const followCurrentWithin = 4 * followKeepalive
+
+// leaderContactAge is how long ago this node heard from a leader: 0 on
+// the leader itself; ok is false when it never has.
+func (n *Node) leaderContactAge() (age time.Duration, ok bool) {
+	if n.raft.State() == raft.Leader {
+		return 0, true
+	}
+	last := n.raft.LastContact()
+	if last.IsZero() {
+		return 0, false
+	}
+	return time.Since(last), true
+}
+
 // Bounds of one Follow message.
 const (
 	followBatchEntries = 1024
@@ -192,6 +210,16 @@ func (s *directoryService) Follow(req *kvdirv1.FollowRequest, stream kvdirv1.Dir
 			// Nothing was applied for a while: an empty batch tells the
 			// client the stream and this node are alive, with the applied
 			// index, so that it can tell a quiet cluster from a lost one.
+			// A node cut off from the leader is not current itself: it
+			// stays silent, so that the client's view ages, and past
+			// MaxStaleness it ends the stream, as it refuses other reads.
+			switch age, ok := n.leaderContactAge(); {
+			case ok && age > n.cfg.MaxStaleness:
+				return status.Errorf(codes.Unavailable, "this node last heard from a leader %v ago (more than %v): follow another node",
+					age.Round(time.Millisecond), n.cfg.MaxStaleness)
+			case !ok || age > followCurrentWithin:
+				continue
+			}
 			if err := stream.Send(&kvdirv1.FollowResponse{
 				Payload:     &kvdirv1.FollowResponse_Entries{Entries: &kvdirv1.FollowEntries{}},
 				CommitIndex: n.fsm.AppliedIndex(),

@@ -40,3 +40,54 @@ func TestFollowNeedsRouterRole(t *testing.T) {
 		}
 	}
 }
+
+// TestFollowFromACutOffNode follows a follower node, then cuts it off
+// from its peers: it stops sending keepalives (its clients' views age)
+// and ends the stream once it has not heard from a leader for
+// MaxStaleness, as it refuses other reads; a current node keeps
+// answering.
+func TestFollowFromACutOffNode(t *testing.T) {
+	c := dirtest.New(t, 3, func(_ int, cfg *node.Config) { cfg.MaxStaleness = 4 * time.Second })
+	i := c.Follower()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := kvdirv1.NewDirectoryServiceClient(c.Conn(i)).Follow(ctx, &kvdirv1.FollowRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The snapshot, then at least one keepalive while the node is current.
+	for keepalives := 0; keepalives == 0; {
+		resp, err := s.Recv()
+		if err != nil {
+			t.Fatalf("stream from a current node: %v", err)
+		}
+		if e := resp.GetEntries(); e != nil && len(e.Entries) == 0 {
+			keepalives++
+		}
+	}
+	c.Isolate(i)
+	cut := time.Now()
+	var last time.Time
+	for {
+		resp, err := s.Recv()
+		if err != nil {
+			if status.Code(err) != codes.Unavailable {
+				t.Fatalf("stream from a cut-off node ended with %v, want Unavailable", err)
+			}
+			break
+		}
+		if e := resp.GetEntries(); e != nil && len(e.Entries) == 0 {
+			last = time.Now()
+		}
+	}
+	if ended := time.Since(cut); ended < 4*time.Second {
+		t.Fatalf("stream ended %v after the cut, before MaxStaleness", ended)
+	}
+	// Keepalives stop within a heartbeat timeout plus followCurrentWithin
+	// (2 s) of the cut: the in-process cluster's heartbeat timeout is far
+	// below a second.
+	if !last.IsZero() && last.Sub(cut) > 3*time.Second {
+		// (MaxStaleness is 4 s: without the rule they would go on until then.)
+		t.Fatalf("a cut-off node sent a keepalive %v after the cut", last.Sub(cut))
+	}
+}
