@@ -90,12 +90,11 @@ func newEntryGuard(log *slog.Logger, skip []uint64, reg prometheus.Registerer) *
 }
 
 // skipUndecodable is the state machine's SkipUndecodable hook.
-func (g *entryGuard) skipUndecodable(index uint64, err error) bool {
+func (g *entryGuard) skipUndecodable(index uint64, _ error) bool {
 	if !slices.Contains(g.skip, index) {
 		return false
 	}
-	g.skipped.Inc()
-	g.log.Warn("applied an undecodable log entry as a no-op, as SkipUndecodableEntries says", "index", index, "err", err)
+	g.skipped.Inc() // the state machine logs it
 	g.mark(index, 0)
 	return true
 }

@@ -275,6 +275,10 @@ func (s *StreamLayer) handshake(raw net.Conn) {
 	err := tc.HandshakeContext(ctx)
 	cancel()
 	if err != nil {
+		if s.ctx.Err() != nil { // closing
+			tc.Close()
+			return
+		}
 		reason := ReasonHandshake
 		if errors.Is(err, ErrNotMember) {
 			reason = ReasonNotMember
