@@ -108,7 +108,7 @@ func newSettings(env []string, stdout, stderr io.Writer) *settings {
 	fs.Var(cli.PositiveDuration(&s.shutdownTimeout), "shutdown-timeout", "how long a stop (SIGINT, SIGTERM) may take, handing over leadership included")
 
 	fs.Var(cli.StringList(&s.skipEntries), "skip-undecodable-entry",
-		"apply the log entries at these `INDEX,...` as no-ops if they cannot be decoded, instead of stopping: the way past an entry every node stopped at (give every such node the same list)")
+		"log indexes (`INDEX,...`) whose entries are applied as no-ops if they cannot be decoded, instead of stopping the node: the way past an entry every node stopped at (give each such node the same list)")
 
 	p.Group("Security")
 	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate `FILE` of this member (with --tls-key); enables TLS: the API serves it, and Raft runs over mutual TLS with it")
