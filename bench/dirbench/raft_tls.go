@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvdir/kvdir/internal/benchjson"
@@ -42,8 +44,15 @@ type RaftTLSDetails struct {
 	// RatioOfMedians is the median mutual-TLS throughput over the median
 	// plain one.
 	RatioOfMedians float64 `json:"ratio_of_medians"`
-	DigestsAgree   bool    `json:"digests_agree"`
-	Setup             string    `json:"setup"`
+	// PlainCPUPerMEvents and MTLSCPUPerMEvents are every round's CPU
+	// seconds (user and system, the three nodes together) per million
+	// events committed; CPUPairRatios each round's mutual-TLS over plain.
+	// CPU time moves less than throughput with what else the machine runs.
+	PlainCPUPerMEvents []float64 `json:"plain_cpu_seconds_per_m_events"`
+	MTLSCPUPerMEvents  []float64 `json:"mtls_cpu_seconds_per_m_events"`
+	CPUPairRatios      []float64 `json:"cpu_pair_ratios"`
+	DigestsAgree       bool      `json:"digests_agree"`
+	Setup              string    `json:"setup"`
 }
 
 // RaftTLSMeasures are the comparison's figures and details.
@@ -60,6 +69,9 @@ func (m *RaftTLSMeasures) Results(res *benchjson.Results) error {
 		fig{Name: "plain_events_per_sec", Unit: "events/s", Measured: m.Plain, Note: "block events committed through Raft on plain TCP (--insecure-raft), median of the rounds"},
 		fig{Name: "mtls_events_per_sec", Unit: "events/s", Measured: m.MTLS, Note: "same, Raft over mutual TLS"},
 		fig{Name: "mtls_throughput_ratio", Unit: "ratio", Target: benchjson.Min(0.8), Measured: median(m.PairRatios), Note: "mutual TLS over plain TCP, median of the rounds' ratios (each round runs both back to back)"},
+		fig{Name: "plain_cpu_seconds_per_m_events", Unit: "s", Measured: median(m.PlainCPUPerMEvents), Note: "CPU time of the three nodes per million events committed, plain TCP, median of the rounds"},
+		fig{Name: "mtls_cpu_seconds_per_m_events", Unit: "s", Measured: median(m.MTLSCPUPerMEvents), Note: "same over mutual TLS"},
+		fig{Name: "mtls_cpu_ratio", Unit: "ratio", Measured: median(m.CPUPairRatios), Note: "CPU per event, mutual TLS over plain TCP, median of the rounds' ratios"},
 		fig{Name: "plain_burst_commit_p99_ms", Unit: "ms", Measured: m.PlainP99, Note: "publish-to-acknowledgement p99 on plain TCP, median of the rounds"},
 		fig{Name: "mtls_burst_commit_p99_ms", Unit: "ms", Measured: m.MTLSP99, Note: "same over mutual TLS"},
 	)
@@ -137,18 +149,22 @@ func measureRaftTLS(ctx context.Context, cfg Options) (*RaftTLSMeasures, error) 
 			}
 			m.Events, m.Batches = res.Events, res.Batches
 			m.DigestsAgree = m.DigestsAgree && res.DigestsAgree
+			cpu := res.cpuSeconds / float64(res.Events) * 1e6
 			if mode == "plain" {
+				m.PlainCPUPerMEvents = append(m.PlainCPUPerMEvents, cpu)
 				m.PlainEventsPerSec = append(m.PlainEventsPerSec, res.EventsPerSec)
 				plainP99 = append(plainP99, res.BurstCommitP99ms)
 			} else {
+				m.MTLSCPUPerMEvents = append(m.MTLSCPUPerMEvents, cpu)
 				m.MTLSEventsPerSec = append(m.MTLSEventsPerSec, res.EventsPerSec)
 				tlsP99 = append(tlsP99, res.BurstCommitP99ms)
 			}
-			log.Info("published", "round", r+1, "raft", mode, "events_per_sec", res.EventsPerSec, "burst_commit_p99_ms", res.BurstCommitP99ms)
+			log.Info("published", "round", r+1, "raft", mode, "events_per_sec", res.EventsPerSec, "burst_commit_p99_ms", res.BurstCommitP99ms, "cpu_seconds_per_m_events", cpu)
 		}
 	}
 	for r := range rounds {
 		m.PairRatios = append(m.PairRatios, m.MTLSEventsPerSec[r]/m.PlainEventsPerSec[r])
+		m.CPUPairRatios = append(m.CPUPairRatios, m.MTLSCPUPerMEvents[r]/m.PlainCPUPerMEvents[r])
 	}
 	m.Plain, m.MTLS = median(m.PlainEventsPerSec), median(m.MTLSEventsPerSec)
 	m.RatioOfMedians = m.MTLS / m.Plain
@@ -156,9 +172,17 @@ func measureRaftTLS(ctx context.Context, cfg Options) (*RaftTLSMeasures, error) 
 	return m, nil
 }
 
+// roundResult is one publish run: its measures and the CPU time the nodes
+// spent in it.
+type roundResult struct {
+	*Measures
+	cpuSeconds float64
+}
+
 // publishRound starts a cluster with flags in dir, publishes the workload
-// as fast as it is acknowledged, checks that the nodes agree and stops it.
-func publishRound(ctx context.Context, bin, dir string, client *tls.Config, flags []string, wl *radixtest.Workload, cfg Options) (res *Measures, err error) {
+// as fast as it is acknowledged (timing the nodes' CPU over it), checks
+// that the nodes agree and stops it.
+func publishRound(ctx context.Context, bin, dir string, client *tls.Config, flags []string, wl *radixtest.Workload, cfg Options) (out *roundResult, err error) {
 	c, err := fleet.StartDirectoryTLS(bin, dir, Nodes, client, flags...)
 	if err != nil {
 		return nil, fmt.Errorf("start the cluster: %w", err)
@@ -176,19 +200,54 @@ func publishRound(ctx context.Context, bin, dir string, client *tls.Config, flag
 	if err != nil {
 		return nil, fmt.Errorf("wait for a leader: %w", err)
 	}
-	res = &Measures{}
+	res := &Measures{}
 	work := batches(wl, cfg.BatchBlocks)
 	for _, b := range work {
 		res.Batches += len(b)
 	}
+	before, err := clusterCPU(c)
+	if err != nil {
+		return nil, err
+	}
 	if err := publishAll(ctx, c.Nodes[leader], work, cfg.Inflight, res); err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
+	}
+	after, err := clusterCPU(c)
+	if err != nil {
+		return nil, err
 	}
 	if err := converge(ctx, c, 2*time.Minute); err != nil {
 		return nil, err
 	}
 	res.DigestsAgree = true
-	return res, nil
+	return &roundResult{Measures: res, cpuSeconds: after - before}, nil
+}
+
+// clusterCPU is the CPU time (user and system, seconds) the nodes' processes
+// have used, from /proc (Linux; clock ticks of 1/100 s).
+func clusterCPU(c *fleet.Directory) (float64, error) {
+	total := 0.0
+	for _, n := range c.Nodes {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.Pid()))
+		if err != nil {
+			return 0, fmt.Errorf("CPU time of %s: %w", n.ID, err)
+		}
+		// The command name (field 2) is in parentheses and may hold spaces:
+		// count from after it. utime and stime are fields 14 and 15.
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 13 {
+			return 0, fmt.Errorf("CPU time of %s: short /proc stat", n.ID)
+		}
+		for _, v := range f[11:13] {
+			ticks, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("CPU time of %s: %w", n.ID, err)
+			}
+			total += ticks / 100
+		}
+	}
+	return total, nil
 }
 
 func median(xs []float64) float64 {

@@ -113,6 +113,7 @@ var tables = map[string]table{
 | block events committed per second, Raft on plain TCP (median of {{dn "rounds" 1 0}} rounds, {{dn "events" 1e6 1}} M events each) | | {{m "plain_events_per_sec" 0}} |
 | same, Raft over mutual TLS | | {{m "mtls_events_per_sec" 0}} |
 | ` + "`mtls_throughput_ratio`" + ` (mutual TLS / plain TCP) | {{t "mtls_throughput_ratio" 2}} | {{m "mtls_throughput_ratio" 2}} |
+| CPU seconds of the three nodes per million events, plain TCP / mutual TLS (` + "`mtls_cpu_ratio`" + `) | | {{m "plain_cpu_seconds_per_m_events" 2}} / {{m "mtls_cpu_seconds_per_m_events" 2}} ({{m "mtls_cpu_ratio" 2}}) |
 | publish-to-acknowledgement p99, plain TCP / mutual TLS | | {{m "plain_burst_commit_p99_ms" 0}} / {{m "mtls_burst_commit_p99_ms" 0}} ms |
 `},
 	"directory-fields": {"directory.json", `| JSON field | target | measured |
