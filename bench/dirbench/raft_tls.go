@@ -201,7 +201,7 @@ func publishRound(ctx context.Context, bin, dir string, client *tls.Config, flag
 		return nil, fmt.Errorf("wait for a leader: %w", err)
 	}
 	res := &Measures{}
-	work := batches(wl, cfg.BatchBlocks)
+	work := Batches(wl, cfg.BatchBlocks)
 	for _, b := range work {
 		res.Batches += len(b)
 	}
@@ -209,14 +209,14 @@ func publishRound(ctx context.Context, bin, dir string, client *tls.Config, flag
 	if err != nil {
 		return nil, err
 	}
-	if err := publishAll(ctx, c.Nodes[leader], work, cfg.Inflight, res); err != nil {
+	if err := PublishAll(ctx, c.Nodes[leader], work, cfg.Inflight, res); err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
 	after, err := clusterCPU(c)
 	if err != nil {
 		return nil, err
 	}
-	if err := converge(ctx, c, 2*time.Minute); err != nil {
+	if err := Converge(ctx, c, 2*time.Minute); err != nil {
 		return nil, err
 	}
 	res.DigestsAgree = true
