@@ -56,6 +56,9 @@ type Options struct {
 	LatencyFor  time.Duration
 	// NodeFlags are extra flags for every directory process.
 	NodeFlags []string
+	// Rounds is how many times RunRaftTLS runs each transport (default
+	// DefaultRounds).
+	Rounds int
 	// Dir holds the binary and the nodes' data; empty: a temporary
 	// directory, removed after.
 	Dir string

@@ -39,3 +39,29 @@ func TestRunTiny(t *testing.T) {
 		t.Fatalf("match_p99_us target %+v", f.Target)
 	}
 }
+
+// TestRunRaftTLSTiny runs the transport comparison (two clusters of three
+// processes, one round) at a tiny size and checks its figures.
+func TestRunRaftTLSTiny(t *testing.T) {
+	testkit.SkipIfShort(t, "starts two clusters of three directory processes")
+	res, err := RunRaftTLS(context.Background(), Options{Scale: 0.001, Rounds: 1, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Command = []string{"kvbench", "directory", "--raft-tls"}
+	if err := res.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"plain_events_per_sec", "mtls_events_per_sec", "mtls_throughput_ratio"} {
+		if f, ok := res.Figure(name); !ok || f.Measured <= 0 {
+			t.Errorf("figure %s: %+v, present %v", name, f, ok)
+		}
+	}
+	var d RaftTLSDetails
+	if err := res.DecodeDetails(&d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Rounds != 1 || len(d.PairRatios) != 1 || !d.DigestsAgree || d.Events <= 0 {
+		t.Fatalf("details %+v", d)
+	}
+}

@@ -108,6 +108,14 @@ var tables = map[string]table{
 | match p50, {{dn "goradix_comparison.match_chain_blocks" 1 0}}-block chain | {{m "goradix_comparison.tree_match_p50_us" 1}} µs | {{m "goradix_comparison.goradix_match_p50_us" 1}} µs |
 | build | {{m "goradix_comparison.tree_build_seconds" 3}} s | {{m "goradix_comparison.goradix_build_seconds" 1}} s |
 `},
+	"directory-raft-tls": {"directory-raft-tls.json", `| figure | target | measured |
+|---|---|---|
+| block events committed per second, Raft on plain TCP (median of {{dn "rounds" 1 0}} rounds, {{dn "events" 1e6 1}} M events each) | | {{m "plain_events_per_sec" 0}} |
+| same, Raft over mutual TLS | | {{m "mtls_events_per_sec" 0}} |
+| ` + "`mtls_throughput_ratio`" + ` (mutual TLS / plain TCP) | {{t "mtls_throughput_ratio" 2}} | {{m "mtls_throughput_ratio" 2}} |
+| CPU seconds of the three nodes per million events, plain TCP / mutual TLS (` + "`mtls_cpu_ratio`" + `) | | {{m "plain_cpu_seconds_per_m_events" 2}} / {{m "mtls_cpu_seconds_per_m_events" 2}} ({{m "mtls_cpu_ratio" 2}}) |
+| publish-to-acknowledgement p99, plain TCP / mutual TLS | | {{m "plain_burst_commit_p99_ms" 0}} / {{m "mtls_burst_commit_p99_ms" 0}} ms |
+`},
 	"directory-fields": {"directory.json", `| JSON field | target | measured |
 |---|---|---|
 | ` + "`events_per_sec`" + ` ({{dn "events" 1e6 0}} M block events committed, publish as fast as acknowledged) | {{t "events_per_sec" 0}} | {{m "events_per_sec" 0}} |

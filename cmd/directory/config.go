@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,6 +25,8 @@ type settings struct {
 
 	shutdownTimeout        time.Duration
 	tlsCert, tlsKey, tlsCA string
+	insecureRaft           bool
+	skipEntries            []string
 
 	// tokenRefs are the flags of each role's token and token file;
 	// resolve merges each pair into tokens[role].
@@ -106,10 +109,14 @@ func newSettings(env []string, stdout, stderr io.Writer) *settings {
 	fs.Var(cli.PositiveDuration(&c.ApplyTimeout), "apply-timeout", "how long a write may wait to be committed")
 	fs.Var(cli.PositiveDuration(&s.shutdownTimeout), "shutdown-timeout", "how long a stop (SIGINT, SIGTERM) may take, handing over leadership included")
 
+	fs.Var(cli.StringList(&s.skipEntries), "skip-undecodable-entry",
+		"log indexes (`INDEX,...`) whose entries are applied as no-ops if they cannot be decoded, instead of stopping the node: the way past an entry every node stopped at (give each such node the same list)")
+
 	p.Group("Security")
-	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate `FILE` the API serves (with --tls-key); enables TLS")
+	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate `FILE` of this member (with --tls-key); enables TLS: the API serves it, and Raft runs over mutual TLS with it")
 	fs.StringVar(&s.tlsKey, "tls-key", "", "PEM private key `FILE` of --tls-cert")
-	fs.StringVar(&s.tlsCA, "tls-ca", "", "PEM CA bundle `FILE` to verify other members when forwarding and joining (default: the system roots)")
+	fs.StringVar(&s.tlsCA, "tls-ca", "", "PEM CA bundle `FILE` that signed the members' certificates: verifies both ends of every Raft connection, and the members when forwarding and joining (required with --tls-cert unless --insecure-raft; then the default is the system roots)")
+	fs.BoolVar(&s.insecureRaft, "insecure-raft", false, "with TLS on, keep Raft on plain TCP without peer authentication (not recommended: anyone who reaches --raft-addr can rewrite the directory; warned about at every start)")
 	for _, r := range roles {
 		tok, file := new(string), new(string)
 		fs.StringVar(tok, r+"-token", "", "bearer `TOKEN` of the "+r+" role (prefer --"+r+"-token-file or "+p.EnvVar(r+"-token")+": flags show in ps)")
@@ -163,7 +170,8 @@ var flagOf = map[string]string{
 	"SnapshotInterval": "snapshot-interval", "HeartbeatTimeout": "heartbeat-timeout", "ElectionTimeout": "election-timeout",
 	"FSM.MaxSessions": "max-sessions", "FSM.MaxGoneWorkers": "max-gone-workers", "FSM.MaxBatchEvents": "max-batch-events",
 	"FSM.MaxBatchBlocks": "max-batch-blocks", "FSM.Index.MaxWorkers": "max-workers", "FSM.Index.MaxChain": "max-chain",
-	"FSM.Index.MaxOrphanBlocks": "max-orphan-blocks", "FollowFeedEntries": "follow-feed-entries", "Tokens": "agent-token(-file), --router-token(-file) and --admin-token(-file)",
+	"FSM.Index.MaxOrphanBlocks": "max-orphan-blocks", "FollowFeedEntries": "follow-feed-entries", "RaftTLS": "tls-cert",
+	"SkipUndecodableEntries": "skip-undecodable-entry", "Tokens": "agent-token(-file), --router-token(-file) and --admin-token(-file)",
 }
 
 // flagError rewrites a node.FieldError in the flags' names.
@@ -218,6 +226,22 @@ func (s *settings) resolve() (warnings []string, err error) {
 		return warnings, errors.New("--tls-cert is set without --tls-key: give both to serve TLS")
 	case s.tlsCA != "" && s.tlsCert == "":
 		return warnings, errors.New("--tls-ca is set without --tls-cert and --tls-key: members dial each other with TLS only when they serve it")
+	case s.tlsCert != "" && s.tlsCA == "" && !s.insecureRaft:
+		return warnings, errors.New("--tls-cert is set without --tls-ca: Raft runs over mutual TLS with TLS on and needs the CA that signed every member's certificate; give --tls-ca (or --insecure-raft to keep Raft on plain TCP)")
+	}
+	switch {
+	case s.insecureRaft && s.tlsCert == "":
+		warnings = append(warnings, "--insecure-raft has no effect without --tls-cert: Raft is on plain TCP anyway")
+	case s.insecureRaft:
+		warnings = append(warnings, fmt.Sprintf("--insecure-raft: Raft runs on plain TCP without peer authentication; anyone who reaches %s can rewrite the directory and stop every node, role tokens or not", c.RaftAddr))
+	}
+	c.SkipUndecodableEntries = nil
+	for _, e := range s.skipEntries {
+		i, err := strconv.ParseUint(strings.TrimSpace(e), 10, 64)
+		if err != nil || i == 0 {
+			return warnings, fmt.Errorf("--skip-undecodable-entry: %q is not a log index (a number from 1 up)", e)
+		}
+		c.SkipUndecodableEntries = append(c.SkipUndecodableEntries, i)
 	}
 
 	// Tokens: of each role's pair, the one from the higher source wins.
@@ -249,6 +273,9 @@ func (s *settings) resolve() (warnings []string, err error) {
 	c.Tokens = node.Tokens{Agent: s.tokens["agent"], Router: s.tokens["router"], Admin: s.tokens["admin"]}
 	if c.Tokens == (node.Tokens{}) && s.tlsCert != "" {
 		warnings = append(warnings, "TLS is on but no role tokens are set: any client may call any method")
+	}
+	if c.Tokens != (node.Tokens{}) && s.tlsCert == "" {
+		warnings = append(warnings, fmt.Sprintf("role tokens are set but TLS is off: Raft runs on plain TCP, and anyone who reaches %s can rewrite the directory without a token; give --tls-cert, --tls-key and --tls-ca to run Raft over mutual TLS", c.RaftAddr))
 	}
 	if err := c.Validate(); err != nil {
 		return warnings, s.flagError(err)
@@ -290,8 +317,9 @@ func (s *settings) raftAdvertiseOrAddr() string {
 	return s.cfg.RaftAddr
 }
 
-// nodeConfig returns the node's configuration with the TLS files loaded;
-// its errors are usage errors.
+// nodeConfig returns the node's configuration with the TLS files loaded
+// (and Raft over mutual TLS unless --insecure-raft), checked again with
+// them; its errors are usage errors.
 func (s *settings) nodeConfig(log *slog.Logger) (node.Config, error) {
 	cfg := s.cfg
 	cfg.Logger = log
@@ -314,6 +342,12 @@ func (s *settings) nodeConfig(log *slog.Logger) (node.Config, error) {
 			return cfg, cli.Usagef("--tls-ca %s holds no PEM certificate", s.tlsCA)
 		}
 		cfg.ClientTLS.RootCAs = pool
+		if !s.insecureRaft {
+			cfg.RaftTLS = &node.RaftTLS{Certificate: cert, CA: pool}
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, cli.Usage(s.flagError(err))
 	}
 	return cfg, nil
 }

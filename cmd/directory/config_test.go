@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"crypto/x509"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvdir/kvdir/internal/cli"
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // writeFile writes content to a new file in dir and returns its path.
@@ -224,6 +227,9 @@ func TestErrors(t *testing.T) {
 		{name: "tls key without cert", args: append(base, "--tls-key", "k.pem"), want: "--tls-key is set without --tls-cert"},
 		{name: "tls cert without key", args: append(base, "--tls-cert", "c.pem"), want: "--tls-cert is set without --tls-key"},
 		{name: "tls ca alone", args: append(base, "--tls-ca", cert), want: "--tls-ca is set without"},
+		{name: "tls without ca", args: append(base, "--tls-cert", cert, "--tls-key", cert), want: "--tls-cert is set without --tls-ca: Raft runs over mutual TLS"},
+		{name: "skip not a number", args: append(base, "--skip-undecodable-entry", "12,x"), want: `--skip-undecodable-entry: "x" is not a log index`},
+		{name: "skip zero", args: append(base, "--skip-undecodable-entry", "0"), want: `--skip-undecodable-entry: "0" is not a log index`},
 		{name: "one token only", args: append(base, "--admin-token-file", tok), want: "set the tokens of all three roles or of none; missing: agent, router"},
 		{name: "token and file same level", args: append(base, "--admin-token", "a", "--admin-token-file", tok), want: "give one"},
 		{name: "empty token file", args: append(base, "--admin-token-file", emptyTok), want: "is empty"},
@@ -295,14 +301,71 @@ func TestTLSFiles(t *testing.T) {
 	if cfg.TLS == nil || len(cfg.TLS.Certificates) != 1 || cfg.ClientTLS == nil || cfg.ClientTLS.RootCAs == nil {
 		t.Errorf("TLS not configured: %+v", cfg)
 	}
+	if cfg.RaftTLS == nil || cfg.RaftTLS.CA == nil {
+		t.Errorf("TLS on but Raft not over mutual TLS: %+v", cfg.RaftTLS)
+	}
 	// A key that does not match, and a CA file without certificates.
-	s = mustLoad(t, []string{"--node-id", "n1", "--tls-cert", cert, "--tls-key", cert}, nil).s
+	s = mustLoad(t, []string{"--node-id", "n1", "--tls-cert", cert, "--tls-key", cert, "--tls-ca", cert}, nil).s
 	if _, err := s.nodeConfig(nil); err == nil || !cli.IsUsage(err) {
 		t.Errorf("mismatched key: %v", err)
 	}
 	s = mustLoad(t, []string{"--node-id", "n1", "--tls-cert", cert, "--tls-key", key, "--tls-ca", key}, nil).s
 	if _, err := s.nodeConfig(nil); err == nil || !strings.Contains(err.Error(), "holds no PEM certificate") {
 		t.Errorf("CA without certificates: %v", err)
+	}
+}
+
+// TestRaftTLSSettings: TLS runs Raft over mutual TLS unless --insecure-raft
+// (warned about), and a certificate the other members would refuse stops
+// the command with a usage error naming the flag and the reason.
+func TestRaftTLSSettings(t *testing.T) {
+	dir := t.TempDir()
+	ca := testkit.MustCA(t, "cluster CA")
+	caFile, err := ca.WriteCA(dir, "ca.crt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := func(name string, c *testkit.Cert) (string, string) {
+		cert, key, err := c.Write(dir, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cert, key
+	}
+	good, goodKey := files("n1", ca.MustIssue(t, []string{"127.0.0.1"}))
+	args := func(cert, key string, more ...string) []string {
+		return append([]string{"--node-id", "n1", "--tls-cert", cert, "--tls-key", key, "--tls-ca", caFile}, more...)
+	}
+
+	l := mustLoad(t, args(good, goodKey, "--insecure-raft"), nil)
+	cfg, err := l.s.nodeConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.RaftTLS != nil || cfg.TLS == nil {
+		t.Errorf("--insecure-raft: RaftTLS %v, TLS %v; want Raft on plain TCP and the API on TLS", cfg.RaftTLS, cfg.TLS != nil)
+	}
+	if !slices.ContainsFunc(l.warnings, func(w string) bool { return strings.Contains(w, "--insecure-raft: Raft runs on plain TCP") }) {
+		t.Errorf("--insecure-raft without a warning: %q", l.warnings)
+	}
+
+	for _, c := range []struct {
+		name string
+		cert *testkit.Cert
+		more []string
+		want string
+	}{
+		{"other host", ca.MustIssue(t, []string{"10.1.2.3"}), nil, "is not valid for 127.0.0.1, the host of this node's Raft address 127.0.0.1:7000"},
+		{"server use only", ca.MustIssue(t, []string{"127.0.0.1"}, x509.ExtKeyUsageServerAuth), nil, "does not verify against the CA for clientAuth"},
+		{"other CA", testkit.MustCA(t, "other CA").MustIssue(t, []string{"127.0.0.1"}), nil, "does not verify against the CA"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cert, key := files(strings.ReplaceAll(c.name, " ", "-"), c.cert)
+			_, err := mustLoad(t, args(cert, key, c.more...), nil).s.nodeConfig(nil)
+			if err == nil || !cli.IsUsage(err) || !strings.Contains(err.Error(), "--tls-cert: ") || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("nodeConfig: %v; want a usage error of --tls-cert containing %q", err, c.want)
+			}
+		})
 	}
 }
 

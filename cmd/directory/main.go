@@ -20,6 +20,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -91,6 +92,12 @@ func run(args, env []string, stdout, stderr io.Writer, sigs <-chan os.Signal) in
 	log.Info("starting kvdir directory", "version", cli.Version(), "commit", cli.Commit(), "node", cfg.ID, "data_dir", dataDir)
 	n, err := node.New(cfg)
 	if err != nil {
+		var ue *node.UndecodableEntryError
+		if errors.As(err, &ue) {
+			log.Error("refusing to start: this node stopped at a log entry it cannot decode, and would stop there again",
+				"index", ue.Index, "term", ue.Term, "err", ue.Err, "fix", skipAdvice(ue.Index))
+			return exitError
+		}
 		log.Error("could not start the node", "err", fmt.Errorf("start node %s: %w", cfg.ID, err))
 		return exitError
 	}
@@ -100,12 +107,21 @@ func run(args, env []string, stdout, stderr io.Writer, sigs <-chan os.Signal) in
 	}
 	log.Info("listening",
 		"raft", cfg.RaftAddr, "raft_advertise", s.raftAdvertiseOrAddr(),
-		"api", n.APIAddr(), "http", httpAddr, "tls", cfg.TLS != nil, "auth", cfg.Tokens != node.Tokens{})
+		"api", n.APIAddr(), "http", httpAddr, "tls", cfg.TLS != nil, "raft_tls", cfg.RaftTLS != nil, "auth", cfg.Tokens != node.Tokens{})
 
 	watch := cli.WatchSignals(context.Background(), sigs)
 	defer watch.Stop()
-	<-watch.Context().Done()
-	log.Info("stopping: leadership is handed over first if this node leads", "signal", watch.First().String(), "timeout", s.shutdownTimeout.String())
+	failed := false
+	select {
+	case <-watch.Context().Done():
+		log.Info("stopping: leadership is handed over first if this node leads", "signal", watch.First().String(), "timeout", s.shutdownTimeout.String())
+	case <-n.Failed():
+		failed = true
+		var ue *node.UndecodableEntryError
+		errors.As(n.Err(), &ue)
+		log.Error("stopping: a committed log entry cannot be decoded, so this node cannot apply the log past it",
+			"index", ue.Index, "term", ue.Term, "err", ue.Err, "fix", skipAdvice(ue.Index))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.shutdownTimeout)
 	defer cancel()
 	done := make(chan error, 1)
@@ -113,6 +129,10 @@ func run(args, env []string, stdout, stderr io.Writer, sigs <-chan os.Signal) in
 	finished := func(err error) int {
 		if err != nil {
 			log.Error("shutdown failed", "err", fmt.Errorf("shut down node %s: %w", cfg.ID, err))
+			return exitError
+		}
+		if failed {
+			log.Info("stopped after the undecodable log entry")
 			return exitError
 		}
 		log.Info("stopped cleanly")
@@ -137,4 +157,12 @@ func run(args, env []string, stdout, stderr io.Writer, sigs <-chan os.Signal) in
 		log.Error("shutdown did not finish in time", "timeout", s.shutdownTimeout.String())
 		return exitError
 	}
+}
+
+// skipAdvice tells the operator how to get past the undecodable entry at
+// index.
+func skipAdvice(index uint64) string {
+	return fmt.Sprintf("if it is not wanted (every node stops at it: an entry from outside the cluster, such as a forged Raft message), "+
+		"restart every node that stopped there with --skip-undecodable-entry %d to apply it as a no-op; "+
+		"if a newer build wrote it, run that build here instead (see the directory's README)", index)
 }

@@ -50,7 +50,7 @@ func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().Add(time.Hour),
 		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		BasicConstraintsValid: true,
 		IsCA:                  true,
 		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
@@ -139,7 +139,7 @@ func TestRunTLSAndTokens(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("run did not return within 20s of SIGTERM")
 	}
-	for _, want := range []string{"msg=listening", "tls=true", "auth=true", "stopped cleanly"} {
+	for _, want := range []string{"msg=listening", "tls=true", "raft_tls=true", "auth=true", "stopped cleanly"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("log lacks %q", want)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvdir/kvdir/internal/radix"
 	"github.com/kvdir/kvdir/internal/raftfsm"
+	"github.com/kvdir/kvdir/internal/raftnet"
 )
 
 // DefaultShutdownTimeout is how long a stop may take by default, handing
@@ -129,7 +130,9 @@ func fieldErr(field, with, format string, args ...any) error {
 // taking their defaults), as a *FieldError: a missing or malformed id, a
 // malformed or wildcard address, more than one way of forming the cluster,
 // an initial cluster that does not list this node at its own address,
-// timings below the bounds Raft and the lease logic need, negative limits,
+// a Raft TLS certificate that peers would refuse (see
+// raftnet.CheckCertificate), a zero index to skip, timings below the
+// bounds Raft and the lease logic need, negative limits,
 // and role tokens that are not all set (or none), equal, or hold
 // whitespace. With an injected Transport the Raft addresses are the
 // transport's and are not checked as host:port.
@@ -169,6 +172,22 @@ func (c Config) Validate() error {
 	if c.HTTPAddr != "" {
 		if err := checkHostPort(c.HTTPAddr, true); err != nil {
 			return fieldErr("HTTPAddr", "", "%v", err)
+		}
+	}
+	if c.RaftTLS != nil {
+		if !ownRaft {
+			return fieldErr("RaftTLS", "Transport", "exclude each other: RaftTLS configures the node's own transport")
+		}
+		if c.RaftTLS.CA == nil {
+			return fieldErr("RaftTLS", "", "a CA is required to verify the other members")
+		}
+		if err := raftnet.CheckCertificate(c.RaftTLS.Certificate, c.RaftTLS.CA, c.RaftAdvertise); err != nil {
+			return fieldErr("RaftTLS", "", "%v", err)
+		}
+	}
+	for _, i := range c.SkipUndecodableEntries {
+		if i == 0 {
+			return fieldErr("SkipUndecodableEntries", "", "log indexes start at 1")
 		}
 	}
 	if (c.LogStore == nil || c.StableStore == nil || c.Snapshots == nil) && c.DataDir == "" {

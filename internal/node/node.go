@@ -96,6 +96,14 @@ type Config struct {
 	ClientTLS *tls.Config
 	// Tokens enables bearer-token authorisation by role (see auth.go).
 	Tokens Tokens
+	// RaftTLS, if set, runs Raft over mutual TLS instead of plain TCP
+	// (transport.go).
+	RaftTLS *RaftTLS
+	// SkipUndecodableEntries lists the log indexes whose entries, if they
+	// cannot be decoded, are applied as no-ops instead of stopping the node
+	// (undecodable.go). Give every node that stopped at the entry the same
+	// list.
+	SkipUndecodableEntries []uint64
 
 	// Transport and stores replace the TCP transport and BoltDB (tests
 	// only: in-memory Raft with partitions).
@@ -129,6 +137,8 @@ type Node struct {
 	feed    *feed
 	metrics *metrics
 	auth    *authorizer
+	guard   *entryGuard  // undecodable entries
+	members *raftMembers // the transport's view of the configuration (RaftTLS)
 
 	writeErr  errorBox
 	stop      chan struct{}
@@ -154,6 +164,8 @@ func New(cfg Config) (*Node, error) {
 	n.feed = newFeed(cfg.FollowFeedEntries, cfg.FollowFeedBytes)
 	fsmOpts.OnApplied = n.feed.push
 	fsmOpts.OnRestored = n.feed.reset
+	n.guard = newEntryGuard(n.log, cfg.SkipUndecodableEntries, cfg.Registerer)
+	fsmOpts.Fatal, fsmOpts.SkipUndecodable = n.guard.fatal, n.guard.skipUndecodable
 	n.fsm = raftfsm.New(fsmOpts)
 	auth, err := newAuthorizer(cfg.Tokens)
 	if err != nil {
@@ -229,16 +241,15 @@ func (n *Node) startRaft() error {
 		}
 		snaps = s
 	}
+	if err := n.guard.check(logs, stable, snaps); err != nil {
+		return err
+	}
 	if trans == nil {
-		adv, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
+		t, closeT, err := n.newTransport(rc.Logger)
 		if err != nil {
-			return fmt.Errorf("node: raft advertise address: %w", err)
+			return err
 		}
-		t, err := raft.NewTCPTransportWithLogger(cfg.RaftAddr, adv, 8, 10*time.Second, rc.Logger)
-		if err != nil {
-			return fmt.Errorf("node: raft transport: %w", err)
-		}
-		n.closers = append(n.closers, t.Close)
+		n.closers = append(n.closers, closeT)
 		trans = t
 	}
 	if n.cfg.RaftAdvertise == "" { // an injected transport and no address given
@@ -251,11 +262,12 @@ func (n *Node) startRaft() error {
 	// A failing log store is recorded where it fails: the leader steps down
 	// on it, so the proposal that meets it may see only "leadership lost".
 	logs = &recordingLogStore{LogStore: logs, failed: &n.writeErr}
-	r, err := raft.NewRaft(rc, n.fsm, logs, stable, snaps, trans)
+	r, err := raft.NewRaft(rc, guardedFSM{n.fsm, n.guard}, logs, stable, snaps, trans)
 	if err != nil {
 		return fmt.Errorf("node: start raft: %w", err)
 	}
 	n.raft = r
+	n.raftStarted(r)
 	n.fwd.watchLeader(r, n.stop, &n.wg)
 	if hasState {
 		return nil

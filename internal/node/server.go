@@ -83,13 +83,17 @@ func advertise(a net.Addr, given string) string {
 }
 
 // memberCheck refuses calls (but Status, which says why) on a node whose
-// state has stopped following the log: its Raft stopped, or, for reads, it
+// state has stopped following the log: it stopped at an entry it cannot
+// decode, its Raft stopped, or, for reads, it
 // has not heard from a leader for longer than MaxStaleness (cut off, or
 // removed from the cluster without learning it). Writes are not refused
 // here: they are forwarded or fail on their own.
 func (n *Node) memberCheck(method string) error {
 	if !strings.HasPrefix(method, "/kvdir.v1.") || method == "/kvdir.v1.AdminService/Status" {
 		return nil
+	}
+	if err := n.Err(); err != nil {
+		return status.Errorf(codes.Unavailable, "%v; use another node", err)
 	}
 	switch n.raft.State() {
 	case raft.Leader:
@@ -173,9 +177,12 @@ func (n *Node) startHTTP() error {
 }
 
 // ready reports why the node should not get traffic, if it should not:
-// no leader known, its state far behind the commit index, or a recent write
+// stopped at an undecodable log entry, no leader known, its state far behind the commit index, or a recent write
 // failure (a full or failing disk).
 func (n *Node) ready() error {
+	if err := n.Err(); err != nil {
+		return err
+	}
 	if _, id := n.raft.LeaderWithID(); id == "" {
 		return errors.New("no leader known")
 	}

@@ -19,6 +19,34 @@ const EnvelopeVersion = 1
 // diverge, so the state machine stops the node.
 var ErrUndecodable = errors.New("raftfsm: undecodable command")
 
+// ErrSkipped is the result of an undecodable entry applied as a no-op
+// because Options.SkipUndecodable said so.
+var ErrSkipped = errors.New("skipped undecodable entry")
+
+// UndecodableError is what Options.Fatal is given: the log entry that
+// cannot be decoded, and why. It wraps ErrUndecodable.
+type UndecodableError struct {
+	Index, Term uint64
+	Err         error
+}
+
+func (e *UndecodableError) Error() string {
+	return fmt.Sprintf("log index %d (term %d): %v", e.Index, e.Term, e.Err)
+}
+
+func (e *UndecodableError) Unwrap() error { return e.Err }
+
+// skippedEntry stands for a skipped entry where applied entries are passed
+// on (Options.OnApplied): an envelope of no known type marked ignorable,
+// which every build decodes as a no-op.
+var skippedEntry = func() []byte {
+	b, err := proto.Marshal(&kvdirv1.Command{Version: EnvelopeVersion, Ignorable: true})
+	if err != nil {
+		panic(fmt.Sprintf("raftfsm: encode the skipped-entry stand-in: %v", err))
+	}
+	return b
+}()
+
 // Encode wraps a payload in the envelope. timeUnixNano is the proposer's
 // clock, the only time the state machine sees.
 func Encode(t kvdirv1.CommandType, payload proto.Message, timeUnixNano int64) ([]byte, error) {

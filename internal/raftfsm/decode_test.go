@@ -83,6 +83,10 @@ func TestUndecodableCallsFatal(t *testing.T) {
 			if len(fatals) != 1 || !errors.Is(fatals[0], raftfsm.ErrUndecodable) {
 				t.Fatalf("Fatal calls %v, want one wrapping ErrUndecodable", fatals)
 			}
+			var ue *raftfsm.UndecodableError
+			if !errors.As(fatals[0], &ue) || ue.Index != 2 || ue.Term != 1 {
+				t.Fatalf("Fatal got %#v, want an *UndecodableError at index 2, term 1", fatals[0])
+			}
 			if res != nil {
 				t.Fatalf("result %v, want nil", res)
 			}
@@ -117,6 +121,58 @@ func TestUndecodableInBatch(t *testing.T) {
 	}
 	if f.AppliedIndex() != 1 {
 		t.Fatalf("AppliedIndex %d, want 1", f.AppliedIndex())
+	}
+}
+
+// TestUndecodableSkippedWhenTold: an entry the hook names is applied as a
+// no-op (the applied index moves past it, the result wraps ErrSkipped, what
+// follows is applied), the followers' feed gets a stand-in that decodes as
+// an ignorable command, and the state is the one without the entry.
+func TestUndecodableSkippedWhenTold(t *testing.T) {
+	reg := func(id string) []byte {
+		return encode(t, tRegister, &kvdirv1.RegisterCommand{Worker: &kvdirv1.WorkerSpec{Id: id, BlockSize: 1}}, 1)
+	}
+	var fatals []error
+	var asked []uint64
+	var fed []*raft.Log
+	f := raftfsm.New(raftfsm.Options{
+		Logger: discardLogger,
+		Fatal:  func(err error) { fatals = append(fatals, err) },
+		SkipUndecodable: func(index uint64, err error) bool {
+			asked = append(asked, index)
+			return index == 2 && errors.Is(err, raftfsm.ErrUndecodable)
+		},
+		OnApplied: func(logs []*raft.Log) { fed = append(fed, logs...) },
+	})
+	out := f.ApplyBatch([]*raft.Log{cmdLog(1, reg("a")), cmdLog(2, []byte{0xff, 0xff}), cmdLog(3, reg("b"))})
+	if len(fatals) != 0 {
+		t.Fatalf("Fatal called for a skipped entry: %v", fatals)
+	}
+	if err, ok := out[1].(error); !ok || !errors.Is(err, raftfsm.ErrSkipped) {
+		t.Fatalf("result of the skipped entry %v, want an error wrapping ErrSkipped", out[1])
+	}
+	if _, ok := f.Worker("b"); !ok || f.AppliedIndex() != 3 {
+		t.Fatalf("after the skipped entry: worker b registered %v, applied %d; want true, 3", ok, f.AppliedIndex())
+	}
+	if len(asked) != 1 || asked[0] != 2 {
+		t.Fatalf("SkipUndecodable asked about %v, want [2]", asked)
+	}
+	if len(fed) != 3 || fed[1].Index != 2 {
+		t.Fatalf("OnApplied got %d entries, want 3 with the stand-in at index 2", len(fed))
+	}
+	if d, err := raftfsm.Decode(fed[1].Data); err != nil || d.Payload != nil {
+		t.Fatalf("stand-in decodes to %+v, %v; want an ignorable command", d, err)
+	}
+	// The same log without the entry gives the same state.
+	g := raftfsm.New(raftfsm.Options{Logger: discardLogger})
+	g.ApplyBatch([]*raft.Log{cmdLog(1, reg("a")), cmdLog(3, reg("b"))})
+	if f.Digest() != g.Digest() {
+		t.Fatalf("digest %016x after skipping, %016x without the entry", f.Digest(), g.Digest())
+	}
+	// An entry the hook does not name still stops the state machine.
+	f.ApplyBatch([]*raft.Log{cmdLog(4, []byte{0xff})})
+	if len(fatals) != 1 || f.AppliedIndex() != 3 {
+		t.Fatalf("entry 4: Fatal calls %v, applied %d; want one call, 3", fatals, f.AppliedIndex())
 	}
 }
 

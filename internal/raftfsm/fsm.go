@@ -6,7 +6,8 @@
 // Apply is deterministic: it reads no clock (the proposer's time travels in
 // the command envelope), draws no random numbers and never lets map order
 // reach a result, so every node that applies the same log holds the same
-// state. A command that cannot be decoded stops the node (Options.Fatal);
+// state. A command that cannot be decoded stops the node (Options.Fatal)
+// unless the node was told to skip that very entry (Options.SkipUndecodable);
 // a domain refusal (unknown worker, stale epoch, sequence gap, invalid
 // input) is the command's result, the same on every node.
 package raftfsm
@@ -50,9 +51,20 @@ type Options struct {
 	// MaxGoneWorkers bounds the records kept of expired and deregistered
 	// workers (default 1,024).
 	MaxGoneWorkers int
-	// Fatal is called when a command cannot be decoded; it must not return
-	// (default: panic, which stops the node).
+	// Fatal is called when a command cannot be decoded and is not skipped,
+	// with an *UndecodableError (default: panic, which stops the node). If
+	// it returns, ApplyBatch returns at once, leaving that entry and the
+	// rest of the batch unapplied: the caller must apply nothing more to
+	// this state (restoring a snapshot replaces it).
 	Fatal func(error)
+	// SkipUndecodable, if set, is asked about a command entry that cannot
+	// be decoded, before Fatal. When it answers true the entry is applied
+	// as a no-op: the applied index moves past it, its result is an error
+	// wrapping ErrSkipped, and OnApplied sees it as an ignorable empty
+	// command. Every replica must answer the same for the same index (an
+	// operator's list of indexes, given to every node), or their states
+	// diverge.
+	SkipUndecodable func(index uint64, err error) bool
 	// OnWorkersChanged, if set, is called after a command changed workers'
 	// state, with their ids and the command's log index. It runs on the
 	// apply path and must not block.
@@ -168,9 +180,20 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 		start := time.Now()
 		d, err := Decode(l.Data)
 		if err != nil {
+			if f.opts.SkipUndecodable != nil && f.opts.SkipUndecodable(l.Index, err) {
+				f.opts.Logger.Warn("skipped an undecodable log entry as told", "index", l.Index, "term", l.Term, "err", err)
+				f.mu.Lock()
+				f.applied.Store(l.Index)
+				f.mu.Unlock()
+				out[i] = fmt.Errorf("log index %d: %w: %w", l.Index, ErrSkipped, err)
+				if f.opts.OnApplied != nil {
+					applied = append(applied, &raft.Log{Index: l.Index, Term: l.Term, Type: raft.LogCommand, Data: skippedEntry, AppendedAt: l.AppendedAt})
+				}
+				continue
+			}
 			f.opts.Logger.Error("stopping: cannot apply log entry", "index", l.Index, "term", l.Term, "err", err)
-			f.opts.Fatal(fmt.Errorf("log index %d: %w", l.Index, err))
-			return out // reached only with a Fatal that returns (tests)
+			f.opts.Fatal(&UndecodableError{Index: l.Index, Term: l.Term, Err: err})
+			return out // reached only with a Fatal that returns
 		}
 		// The lock is taken per entry, so that reads of the registry wait
 		// behind one command at most (matches do not take it at all).

@@ -114,6 +114,16 @@ func (p *Proc) Running() bool {
 	}
 }
 
+// Pid is the current run's process id (0 before the first start).
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Done is closed when the current run of the process has exited (nil
 // before the first start).
 func (p *Proc) Done() <-chan struct{} {

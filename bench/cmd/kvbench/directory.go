@@ -15,6 +15,7 @@ func newDirectory(log *slog.Logger) *cobra.Command {
 	var (
 		o         = dirbench.Defaults
 		nodeFlags string
+		raftTLS   bool
 	)
 	cmd := measureCommand(&cobra.Command{
 		Use:   "directory",
@@ -22,13 +23,31 @@ func newDirectory(log *slog.Logger) *cobra.Command {
 		Long: `Starts three directory processes on loopback (BoltDB on disk), publishes the index
 benchmark's shape through them as 64 workers, and measures commit throughput and latency,
 match latency against a follower, snapshot time and size, and a follower's restart
-catch-up. Writes the figures as JSON.`,
+catch-up. Writes the figures as JSON.
+
+With --raft-tls it measures only the commit throughput, with Raft over mutual TLS and
+on plain TCP (--insecure-raft), both with the API over TLS, on a fresh cluster per
+transport and round in alternating order, and writes the comparison
+(bench/results/directory-raft-tls.json unless --out says otherwise).`,
 		Example: `  kvbench directory --out bench/results/directory.json
-  kvbench directory --scale 0.5 --latency-rate 500000 --out -`,
+  kvbench directory --scale 0.5 --latency-rate 500000 --out -
+  kvbench directory --raft-tls --scale 0.2`,
 	}, dirbench.Tool, log, func(ctx context.Context) (*benchjson.Results, error) {
 		o.Log, o.NodeFlags = log, strings.Fields(nodeFlags)
+		if raftTLS {
+			return dirbench.RunRaftTLS(ctx, o)
+		}
 		return dirbench.Run(ctx, o)
 	})
+	run := cmd.RunE
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if raftTLS && !c.Flags().Changed("out") {
+			if err := c.Flags().Set("out", "bench/results/"+dirbench.RaftTLSTool+".json"); err != nil {
+				return err
+			}
+		}
+		return run(c, args)
+	}
 	fl := cmd.Flags()
 	fl.Float64Var(&o.Scale, "scale", o.Scale, "fraction of the full shape's 10 M entries to publish")
 	fl.IntVar(&o.BatchBlocks, "batch-blocks", o.BatchBlocks, "blocks per published batch (at most)")
@@ -40,5 +59,7 @@ catch-up. Writes the figures as JSON.`,
 	fl.StringVar(&nodeFlags, "node-flags", "", "extra flags for every directory process, space-separated")
 	fl.StringVar(&o.Dir, "dir", "", "directory for the binary and data (default: a temporary one, removed after)")
 	fl.BoolVar(&o.Logs, "logs", false, "print the nodes' logs at the end")
+	fl.BoolVar(&raftTLS, "raft-tls", false, "compare commit throughput with Raft over mutual TLS and on plain TCP instead")
+	fl.IntVar(&o.Rounds, "rounds", dirbench.DefaultRounds, "with --raft-tls: rounds per transport (the figures are the medians)")
 	return cmd
 }

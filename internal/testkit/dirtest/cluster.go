@@ -274,13 +274,25 @@ func (c *Cluster) Wipe(i int) {
 // transport connected to every node.
 func (c *Cluster) Restart(i int) {
 	c.t.Helper()
+	if err := c.TryRestart(i); err != nil {
+		c.t.Fatalf("restart node %d: %v", i, err)
+	}
+}
+
+// TryRestart is Restart for a node that may refuse to start: it returns
+// node.New's error, and the node stays down.
+func (c *Cluster) TryRestart(i int) error {
 	_, tr := raft.NewInmemTransport(c.trans[i].LocalAddr())
 	c.trans[i] = tr
 	c.Heal()
-	n := c.start(i, nil)
+	n, err := node.New(c.config(i, nil))
+	if err != nil {
+		return err
+	}
 	c.mu.Lock()
 	c.nodes[i], c.apis[i] = n, n.APIAddr()
 	c.mu.Unlock()
+	return nil
 }
 
 // Add starts a new node with empty stores, connected to every node, and

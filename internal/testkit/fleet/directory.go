@@ -8,6 +8,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvdir/kvdir/internal/testkit"
@@ -30,6 +32,8 @@ type DirNode struct {
 	RaftAddr, API, HTTP string
 	DataDir             string
 	*testkit.Proc
+
+	clientTLS *tls.Config // nil: the API is dialled without TLS
 
 	mu   sync.Mutex
 	conn *grpc.ClientConn
@@ -44,6 +48,13 @@ type Directory struct {
 // data directory each, all bootstrapped with the same --initial-cluster and
 // given extra flags. On error, the nodes started are stopped.
 func StartDirectory(bin, dir string, size int, extra ...string) (*Directory, error) {
+	return StartDirectoryTLS(bin, dir, size, nil, extra...)
+}
+
+// StartDirectoryTLS is StartDirectory for nodes that serve their API over
+// TLS (extra holds the TLS flags): client configures the connections to
+// their APIs.
+func StartDirectoryTLS(bin, dir string, size int, client *tls.Config, extra ...string) (*Directory, error) {
 	addrs, err := testkit.LoopbackAddrs(3 * size)
 	if err != nil {
 		return nil, err
@@ -54,7 +65,8 @@ func StartDirectory(bin, dir string, size int, extra ...string) (*Directory, err
 		n := &DirNode{
 			ID:       fmt.Sprintf("n%d", i+1),
 			RaftAddr: addrs[3*i], API: addrs[3*i+1], HTTP: addrs[3*i+2],
-			DataDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
+			DataDir:   filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
+			clientTLS: client,
 		}
 		members = append(members, n.ID+"="+n.RaftAddr)
 		d.Nodes = append(d.Nodes, n)
@@ -80,7 +92,11 @@ func (n *DirNode) Start() error {
 	if err := n.Proc.Start(); err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient(n.API, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	creds := insecure.NewCredentials()
+	if n.clientTLS != nil {
+		creds = credentials.NewTLS(n.clientTLS)
+	}
+	conn, err := grpc.NewClient(n.API, grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
 	if err != nil {
 		return err
