@@ -24,7 +24,7 @@ type replayFlags struct {
 	replicas, kvBlocks, routers, limit        int
 	traceBlockSize                            int
 	timeScale                                 float64
-	matchTimeout                              string
+	matchTimeout, routerFlags                 string
 	noCharts                                  bool
 }
 
@@ -62,6 +62,7 @@ Writes the same schema as kvbench sim: --out (JSON), .md next to it, and the cha
 	fl.StringVar(&f.policies, "policies", "round-robin,session-hash,kvdir", "comma-separated policies (the router's names, and haproxy), or all")
 	fl.IntVar(&f.replicas, "replicas", 4, "engine simulators (each with its agent)")
 	fl.IntVar(&f.routers, "routers", 1, "routers per policy, sharing the directory (requests alternate between them)")
+	fl.StringVar(&f.routerFlags, "router-flags", "", "extra flags for every router, space-separated (e.g. \"--follow-log --share-intents=false\")")
 	fl.StringVarP(&f.out, "out", "o", "", "result JSON file (.md and charts next to it); empty: print the table only")
 	fl.StringVar(&f.url, "url", "", "replay once against this OpenAI endpoint instead of starting processes (its caches are not reset; --time-scale defaults to 1)")
 	fl.StringVar(&f.urlWorkers, "url-workers", "", "with --url: comma-separated worker ids the endpoint names in X-Kvdir-Worker (a kvdir router); otherwise one replica, \"endpoint\"")
@@ -167,7 +168,8 @@ func replayAndReport(cmd *cobra.Command, f *replayFlags, pols []string, recs []w
 	rep, err := replay.RunComparison(cmd.Context(), replay.Options{
 		Trace: trace, Records: recs, TraceBlockSize: f.traceBlockSize, Replicas: f.replicasOr(4), Profile: f.profile,
 		KVBlocks: f.kvBlocks, TimeScale: f.timeScale, Model: f.model, Policies: pols, Routers: f.routers,
-		RouterArgs: []string{"--match-timeout", f.matchTimeout, "--profile", f.profile}, Dir: dir, Command: argvOf(cmd, nil),
+		RouterArgs: append([]string{"--match-timeout", f.matchTimeout, "--profile", f.profile}, strings.Fields(f.routerFlags)...),
+		Dir:        dir, Command: argvOf(cmd, nil),
 		Log: log, Progress: os.Stderr})
 	if err != nil {
 		return err
