@@ -46,7 +46,8 @@ type Matcher interface {
 
 // LocalReplica is a Matcher that answers from a local replica of the
 // directory (internal/follow), and says whether it is in sync and how
-// many log entries it is behind.
+// many log entries it is behind. Its MatchChain answers from memory: it
+// is called without a deadline.
 type LocalReplica interface {
 	Matcher
 	Synced() bool
@@ -301,8 +302,17 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 			groups[ns] = true
 		}
 	}
-	mctx, cancel := context.WithTimeout(ctx, s.cfg.MatchTimeout)
-	defer cancel()
+	// The local replica answers from memory and needs no deadline: arming
+	// its timer would wake the runtime's timer thread, which on a busy
+	// machine can take the decision's CPU for a scheduler slice.
+	m, source := s.matcherFor()
+	mctx := ctx
+	if source == MatchDirectory {
+		var cancel context.CancelFunc
+		mctx, cancel = context.WithTimeout(ctx, s.cfg.MatchTimeout)
+		defer cancel()
+	}
+	d.matchSource = source
 	d.dirBy = make(map[blockhash.Namespace]map[string]int, len(groups))
 	for ns := range groups {
 		chain, err := chainFor(ns)
@@ -310,10 +320,8 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 			return FallbackError
 		}
 		start := time.Now()
-		m, source := s.matcherFor()
 		resp, err := m.MatchChain(mctx, chain, uint32(ns.BlockSize), false)
 		s.metrics.matches.WithLabelValues(source).Inc()
-		d.matchSource = source
 		s.metrics.dirLookup.Observe(time.Since(start).Seconds())
 		if err != nil {
 			if errors.Is(mctx.Err(), context.DeadlineExceeded) {
