@@ -1,9 +1,12 @@
 package router
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +16,7 @@ import (
 	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/follow"
 	"github.com/kvdir/kvdir/internal/node"
+	"github.com/kvdir/kvdir/internal/openai"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/testkit/dirtest"
 	"github.com/kvdir/kvdir/internal/tokenize"
@@ -74,7 +78,18 @@ func benchConversation(rng *rand.Rand, tokens int) []tokenize.Message {
 	return msgs
 }
 
-func benchDecision(b *testing.B, local, warm bool) {
+// decisionFixture is a router over a directory holding a 32 k-token
+// session on worker w0, and that session's conversation.
+type decisionFixture struct {
+	s     *Server
+	url   string
+	base  []tokenize.Message // the session so far
+	news  []tokenize.Message // candidates for its next user message
+	want  string             // the match source every decision must report
+	chain []uint64           // the base's chain, held by w0
+}
+
+func newDecisionFixture(b *testing.B, local bool) *decisionFixture {
 	const model, blockSize, workers = "m", 16, 4
 	c := dirtest.New(b, 1, func(_ int, cfg *node.Config) { cfg.Lease = time.Hour })
 	dc, err := dirclient.New(dirclient.Config{Addrs: c.APIAddrs(), Logger: testkit.Logger(b)})
@@ -102,7 +117,7 @@ func benchDecision(b *testing.B, local, warm bool) {
 		go func() { defer close(done); _ = fl.Run(fctx) }()
 		b.Cleanup(func() { stop(); <-done; _ = fl.Close() })
 	}
-	s, _ := testRouter(b, "kvdir", nil, func(cfg *Config) {
+	s, url := testRouter(b, "kvdir", nil, func(cfg *Config) {
 		cfg.Directory = dc
 		cfg.SpecTTL = time.Hour
 		if fl != nil {
@@ -144,38 +159,46 @@ func benchDecision(b *testing.B, local, warm bool) {
 	for i := range news {
 		news[i] = tokenize.Message{Role: "user", Content: tokenize.TextContent(benchText(rng, 60))}
 	}
-	reqFor := func(i int) *request {
-		r := &request{path: PathChat, model: model, chat: true, addGen: true,
-			messages: append(slices.Clip(base), news[i%len(news)])}
-		if warm {
-			r.session = "bench"
-		} else {
-			r.session = fmt.Sprintf("cold-%d", i)
-		}
-		return r
-	}
-	want := MatchDirectory
+	f := &decisionFixture{s: s, url: url, base: base, news: news, want: MatchDirectory, chain: chain}
 	if local {
-		want = MatchLocal
+		f.want = MatchLocal
 	}
-	testkit.Eventually(b, 20*time.Second, "the session's blocks matched on w0 by "+want, func() (bool, string) {
-		d, aerr := s.decide(ctx, reqFor(0), nil)
+	testkit.Eventually(b, 20*time.Second, "the session's blocks matched on w0 by "+f.want, func() (bool, string) {
+		d, aerr := s.decide(ctx, f.request(0, true), nil)
 		if aerr != nil {
 			return false, aerr.Error()
 		}
-		return d.matchSource == want && d.pick.Worker == "w0" && d.dir[0] >= len(chain)-1,
+		return d.matchSource == f.want && d.pick.Worker == "w0" && d.dir[0] >= len(chain)-1,
 			fmt.Sprintf("source %s pick %s dir %v of %d blocks", d.matchSource, d.pick.Worker, d.dir, len(chain))
 	})
+	return f
+}
 
+// request is the session plus its i-th next message, under the session's
+// id (warm) or a new one (cold).
+func (f *decisionFixture) request(i int, warm bool) *request {
+	r := &request{path: PathChat, model: "m", chat: true, addGen: true,
+		messages: append(slices.Clip(f.base), f.news[i%len(f.news)])}
+	if warm {
+		r.session = "bench"
+	} else {
+		r.session = fmt.Sprintf("cold-%d", i)
+	}
+	return r
+}
+
+func benchDecision(b *testing.B, local, warm bool) {
+	f := newDecisionFixture(b, local)
+	s, ctx := f.s, context.Background()
 	times := make([]float64, 0, b.N)
 	parts := map[string][]float64{}
 	b.ResetTimer()
 	for i := range b.N {
-		d, aerr := s.decide(ctx, reqFor(i+1), nil)
+		d, aerr := s.decide(ctx, f.request(i+1, warm), nil)
 		if aerr != nil {
 			b.Fatal(aerr)
 		}
-		if d.matchSource != want || d.pick.Worker != "w0" {
+		if d.matchSource != f.want || d.pick.Worker != "w0" {
 			b.Fatalf("iteration %d: source %s, pick %s", i, d.matchSource, d.pick.Worker)
 		}
 		times = append(times, us(d.renderDur+d.hashDur+d.matchDur+d.scoreDur))
@@ -185,6 +208,12 @@ func benchDecision(b *testing.B, local, warm bool) {
 		parts["score"] = append(parts["score"], us(d.scoreDur))
 	}
 	b.StopTimer()
+	reportQuantiles(b, times, parts)
+}
+
+// reportQuantiles reports the p50 and p99 of the decision times and of
+// each of their parts.
+func reportQuantiles(b *testing.B, times []float64, parts map[string][]float64) {
 	q := func(xs []float64, p float64) float64 {
 		slices.Sort(xs)
 		return xs[min(len(xs)-1, int(p*float64(len(xs))))]
@@ -195,4 +224,54 @@ func benchDecision(b *testing.B, local, warm bool) {
 		b.ReportMetric(q(v, 0.99), k+"-p99-µs")
 		b.ReportMetric(q(v, 0.50), k+"-p50-µs")
 	}
+}
+
+// BenchmarkExplainWarm32k is BenchmarkDecisionWarm32k through the explain
+// endpoint over HTTP, as kvbench router measures it: the router reads and
+// decodes the whole 32 k-token body (not timed) before the decision, whose
+// own timing (decision_us) is reported.
+func BenchmarkExplainWarm32k(b *testing.B) {
+	f := newDecisionFixture(b, true)
+	bodies := make([][]byte, len(f.news))
+	for i := range bodies {
+		var err error
+		if bodies[i], err = json.Marshal(openai.ChatCompletionRequest{Model: "m", Messages: f.request(i, true).messages}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c := &http.Client{}
+	explain := func(i int) Explanation {
+		req, err := http.NewRequest(http.MethodPost, f.url+PathExplain, bytes.NewReader(bodies[i%len(bodies)]))
+		if err != nil {
+			b.Fatal(err)
+		}
+		req.Header.Set(DefaultSessionHeader, "bench")
+		resp, err := c.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e Explanation
+		if err := json.NewDecoder(resp.Body).Decode(&e); err != nil || resp.StatusCode != http.StatusOK {
+			b.Fatalf("explain: %d %v", resp.StatusCode, err)
+		}
+		return e
+	}
+	explain(0)
+	times := make([]float64, 0, b.N)
+	parts := map[string][]float64{}
+	b.ResetTimer()
+	for i := range b.N {
+		e := explain(i + 1)
+		if e.MatchSource != f.want || e.Pick != "w0" {
+			b.Fatalf("iteration %d: source %s, pick %s", i, e.MatchSource, e.Pick)
+		}
+		times = append(times, e.DecisionMicros)
+		parts["render"] = append(parts["render"], e.RenderMicros)
+		parts["hash"] = append(parts["hash"], e.HashMicros)
+		parts["match"] = append(parts["match"], e.MatchMicros)
+		parts["score"] = append(parts["score"], e.ScoreMicros)
+	}
+	b.StopTimer()
+	reportQuantiles(b, times, parts)
 }
