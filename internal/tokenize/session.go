@@ -54,6 +54,7 @@ type Rendering struct {
 	msgs []cachedMessage
 	gen  []uint32 // the generation prompt, or nil
 	n    int      // ids in msgs
+	flat []uint32 // every id in one slice, when the rendering reused none
 
 	auxMu sync.Mutex
 	aux   []auxValue
@@ -93,8 +94,14 @@ func (r *Rendering) AppendIDs(dst []uint32, from int) []uint32 {
 	return append(dst, r.gen[min(max(from-r.n, 0), len(r.gen)):]...)
 }
 
-// IDs returns a copy of all the ids in one slice.
-func (r *Rendering) IDs() []uint32 { return r.AppendIDs(make([]uint32, 0, r.Len()), 0) }
+// IDs returns all the ids in one slice, which must not be modified. It
+// copies them when the rendering reused pieces of another.
+func (r *Rendering) IDs() []uint32 {
+	if r.flat != nil || r.Len() == 0 {
+		return r.flat
+	}
+	return r.AppendIDs(make([]uint32, 0, r.Len()), 0)
+}
 
 // SetAux attaches v to r under key (a comparable value), replacing what
 // key held: e.g. a router's block hashes of r's ids, which the session's
@@ -146,8 +153,9 @@ func NewSessionCache(tmpl Template, maxSessions, maxTokens int) (*SessionCache, 
 // cached ids of the session's longest common message prefix, and how many
 // ids it reused. The messages (not the generation prompt) then replace the
 // session's entry. An empty sessionID bypasses the cache. On error the cache
-// is unchanged. It copies the rendering into one slice; RenderSession does
-// not.
+// is unchanged. The returned slice shares memory with the cache and must not
+// be modified. It copies the rendering into one slice (unless it reused
+// nothing); RenderSession does not.
 func (c *SessionCache) Render(sessionID string, msgs []Message, addGenerationPrompt bool) (ids []uint32, reusedTokens int, err error) {
 	if sessionID == "" {
 		ids, err = c.tmpl.RenderChat(msgs, addGenerationPrompt)
@@ -190,8 +198,9 @@ func (c *SessionCache) RenderSession(sessionID string, msgs []Message, addGenera
 		copy(r.msgs, base.msgs[:k])
 		shared = base.msgs[k-1].end
 	}
-	// Render the new messages into scratch space, then copy them into one
-	// allocation of the exact size, which the pieces share.
+	// Render the new messages into scratch space, then copy them and the
+	// generation prompt into one allocation of the exact size, which the
+	// pieces share.
 	sp := scratchPool.Get().(*[]uint32)
 	defer putScratch(sp)
 	tail := (*sp)[:0]
@@ -204,6 +213,10 @@ func (c *SessionCache) RenderSession(sessionID string, msgs []Message, addGenera
 		}
 		ends = append(ends, len(tail))
 	}
+	n := len(tail)
+	if addGenerationPrompt {
+		tail = append(tail, c.gen...)
+	}
 	*sp = tail
 	own := slices.Clone(tail)
 	start := 0
@@ -212,9 +225,12 @@ func (c *SessionCache) RenderSession(sessionID string, msgs []Message, addGenera
 		r.msgs[i] = cachedMessage{role: msgs[i].Role, text: texts[i], ids: own[start:end:end], end: shared + end}
 		start = end
 	}
-	r.n = shared + len(tail)
+	r.n = shared + n
 	if addGenerationPrompt {
-		r.gen = c.gen
+		r.gen = own[n:len(own):len(own)]
+	}
+	if k == 0 {
+		r.flat = own
 	}
 	if sessionID != "" {
 		c.store(&sessionEntry{id: sessionID, r: r})
