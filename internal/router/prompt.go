@@ -1,6 +1,7 @@
 package router
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
@@ -96,8 +97,7 @@ func (p *prompt) extend(h *blockhash.Hasher, n int) []uint64 {
 	if keep == 0 {
 		return nil
 	}
-	c := make([]uint64, keep, n)
-	copy(c, prev[:keep])
+	c := slices.Grow(prev[:keep:keep], n-keep) // a copy: prev is immutable
 	bp := idPool.Get().(*[]uint32)
 	rest := p.rend.AppendIDs((*bp)[:0], keep*bs)
 	c = h.Extend(c, c[keep-1], keep, rest, nil)
