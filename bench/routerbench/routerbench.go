@@ -1,12 +1,14 @@
 // Package routerbench measures kvdir's router (kvbench router, make
 // bench-router), on a fleet of real processes (3 directory nodes, 4
-// enginesims with agents, a kvdir router):
+// enginesims with agents, two kvdir routers):
 //
 //   - the placement decision for a turn of a long session (render the new
-//     messages, tokenize them, hash the chain, match it in the directory,
+//     messages, tokenize them, hash the new blocks, match the chain,
 //     score), warm (the session's earlier turns cached) and cold (first
 //     sight of the whole prompt), as the router itself times it
-//     (decision_us of POST /v1/kvdir/explain; decision.go);
+//     (decision_us of POST /v1/kvdir/explain; decision.go), side by side
+//     on a router that asks a directory node for every match and on one
+//     that answers from its local replica of the directory (--follow-log);
 //   - the proxy overhead on small requests, side by side with HAProxy
 //     (Debian's package, balance hdr(X-Session-Id), hash-type consistent,
 //     hash-balance-factor 150) in front of the same upstream, and requests
@@ -88,6 +90,19 @@ type Measures struct {
 	ExplainRoundTripP50 float64            `json:"explain_round_trip_p50_us"`
 	DecisionMethod      string             `json:"decision_method"`
 
+	// The same decisions on the router with a local replica of the
+	// directory (--follow-log); LocalDecisionOtherSource counts the warm
+	// ones not answered by the replica.
+	LocalDecisionP50         float64            `json:"decision_local_p50_us"`
+	LocalDecisionP99         float64            `json:"decision_local_p99_us"`
+	LocalDecisionColdP50     float64            `json:"decision_local_cold_p50_us"`
+	LocalDecisionColdP99     float64            `json:"decision_local_cold_p99_us"`
+	LocalDecisionParts       map[string]float64 `json:"decision_local_parts"`
+	LocalDecisionSamples     int                `json:"decision_local_samples"`
+	LocalDecisionFallbacks   int                `json:"decision_local_fallbacks"`
+	LocalDecisionOtherSource int                `json:"decision_local_other_source"`
+	LocalDecisionMatchedFrac float64            `json:"decision_local_matched_fraction"`
+
 	DirectP50               float64 `json:"direct_p50_us"`
 	ProxyOverheadP50        float64 `json:"proxy_overhead_p50_us"`
 	KVDirProxyOverheadP50   float64 `json:"kvdir_proxy_overhead_p50_us"`
@@ -113,6 +128,11 @@ type Details struct {
 	DecisionFallbacks   int     `json:"decision_fallbacks"`
 	SessionPromptTokens float64 `json:"decision_session_prompt_tokens_mean,omitempty"`
 	DecisionMethod      string  `json:"decision_method,omitempty"`
+	// The router with a local replica: its warm samples, fallbacks, and
+	// warm decisions whose match did not come from the replica.
+	LocalDecisionSamples     int `json:"decision_local_samples,omitempty"`
+	LocalDecisionFallbacks   int `json:"decision_local_fallbacks"`
+	LocalDecisionOtherSource int `json:"decision_local_other_source"`
 
 	LatencyRequestsPerPath int    `json:"latency_requests_per_path,omitempty"`
 	RequestErrors          int64  `json:"request_errors"`
@@ -123,8 +143,12 @@ type Details struct {
 }
 
 // PartsPrefix starts the names of the decision's parts (render, hash,
-// match, score).
-const PartsPrefix = "decision_parts."
+// match, score); LocalPartsPrefix those of the router with a local
+// replica.
+const (
+	PartsPrefix      = "decision_parts."
+	LocalPartsPrefix = "decision_local_parts."
+)
 
 // Results fills res (from benchjson.New) with m's figures and details; a
 // phase that did not run has no figures.
@@ -133,24 +157,29 @@ func (m *Measures) Results(res *benchjson.Results) error {
 	if m.DecisionSamples > 0 {
 		res.Figures = append(res.Figures,
 			fig{Name: "decision_p50_us", Unit: "µs", Measured: m.DecisionP50,
-				Note: "placement decision for one more turn of a long session, warm, as the router times it, p50"},
+				Note: "placement decision for one more turn of a long session, warm, as the router times it, on the router asking a directory node for every match, p50"},
 			fig{Name: "decision_p99_us", Unit: "µs", Target: benchjson.Max(1000), Measured: m.DecisionP99, Note: "same, p99"},
 			fig{Name: "decision_cold_p50_us", Unit: "µs", Measured: m.DecisionColdP50, Note: "the whole prompt under a new session id, p50"},
 			fig{Name: "decision_cold_p99_us", Unit: "µs", Measured: m.DecisionColdP99, Note: "same, p99"})
-		for _, part := range []string{"render", "hash", "match", "score"} {
-			for _, q := range []string{"p50", "p99"} {
-				key := part + "_" + q + "_us"
-				if v, ok := m.DecisionParts[key]; ok {
-					res.Figures = append(res.Figures, fig{Name: PartsPrefix + key, Unit: "µs", Measured: v,
-						Note: fmt.Sprintf("the %s part of the warm decision, %s", part, q)})
-				}
-			}
-		}
+		res.Figures = append(res.Figures, partFigures(PartsPrefix, "", m.DecisionParts)...)
 		res.Figures = append(res.Figures,
 			fig{Name: "decision_matched_fraction", Unit: "fraction", Measured: m.DecisionMatchedFrac,
 				Note: "warm decisions whose pick held directory blocks of the session"},
 			fig{Name: "explain_round_trip_p50_us", Unit: "µs", Measured: m.ExplainRoundTripP50,
 				Note: "the explain request's round trip at the client, p50"})
+	}
+	if m.LocalDecisionSamples > 0 {
+		res.Figures = append(res.Figures,
+			fig{Name: "decision_local_p50_us", Unit: "µs", Measured: m.LocalDecisionP50,
+				Note: "the same warm decision on the router answering matches from its local replica of the directory (--follow-log), p50"},
+			fig{Name: "decision_local_p99_us", Unit: "µs", Target: benchjson.Max(300), Measured: m.LocalDecisionP99, Note: "same, p99"},
+			fig{Name: "decision_local_cold_p50_us", Unit: "µs", Measured: m.LocalDecisionColdP50,
+				Note: "the whole prompt under a new session id on the router with the local replica, p50"},
+			fig{Name: "decision_local_cold_p99_us", Unit: "µs", Measured: m.LocalDecisionColdP99, Note: "same, p99"})
+		res.Figures = append(res.Figures, partFigures(LocalPartsPrefix, " on the router with the local replica", m.LocalDecisionParts)...)
+		res.Figures = append(res.Figures,
+			fig{Name: "decision_local_matched_fraction", Unit: "fraction", Measured: m.LocalDecisionMatchedFrac,
+				Note: "warm decisions on the router with the local replica whose pick held directory blocks of the session"})
 	}
 	if m.LatencyRequestsPerPath > 0 {
 		res.Figures = append(res.Figures,
@@ -168,8 +197,25 @@ func (m *Measures) Results(res *benchjson.Results) error {
 	}
 	return res.SetDetails(Details{DecisionSamples: m.DecisionSamples, DecisionColdSamples: m.DecisionColdSamples,
 		DecisionFallbacks: m.DecisionFallbacks, SessionPromptTokens: m.SessionPromptTokens, DecisionMethod: m.DecisionMethod,
+		LocalDecisionSamples: m.LocalDecisionSamples, LocalDecisionFallbacks: m.LocalDecisionFallbacks, LocalDecisionOtherSource: m.LocalDecisionOtherSource,
 		LatencyRequestsPerPath: m.LatencyRequestsPerPath, RequestErrors: m.RequestErrors, HAProxyVersion: m.HAProxyVersion,
 		RPSClients: m.RPSClients, OverheadMethod: m.OverheadMethod})
+}
+
+// partFigures returns the figures of a decision's parts (render, hash,
+// match, score at p50 and p99) under prefix.
+func partFigures(prefix, where string, parts map[string]float64) []benchjson.Figure {
+	var out []benchjson.Figure
+	for _, part := range []string{"render", "hash", "match", "score"} {
+		for _, q := range []string{"p50", "p99"} {
+			key := part + "_" + q + "_us"
+			if v, ok := parts[key]; ok {
+				out = append(out, benchjson.Figure{Name: prefix + key, Unit: "µs", Measured: v,
+					Note: fmt.Sprintf("the %s part of the warm decision%s, %s", part, where, q)})
+			}
+		}
+	}
+	return out
 }
 
 // Run starts the fleet, measures and returns the results (without their
@@ -190,10 +236,11 @@ func measure(ctx context.Context, c Options) (*Measures, error) {
 	}
 	log := c.Log
 	res := &Measures{}
-	log.Info("starting a fleet: 3 directory nodes, 4 enginesims with agents, 1 router (kvdir policy)")
-	f, err := fleet.Start(ctx, fleet.Config{Dir: c.Dir, Engines: 4, Routers: 1,
-		EngineArgs: []string{"--time-scale", "0", "--default-max-tokens", "1"},
-		RouterArgs: []string{"--policy", "kvdir"}})
+	log.Info("starting a fleet: 3 directory nodes, 4 enginesims with agents, 2 routers (kvdir policy; the second with --follow-log)")
+	f, err := fleet.Start(ctx, fleet.Config{Dir: c.Dir, Engines: 4, Routers: 2,
+		EngineArgs:    []string{"--time-scale", "0", "--default-max-tokens", "1"},
+		RouterArgs:    []string{"--policy", "kvdir"},
+		PerRouterArgs: [][]string{nil, {"--follow-log"}}})
 	if err != nil {
 		return nil, fmt.Errorf("start the fleet: %w", err)
 	}
@@ -202,7 +249,8 @@ func measure(ctx context.Context, c Options) (*Measures, error) {
 		if err := benchDecision(ctx, log, c, f, res); err != nil {
 			return nil, fmt.Errorf("decision phase: %w\n%s", err, f.Logs(20))
 		}
-		log.Info("decision", "warm_p99_us", res.DecisionP99, "cold_p99_us", res.DecisionColdP99)
+		log.Info("decision", "warm_p99_us", res.DecisionP99, "cold_p99_us", res.DecisionColdP99,
+			"local_warm_p99_us", res.LocalDecisionP99, "local_cold_p99_us", res.LocalDecisionColdP99)
 	}
 	if !c.SkipOverhead {
 		if err := benchOverhead(ctx, log, c, f, res); err != nil {

@@ -26,6 +26,7 @@ func TestRunTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"decision_p50_us", "decision_p99_us", "decision_cold_p99_us", PartsPrefix + "match_p50_us",
+		"decision_local_p50_us", "decision_local_p99_us", "decision_local_cold_p99_us", LocalPartsPrefix + "match_p50_us",
 		"direct_p50_us", "haproxy_overhead_p50_us", "overhead_ratio_vs_haproxy", "requests_per_sec", "haproxy_requests_per_sec"} {
 		if f, ok := res.Figure(name); !ok || f.Measured == 0 {
 			t.Errorf("figure %s: %+v, present %v", name, f, ok)
@@ -35,7 +36,8 @@ func TestRunTiny(t *testing.T) {
 	if err := res.DecodeDetails(&d); err != nil {
 		t.Fatal(err)
 	}
-	if d.DecisionSamples != 2 || d.DecisionColdSamples != 2 || d.LatencyRequestsPerPath != 100 || d.RPSClients != 2 || d.HAProxyVersion == "" {
+	if d.DecisionSamples != 2 || d.DecisionColdSamples != 2 || d.LocalDecisionSamples != 2 || d.LocalDecisionOtherSource != 0 ||
+		d.LatencyRequestsPerPath != 100 || d.RPSClients != 2 || d.HAProxyVersion == "" {
 		t.Fatalf("details %+v", d)
 	}
 }

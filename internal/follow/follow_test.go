@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kvdir/kvdir/internal/follow"
 	"github.com/kvdir/kvdir/internal/node"
@@ -270,5 +272,56 @@ func TestFollowerOfNodeThatInstallsSnapshot(t *testing.T) {
 	}
 	if f.Snapshots() != 2 {
 		t.Fatalf("follower restored %d snapshots, want 2 (start, after its node installed one)", f.Snapshots())
+	}
+}
+
+// TestMatchChainAnswersAsTheNode checks the router's matcher: once the
+// follower caught up, MatchChain answers every acknowledged chain (whole,
+// and cut short) as the node's own Match does, over and over (its rows
+// are reused between calls); it refuses consistent reads, and answers
+// nothing before its first snapshot.
+func TestMatchChainAnswersAsTheNode(t *testing.T) {
+	c := dirtest.New(t, 1, nil)
+	p1, p2 := c.NewPublisher("w1", 1), c.NewPublisher("w2", 2)
+	publish(t, 5, p1, p2)
+	cold, err := follow.New(follow.Config{Addrs: c.APIAddrs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cold.Close()
+	if _, err := cold.MatchChain(t.Context(), p1.Acked()[0], 16, false); !errors.Is(err, follow.ErrNotSynced) {
+		t.Fatalf("a follower that never ran: %v, want ErrNotSynced", err)
+	}
+	f := start(t, c.APIAddrs())
+	caughtUp(t, c, f)
+	dir := kvdirv1.NewDirectoryServiceClient(c.Conn(0))
+	for round := range 3 {
+		for _, p := range []*dirtest.Publisher{p1, p2} {
+			for _, chain := range p.Acked() {
+				for _, q := range [][]uint64{chain, chain[:3], append(slices.Clone(chain[:5]), 42)} {
+					got, err := f.MatchChain(t.Context(), q, 16, false)
+					if err != nil {
+						t.Fatal(err)
+					}
+					ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+					want, err := dir.Match(ctx, &kvdirv1.MatchRequest{Query: &kvdirv1.MatchRequest_Chain{Chain: &kvdirv1.ChainQuery{Hashes: q, BlockSize: 16}}})
+					cancel()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got.GetChainBlocks() != want.GetChainBlocks() || len(got.GetMatches()) != len(want.GetMatches()) {
+						t.Fatalf("round %d: local %v, node %v", round, got, want)
+					}
+					for i, m := range got.GetMatches() {
+						if !proto.Equal(m, want.GetMatches()[i]) {
+							t.Fatalf("round %d: local match %v, node %v", round, m, want.GetMatches()[i])
+						}
+					}
+				}
+			}
+		}
+	}
+	if _, err := f.MatchChain(t.Context(), p1.Acked()[0], 16, true); !errors.Is(err, follow.ErrConsistent) {
+		t.Fatalf("consistent read: %v, want ErrConsistent", err)
 	}
 }

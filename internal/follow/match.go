@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 
+	"github.com/kvdir/kvdir/internal/radix"
 	"github.com/kvdir/kvdir/internal/raftfsm"
 )
 
@@ -49,14 +51,24 @@ func (f *Follower) MatchChain(_ context.Context, hashes []uint64, blockSize uint
 	if !f.Synced() {
 		return nil, ErrNotSynced
 	}
-	ms, applied, err := f.fsm.Match(nil, hashes)
+	bp := matchPool.Get().(*[]radix.WorkerMatch)
+	defer matchPool.Put(bp)
+	ms, applied, err := f.fsm.Match((*bp)[:0], hashes)
+	*bp = ms[:0]
 	if err != nil {
 		return nil, fmt.Errorf("follow: match: %w", err)
 	}
 	resp := &kvdirv1.MatchResponse{ChainBlocks: uint32(len(hashes)),
 		Read: &kvdirv1.ReadInfo{NodeId: "local", AppliedIndex: applied}}
-	for _, m := range ms {
-		resp.Matches = append(resp.Matches, raftfsm.WorkerMatchProto(m, blockSize))
+	if len(ms) > 0 {
+		resp.Matches = make([]*kvdirv1.WorkerMatch, len(ms))
+		for i, m := range ms {
+			resp.Matches[i] = raftfsm.WorkerMatchProto(m, blockSize)
+		}
 	}
 	return resp, nil
 }
+
+// matchPool holds the per-worker rows of MatchChain's walk, reused from
+// one match to the next (the walk itself allocates nothing per block).
+var matchPool = sync.Pool{New: func() any { return new([]radix.WorkerMatch) }}

@@ -46,7 +46,8 @@ type Matcher interface {
 
 // LocalReplica is a Matcher that answers from a local replica of the
 // directory (internal/follow), and says whether it is in sync and how
-// many log entries it is behind.
+// many log entries it is behind. Its MatchChain answers from memory: it
+// is called without a deadline.
 type LocalReplica interface {
 	Matcher
 	Synced() bool
@@ -91,12 +92,13 @@ type decision struct {
 	tokens    int      // prompt tokens
 	blockSize int      // block size of chain
 	chain     []uint64 // content-hash chain in the namespace of the candidates (the first's if they differ)
+	prompt    *prompt  // the rendered prompt, with its chains by namespace
 
 	workers []*worker                              // candidates, in candidate order
 	ns      []blockhash.Namespace                  // hashing namespace per candidate: its model, the request's adapter there, its block size
 	cands   []placement.Candidate                  // placement's view of them
 	dir     []int                                  // blocks the directory reported per candidate, in its block size (-1: not asked)
-	spec    []int                                  // speculative blocks per candidate, in its block size
+	spec    []int                                  // speculative blocks per candidate, in its block size (-1: not counted, at most dir)
 	bs      []int                                  // block size each candidate was matched in
 	dirBy   map[blockhash.Namespace]map[string]int // the directory's blocks by namespace, then worker
 	pick    placement.Decision
@@ -186,40 +188,22 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	}
 
 	t0 := time.Now()
-	var ids []uint32
-	var err error
-	if req.chat {
-		ids, err = s.renderer.RenderChat(ctx, req.session, req.messages, req.addGen)
-	} else {
-		ids, err = s.renderer.RenderCompletion(ctx, req.prompt)
-	}
+	p, err := s.render(ctx, req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, badRequest("request cancelled while rendering the prompt")
 		}
 		return nil, badRequest("cannot render the prompt: %v", err)
 	}
-	if len(ids) == 0 {
+	if p.len() == 0 {
 		return nil, badRequest("the prompt is empty")
 	}
-	d.tokens = len(ids)
+	d.tokens, d.prompt = p.len(), p
 	t1 := time.Now()
 	d.renderDur = t1.Sub(t0)
 
 	d.blockSize = d.ns[0].BlockSize
-	chains := map[blockhash.Namespace][]uint64{}
-	chainFor := func(ns blockhash.Namespace) ([]uint64, error) {
-		if c, ok := chains[ns]; ok {
-			return c, nil
-		}
-		h, err := blockhash.New(ns)
-		if err != nil {
-			return nil, err
-		}
-		c := h.Chain(make([]uint64, 0, len(ids)/ns.BlockSize), ids, nil)
-		chains[ns] = c
-		return c, nil
-	}
+	chainFor := p.chain
 	if d.chain, err = chainFor(d.ns[0]); err != nil {
 		return nil, badRequest("cannot hash the prompt: %v", err)
 	}
@@ -257,6 +241,24 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	}
 	d.scoreDur = time.Since(t3)
 	return d, nil
+}
+
+// render renders req's prompt: a session's chat turn incrementally, as
+// pieces shared with its previous turn, when the renderer can.
+func (s *Server) render(ctx context.Context, req *request) (*prompt, error) {
+	if !req.chat {
+		ids, err := s.renderer.RenderCompletion(ctx, req.prompt)
+		return newIDsPrompt(ids), err
+	}
+	if sr, ok := s.renderer.(sessionRenderer); ok && req.session != "" {
+		r, base, shared, err := sr.RenderSession(ctx, req.session, req.messages, req.addGen)
+		if err != nil {
+			return nil, err
+		}
+		return newRenderedPrompt(r, base, shared), nil
+	}
+	ids, err := s.renderer.RenderChat(ctx, req.session, req.messages, req.addGen)
+	return newIDsPrompt(ids), err
 }
 
 // matchDirectory fills d.dir from the directory and returns the fallback
@@ -300,8 +302,17 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 			groups[ns] = true
 		}
 	}
-	mctx, cancel := context.WithTimeout(ctx, s.cfg.MatchTimeout)
-	defer cancel()
+	// The local replica answers from memory and needs no deadline: arming
+	// its timer would wake the runtime's timer thread, which on a busy
+	// machine can take the decision's CPU for a scheduler slice.
+	m, source := s.matcherFor()
+	mctx := ctx
+	if source == MatchDirectory {
+		var cancel context.CancelFunc
+		mctx, cancel = context.WithTimeout(ctx, s.cfg.MatchTimeout)
+		defer cancel()
+	}
+	d.matchSource = source
 	d.dirBy = make(map[blockhash.Namespace]map[string]int, len(groups))
 	for ns := range groups {
 		chain, err := chainFor(ns)
@@ -309,10 +320,8 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 			return FallbackError
 		}
 		start := time.Now()
-		m, source := s.matcherFor()
 		resp, err := m.MatchChain(mctx, chain, uint32(ns.BlockSize), false)
 		s.metrics.matches.WithLabelValues(source).Inc()
-		d.matchSource = source
 		s.metrics.dirLookup.Observe(time.Since(start).Seconds())
 		if err != nil {
 			if errors.Is(mctx.Err(), context.DeadlineExceeded) {

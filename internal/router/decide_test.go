@@ -170,3 +170,47 @@ func TestRemoteRenderer(t *testing.T) {
 		t.Fatalf("an engine's refusal was not reported: %v", err)
 	}
 }
+
+// TestSpeculativeEntriesPastTheDirectory checks the speculative entries
+// against the directory's match: entries that go past the directory's
+// blocks (its events lag a turn this router placed) extend the match, and
+// entries within them leave it the directory's while explain still counts
+// them.
+func TestSpeculativeEntriesPastTheDirectory(t *testing.T) {
+	m := &fakeMatcher{blocks: map[string]uint32{}}
+	s := decisionServer(t, m)
+	req := longChat(t)
+	d, aerr := s.decide(t.Context(), req, nil)
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	chain := d.chain
+	if len(chain) < 8 {
+		t.Fatalf("a chain of %d blocks is too short for the test", len(chain))
+	}
+	a := s.pool.snapshot()["a"]
+	for _, c := range []struct {
+		name               string
+		dir, spec          int
+		wantMatched        int
+		wantExplainedSpecs int
+	}{
+		{"speculative past the directory", 3, len(chain), len(chain), len(chain)},
+		{"speculative within the directory", len(chain) - 2, 4, len(chain) - 2, 4},
+		{"no directory blocks", 0, 5, 5, 5},
+		{"directory holds everything", len(chain), len(chain), len(chain), len(chain)},
+	} {
+		m.blocks["a"] = uint32(c.dir)
+		a.spec = newSpecSet(time.Hour)
+		a.spec.add(chain[:c.spec], time.Now())
+		d, aerr := s.decide(t.Context(), req, nil)
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		e := s.explain(req, d)
+		if d.cands[0].MatchedBlocks != c.wantMatched || e.Workers[0].SpeculativeBlocks != c.wantExplainedSpecs || e.Workers[0].DirectoryBlocks != c.dir {
+			t.Errorf("%s: matched %d (want %d), explained speculative %d (want %d), directory %d (want %d)", c.name,
+				d.cands[0].MatchedBlocks, c.wantMatched, e.Workers[0].SpeculativeBlocks, c.wantExplainedSpecs, e.Workers[0].DirectoryBlocks, c.dir)
+		}
+	}
+}

@@ -9,10 +9,12 @@
 //     tokenize only the messages that are new since turn N-1 ([Renderer]);
 //  2. hashes the ids into kvdir's content-hash chain (internal/blockhash),
 //     in the namespace of the model, the LoRA adapter, the block size and
-//     the cache salt;
-//  3. asks the directory, with a deadline of a few milliseconds, how many
-//     leading blocks of the chain each worker holds, and adds the blocks it
-//     placed itself in the last seconds (speculative entries, [specSet]);
+//     the cache salt; for a session, only the blocks past those of turn
+//     N-1's chain, which the session cache keeps with its rendering;
+//  3. asks the directory, with a deadline of a few milliseconds (or its
+//     local replica of the directory, [LocalReplica]), how many leading
+//     blocks of the chain each worker holds, and adds the blocks it placed
+//     itself in the last seconds (speculative entries, [specSet]);
 //  4. hands the candidates, with their load (engine metrics scraped every
 //     ~100 ms plus the router's own accounting of what it sent), to a
 //     placement.Policy;

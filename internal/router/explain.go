@@ -108,7 +108,7 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 		Workers: make([]WorkerScore, len(d.cands))}
 	for i, c := range d.cands {
 		ws := WorkerScore{Worker: c.Worker, Address: d.workers[i].address, MatchedBlocks: c.MatchedBlocks,
-			BlockSize: d.bs[i], DirectoryBlocks: d.dir[i], SpeculativeBlocks: d.spec[i],
+			BlockSize: d.bs[i], DirectoryBlocks: d.dir[i], SpeculativeBlocks: s.speculativeBlocks(d, i),
 			MatchedTokens: min(c.MatchedBlocks*d.blockSize, max(d.tokens-1, 0)),
 			Running:       c.Load.Running, Waiting: c.Load.Waiting, KVUsage: c.Load.KVUsage, InFlight: c.Load.InFlight,
 			QueuedPrefillTokens: c.Load.QueuedPrefillTokens, CacheMismatch: s.mismatch.state(c.Worker)}

@@ -100,6 +100,12 @@ func (s *Server) watchStaticLayouts(ctx context.Context) {
 // than one size) the size matching the most tokens wins, the smaller on a
 // tie. The result is expressed in blocks of d.blockSize, and d.bs, d.dir
 // and d.spec say the size used and the blocks found in it.
+//
+// The speculative entries are walked only when they can hold more than the
+// directory does, that is when they hold the block after the directory's:
+// for a session's next turn the directory already holds the earlier turns,
+// and walking them again in the speculative set would cost a look-up per
+// block. d.spec is then -1 (at most d.dir; speculativeBlocks counts them).
 func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blockhash.Namespace) ([]uint64, error), now time.Time) {
 	bestTokens := -1
 	for _, bs := range s.blockSizesOf(w) {
@@ -109,12 +115,15 @@ func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blo
 		if err != nil {
 			continue
 		}
-		spec := w.spec.matched(chain, now)
 		dir := -1
 		if byID, ok := d.dirBy[ns]; ok {
 			dir = byID[w.id]
 		}
-		if tokens := max(spec, dir) * bs; tokens > bestTokens {
+		spec := -1
+		if dir < 0 || (dir < len(chain) && w.spec.matched(chain[dir:dir+1], now) == 1) {
+			spec = w.spec.matched(chain, now)
+		}
+		if tokens := max(spec, dir, 0) * bs; tokens > bestTokens {
 			bestTokens = tokens
 			d.bs[i], d.spec[i], d.dir[i] = bs, spec, dir
 		}
@@ -122,6 +131,21 @@ func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blo
 	if bestTokens > 0 {
 		d.cands[i].MatchedBlocks = bestTokens / d.blockSize
 	}
+}
+
+// speculativeBlocks returns candidate i's speculative blocks in its
+// block size d.bs[i], counting them when matchCandidate did not.
+func (s *Server) speculativeBlocks(d *decision, i int) int {
+	if d.spec[i] >= 0 || d.prompt == nil {
+		return max(d.spec[i], 0)
+	}
+	ns := d.ns[i]
+	ns.BlockSize = d.bs[i]
+	chain, err := d.prompt.chain(ns)
+	if err != nil {
+		return 0
+	}
+	return d.workers[i].spec.matched(chain, time.Now())
 }
 
 // engineBlockSize is the block size w's engine uses, for the

@@ -40,10 +40,24 @@ func NewLocalRenderer(tmpl tokenize.Template, maxSessions, maxTokens int) (*Loca
 	return &LocalRenderer{tmpl: tmpl, cache: c}, nil
 }
 
-// RenderChat implements Renderer. The returned ids must not be modified.
+// RenderChat implements Renderer.
 func (l *LocalRenderer) RenderChat(_ context.Context, session string, msgs []tokenize.Message, addGen bool) ([]uint32, error) {
 	ids, _, err := l.cache.Render(session, msgs, addGen)
 	return ids, err
+}
+
+// RenderSession renders a turn of a session as pieces shared with the
+// session's previous rendering, and returns that rendering (nil if none)
+// and the ids the two share (tokenize.SessionCache.RenderSession): the
+// router hashes only the blocks past them.
+func (l *LocalRenderer) RenderSession(_ context.Context, session string, msgs []tokenize.Message, addGen bool) (r, base *tokenize.Rendering, shared int, err error) {
+	return l.cache.RenderSession(session, msgs, addGen)
+}
+
+// sessionRenderer is a Renderer that renders a session's turns
+// incrementally (LocalRenderer).
+type sessionRenderer interface {
+	RenderSession(ctx context.Context, session string, msgs []tokenize.Message, addGen bool) (r, base *tokenize.Rendering, shared int, err error)
 }
 
 // RenderCompletion implements Renderer.

@@ -62,8 +62,15 @@ func BenchmarkRenderChat32K(b *testing.B) {
 }
 
 // BenchmarkSessionIncremental32K renders a new turn of about 200 tokens (an
-// assistant reply and a user message) onto a warm 32k-token session.
-func BenchmarkSessionIncremental32K(b *testing.B) {
+// assistant reply and a user message) onto a warm 32k-token session, into
+// one slice (Render).
+func BenchmarkSessionIncremental32K(b *testing.B) { benchSessionIncremental(b, false) }
+
+// BenchmarkRenderSession32K is the same turn as pieces shared with the
+// session's previous rendering (RenderSession), as the router renders.
+func BenchmarkRenderSession32K(b *testing.B) { benchSessionIncremental(b, true) }
+
+func benchSessionIncremental(b *testing.B, pieces bool) {
 	tmpl := mustChatML(b)
 	tok := mustCL100K(b)
 	conv := benchConversation(b, 32768, 400)
@@ -86,11 +93,19 @@ func BenchmarkSessionIncremental32K(b *testing.B) {
 	for b.Loop() {
 		// Alternating turns share conv, so each call reuses conv and
 		// tokenizes one new turn.
-		ids, ru, err := cache.Render("s", next[i%2], true)
-		if err != nil {
-			b.Fatal(err)
+		if pieces {
+			rd, _, ru, err := cache.RenderSession("s", next[i%2], true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n, reused = rd.Len(), ru
+		} else {
+			ids, ru, err := cache.Render("s", next[i%2], true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n, reused = len(ids), ru
 		}
-		n, reused = len(ids), ru
 		i++
 	}
 	b.ReportMetric(float64(n), "tokens/op")

@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -14,14 +15,21 @@ import (
 // template is message-separable the result always equals
 // Template.RenderChat.
 //
+// A rendering keeps each message's ids in its own piece, shared with the
+// session's earlier and later renderings that begin with the same messages,
+// so a turn costs the new messages' tokens, not the whole conversation's
+// (RenderSession); Render copies the pieces into one slice.
+//
 // The cache is an LRU bounded by the number of sessions and by the total
 // number of cached tokens; a session whose rendering alone exceeds the token
 // bound is not cached. Besides 4 bytes per cached token, an entry keeps its
-// messages' text (about as much again for English). It is safe for concurrent use; tokenization runs
-// outside its lock. When two turns of one session render concurrently, the
-// one that finishes last is the one remembered.
+// messages' text (about as much again for English) and what callers attach
+// to its Rendering (SetAux). It is safe for concurrent use; tokenization
+// runs outside its lock. When two turns of one session render concurrently,
+// the one that finishes last is the one remembered.
 type SessionCache struct {
 	tmpl        Template
+	gen         []uint32 // the template's generation prompt, shared by the renderings
 	maxSessions int
 	maxTokens   int
 
@@ -31,16 +39,96 @@ type SessionCache struct {
 	tokens   int
 }
 
-// sessionEntry is immutable once stored.
+// sessionEntry is a session's latest rendering.
 type sessionEntry struct {
-	id   string
+	id string
+	r  *Rendering
+}
+
+// Rendering is a rendered chat conversation: each message's ids, in pieces
+// shared with the session's other renderings that begin with the same
+// messages, then the generation prompt (if asked for). It is immutable and
+// safe for concurrent use; values attached with SetAux are the one thing
+// that changes.
+type Rendering struct {
 	msgs []cachedMessage
-	ids  []uint32 // rendering of msgs, without the generation prompt; cap == len
+	gen  []uint32 // the generation prompt, or nil
+	n    int      // ids in msgs
+	flat []uint32 // every id in one slice, when the rendering reused none
+
+	auxMu sync.Mutex
+	aux   []auxValue
 }
 
 type cachedMessage struct {
 	role, text string
-	end        int // end of the message's ids in sessionEntry.ids
+	ids        []uint32 // the message's ids; cap == len
+	end        int      // end of the message's ids in the rendering
+}
+
+type auxValue struct{ key, v any }
+
+// Len returns the number of ids, generation prompt included.
+func (r *Rendering) Len() int { return r.n + len(r.gen) }
+
+// MessageTokens returns the number of ids of the messages, without the
+// generation prompt.
+func (r *Rendering) MessageTokens() int { return r.n }
+
+// AppendIDs appends the ids from position from (0 <= from <= Len) to the
+// end to dst and returns the extended slice.
+func (r *Rendering) AppendIDs(dst []uint32, from int) []uint32 {
+	dst = slices.Grow(dst, max(r.Len()-from, 0))
+	// The first message ending after from.
+	i, _ := slices.BinarySearchFunc(r.msgs, from, func(m cachedMessage, pos int) int {
+		if m.end <= pos {
+			return -1
+		}
+		return 1
+	})
+	for ; i < len(r.msgs); i++ {
+		m := r.msgs[i]
+		start := m.end - len(m.ids)
+		dst = append(dst, m.ids[max(from-start, 0):]...)
+	}
+	return append(dst, r.gen[min(max(from-r.n, 0), len(r.gen)):]...)
+}
+
+// IDs returns all the ids in one slice, which must not be modified. It
+// copies them when the rendering reused pieces of another.
+func (r *Rendering) IDs() []uint32 {
+	if r.flat != nil || r.Len() == 0 {
+		return r.flat
+	}
+	return r.AppendIDs(make([]uint32, 0, r.Len()), 0)
+}
+
+// SetAux attaches v to r under key (a comparable value), replacing what
+// key held: e.g. a router's block hashes of r's ids, which the session's
+// next rendering can extend instead of hashing from the start. v must not
+// be modified afterwards.
+func (r *Rendering) SetAux(key, v any) {
+	r.auxMu.Lock()
+	defer r.auxMu.Unlock()
+	for i := range r.aux {
+		if r.aux[i].key == key {
+			r.aux[i].v = v
+			return
+		}
+	}
+	r.aux = append(r.aux, auxValue{key, v})
+}
+
+// Aux returns what SetAux attached to r under key.
+func (r *Rendering) Aux(key any) (any, bool) {
+	r.auxMu.Lock()
+	defer r.auxMu.Unlock()
+	for _, a := range r.aux {
+		if a.key == key {
+			return a.v, true
+		}
+	}
+	return nil, false
 }
 
 // NewSessionCache returns a cache over tmpl holding at most maxSessions
@@ -54,6 +142,7 @@ func NewSessionCache(tmpl Template, maxSessions, maxTokens int) (*SessionCache, 
 	}
 	return &SessionCache{
 		tmpl:        tmpl,
+		gen:         slices.Clip(tmpl.AppendGenerationPrompt(nil)),
 		maxSessions: maxSessions,
 		maxTokens:   maxTokens,
 		sessions:    make(map[string]*list.Element),
@@ -64,58 +153,89 @@ func NewSessionCache(tmpl Template, maxSessions, maxTokens int) (*SessionCache, 
 // cached ids of the session's longest common message prefix, and how many
 // ids it reused. The messages (not the generation prompt) then replace the
 // session's entry. An empty sessionID bypasses the cache. On error the cache
-// is unchanged.
-//
-// The returned slice shares memory with the cache and must not be modified.
+// is unchanged. The returned slice shares memory with the cache and must not
+// be modified. It copies the rendering into one slice (unless it reused
+// nothing); RenderSession does not.
 func (c *SessionCache) Render(sessionID string, msgs []Message, addGenerationPrompt bool) (ids []uint32, reusedTokens int, err error) {
-	texts := make([]string, len(msgs))
-	for i, m := range msgs {
-		if texts[i], err = m.Content.PlainText(); err != nil {
-			return nil, 0, fmt.Errorf("tokenize: session %q: message %d: %w", sessionID, i, err)
-		}
-	}
 	if sessionID == "" {
 		ids, err = c.tmpl.RenderChat(msgs, addGenerationPrompt)
 		return ids, 0, err
 	}
+	r, _, reused, err := c.RenderSession(sessionID, msgs, addGenerationPrompt)
+	if err != nil {
+		return nil, 0, err
+	}
+	return r.IDs(), reused, nil
+}
 
-	prev := c.lookup(sessionID)
-	k := 0 // messages reused
-	if prev != nil {
-		for k < len(prev.msgs) && k < len(msgs) && prev.msgs[k].role == msgs[k].Role && prev.msgs[k].text == texts[k] {
-			k++
+// RenderSession renders msgs as Render does, and returns the rendering,
+// the session's previous rendering it reused ids of (nil if none) and how
+// many leading ids the two have in common (those of the common messages,
+// which exclude the generation prompt). r then becomes the session's entry.
+// An empty sessionID renders without the cache (base is nil). On error the
+// cache is unchanged.
+func (c *SessionCache) RenderSession(sessionID string, msgs []Message, addGenerationPrompt bool) (r, base *Rendering, shared int, err error) {
+	texts := make([]string, len(msgs))
+	for i, m := range msgs {
+		if texts[i], err = m.Content.PlainText(); err != nil {
+			return nil, nil, 0, fmt.Errorf("tokenize: session %q: message %d: %w", sessionID, i, err)
 		}
 	}
-	cached := make([]cachedMessage, len(msgs))
-	if k > 0 {
-		copy(cached, prev.msgs[:k])
-		reusedTokens = prev.msgs[k-1].end
+	k := 0 // messages reused
+	if sessionID != "" {
+		base = c.lookup(sessionID)
 	}
-	// Render the new messages into scratch space, then allocate the result
-	// at its exact size: it is what the cache keeps.
+	if base != nil {
+		for k < len(base.msgs) && k < len(msgs) && base.msgs[k].role == msgs[k].Role && base.msgs[k].text == texts[k] {
+			k++
+		}
+		if k == 0 {
+			base = nil
+		}
+	}
+	r = &Rendering{msgs: make([]cachedMessage, len(msgs))}
+	if k > 0 {
+		copy(r.msgs, base.msgs[:k])
+		shared = base.msgs[k-1].end
+	}
+	// Render the new messages into scratch space, then copy them and the
+	// generation prompt into one allocation of the exact size, which the
+	// pieces share.
 	sp := scratchPool.Get().(*[]uint32)
 	defer putScratch(sp)
 	tail := (*sp)[:0]
+	ends := make([]int, 0, len(msgs)-k)
 	for i := k; i < len(msgs); i++ {
 		tail, err = c.tmpl.AppendMessage(tail, Message{Role: msgs[i].Role, Content: TextContent(texts[i])})
 		if err != nil {
 			*sp = tail
-			return nil, 0, fmt.Errorf("tokenize: session %q: message %d: %w", sessionID, i, err)
+			return nil, nil, 0, fmt.Errorf("tokenize: session %q: message %d: %w", sessionID, i, err)
 		}
-		cached[i] = cachedMessage{role: msgs[i].Role, text: texts[i], end: reusedTokens + len(tail)}
+		ends = append(ends, len(tail))
 	}
-	n := reusedTokens + len(tail)
+	n := len(tail)
 	if addGenerationPrompt {
-		tail = c.tmpl.AppendGenerationPrompt(tail)
+		tail = append(tail, c.gen...)
 	}
 	*sp = tail
-	ids = make([]uint32, reusedTokens+len(tail))
-	if k > 0 {
-		copy(ids, prev.ids[:reusedTokens])
+	own := slices.Clone(tail)
+	start := 0
+	for j, end := range ends {
+		i := k + j
+		r.msgs[i] = cachedMessage{role: msgs[i].Role, text: texts[i], ids: own[start:end:end], end: shared + end}
+		start = end
 	}
-	copy(ids[reusedTokens:], tail)
-	c.store(&sessionEntry{id: sessionID, msgs: cached, ids: ids[:n:n]})
-	return ids, reusedTokens, nil
+	r.n = shared + n
+	if addGenerationPrompt {
+		r.gen = own[n:len(own):len(own)]
+	}
+	if k == 0 {
+		r.flat = own
+	}
+	if sessionID != "" {
+		c.store(&sessionEntry{id: sessionID, r: r})
+	}
+	return r, base, shared, nil
 }
 
 // scratchPool holds buffers for the new part of a rendering; buffers above
@@ -130,7 +250,7 @@ func putScratch(p *[]uint32) {
 	}
 }
 
-func (c *SessionCache) lookup(id string) *sessionEntry {
+func (c *SessionCache) lookup(id string) *Rendering {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	el, ok := c.sessions[id]
@@ -138,14 +258,14 @@ func (c *SessionCache) lookup(id string) *sessionEntry {
 		return nil
 	}
 	c.lru.MoveToFront(el)
-	return el.Value.(*sessionEntry)
+	return el.Value.(*sessionEntry).r
 }
 
 func (c *SessionCache) store(e *sessionEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	el, ok := c.sessions[e.id]
-	if len(e.ids) > c.maxTokens {
+	if e.r.n > c.maxTokens {
 		// Too large to cache: drop the stale entry rather than flush others.
 		if ok {
 			c.removeLocked(el)
@@ -153,13 +273,13 @@ func (c *SessionCache) store(e *sessionEntry) {
 		return
 	}
 	if ok {
-		c.tokens -= len(el.Value.(*sessionEntry).ids)
+		c.tokens -= el.Value.(*sessionEntry).r.n
 		el.Value = e
 		c.lru.MoveToFront(el)
 	} else {
 		c.sessions[e.id] = c.lru.PushFront(e)
 	}
-	c.tokens += len(e.ids)
+	c.tokens += e.r.n
 	for c.lru.Len() > c.maxSessions || c.tokens > c.maxTokens {
 		c.removeLocked(c.lru.Back())
 	}
@@ -168,7 +288,7 @@ func (c *SessionCache) store(e *sessionEntry) {
 func (c *SessionCache) removeLocked(el *list.Element) {
 	e := c.lru.Remove(el).(*sessionEntry)
 	delete(c.sessions, e.id)
-	c.tokens -= len(e.ids)
+	c.tokens -= e.r.n
 }
 
 // Forget drops a session's entry, if any.

@@ -115,6 +115,75 @@ func TestSessionCacheMatchesWholeRendering(t *testing.T) {
 	t.Logf("reused %d of %d tokens", totalReused, totalTokens)
 }
 
+// TestRenderSessionPieces renders turns, edits and regenerations of one
+// session and checks each Rendering: its ids from any position equal the
+// whole rendering's, its base is the previous turn's rendering with the
+// ids they share, and values attached to a rendering stay with it.
+func TestRenderSessionPieces(t *testing.T) {
+	tmpl := mustChatML(t)
+	cache, err := NewSessionCache(tmpl, 10, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 5))
+	var msgs []Message
+	var prev *Rendering
+	for turn := range 40 {
+		switch p := rng.IntN(10); {
+		case p < 2 && len(msgs) > 1:
+			msgs = msgs[:len(msgs)-1]
+		case p < 3 && len(msgs) > 0:
+			msgs = slices.Clone(msgs)
+			msgs[rng.IntN(len(msgs))] = randomMessage(rng)
+		}
+		msgs = append(slices.Clip(msgs), randomMessage(rng))
+		gen := rng.IntN(2) == 0
+		r, base, shared, err := cache.RenderSession("s", msgs, gen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := tmpl.RenderChat(msgs, gen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Len() != len(want) || !slices.Equal(r.IDs(), want) {
+			t.Fatalf("turn %d: rendering of %d ids differs from the whole rendering of %d", turn, r.Len(), len(want))
+		}
+		if gotMsg, wantMsg := r.MessageTokens(), renderedLen(t, tmpl, msgs); gotMsg != wantMsg {
+			t.Fatalf("turn %d: %d message tokens, want %d", turn, gotMsg, wantMsg)
+		}
+		for range 8 {
+			from := rng.IntN(len(want) + 1)
+			if got := r.AppendIDs([]uint32{7}, from); got[0] != 7 || !slices.Equal(got[1:], want[from:]) {
+				t.Fatalf("turn %d: ids from %d differ", turn, from)
+			}
+		}
+		switch {
+		case base == nil && shared != 0:
+			t.Fatalf("turn %d: no base but %d shared ids", turn, shared)
+		case base != nil && base != prev:
+			t.Fatalf("turn %d: base is not the previous turn's rendering", turn)
+		case base != nil:
+			if shared == 0 || !slices.Equal(base.IDs()[:shared], want[:shared]) {
+				t.Fatalf("turn %d: %d shared ids differ from the base's", turn, shared)
+			}
+			if v, ok := base.Aux("turn"); !ok || v != turn-1 {
+				t.Fatalf("turn %d: base's aux value %v %v, want %d", turn, v, ok, turn-1)
+			}
+		}
+		if _, ok := r.Aux("turn"); ok {
+			t.Fatalf("turn %d: a new rendering has an aux value", turn)
+		}
+		r.SetAux("other", "x")
+		r.SetAux("turn", -1)
+		r.SetAux("turn", turn)
+		prev = r
+	}
+	if r, base, shared, err := cache.RenderSession("", msgs, true); err != nil || base != nil || shared != 0 || r.Len() != renderedLen(t, tmpl, msgs)+len(tmpl.AppendGenerationPrompt(nil)) {
+		t.Fatalf("without a session: %v base %v shared %d", err, base, shared)
+	}
+}
+
 func sameText(t *testing.T, a, b Message) bool {
 	t.Helper()
 	x, err := a.Content.PlainText()

@@ -15,10 +15,12 @@ func newRouter(log *slog.Logger) *cobra.Command {
 	cmd := measureCommand(&cobra.Command{
 		Use:   "router",
 		Short: "Measure the router's decision time, its overhead against HAProxy and its throughput (make bench-router)",
-		Long: `Starts a fleet (3 directory nodes, 4 enginesims with agents, a kvdir router) and measures
-the router's placement decision for a turn of a long session, warm and cold, as the router
-times it (POST /v1/kvdir/explain); its proxy overhead on small requests next to HAProxy's
-(Debian's package) in front of the same upstream; and requests per second through it.
+		Long: `Starts a fleet (3 directory nodes, 4 enginesims with agents, two kvdir routers, the second
+with --follow-log) and measures the routers' placement decision for a turn of a long session,
+warm and cold, as each router times it (POST /v1/kvdir/explain): decision_* on the router that
+asks a directory node for every match, decision_local_* on the one that matches from its local
+replica of the directory. Then the first router's proxy overhead on small requests next to
+HAProxy's (Debian's package) in front of the same upstream, and requests per second through it.
 Writes the figures as JSON.`,
 		Example: `  kvbench router --out bench/results/router.json
   kvbench router --skip-overhead --sessions 2 --out -`,
