@@ -2485,7 +2485,7 @@ type ShareResponse struct {
 	// drop what it had queued for this router: forget the other routers'
 	// intents received before; this message and the next ones carry the
 	// whole current set, then updates.
-	Reset_  bool               `protobuf:"varint,1,opt,name=reset,proto3" json:"reset,omitempty"`
+	Replace bool               `protobuf:"varint,1,opt,name=replace,proto3" json:"replace,omitempty"`
 	Intents []*PlacementIntent `protobuf:"bytes,2,rep,name=intents,proto3" json:"intents,omitempty"`
 	// The node sending them.
 	NodeId        string `protobuf:"bytes,3,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -2523,9 +2523,9 @@ func (*ShareResponse) Descriptor() ([]byte, []int) {
 	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{36}
 }
 
-func (x *ShareResponse) GetReset_() bool {
+func (x *ShareResponse) GetReplace() bool {
 	if x != nil {
-		return x.Reset_
+		return x.Replace
 	}
 	return false
 }
@@ -3762,9 +3762,9 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\aintents\x18\x02 \x03(\v2\x19.kvdir.v1.PlacementIntentR\aintents\x12(\n" +
 	"\x04view\x18\x03 \x01(\v2\x14.kvdir.v1.RouterViewR\x04view\x12\x1d\n" +
 	"\n" +
-	"no_intents\x18\x04 \x01(\bR\tnoIntents\"s\n" +
-	"\rShareResponse\x12\x14\n" +
-	"\x05reset\x18\x01 \x01(\bR\x05reset\x123\n" +
+	"no_intents\x18\x04 \x01(\bR\tnoIntents\"w\n" +
+	"\rShareResponse\x12\x18\n" +
+	"\areplace\x18\x01 \x01(\bR\areplace\x123\n" +
 	"\aintents\x18\x02 \x03(\v2\x19.kvdir.v1.PlacementIntentR\aintents\x12\x17\n" +
 	"\anode_id\x18\x03 \x01(\tR\x06nodeId\"\xf2\x02\n" +
 	"\fRouterStatus\x12\x1b\n" +
