@@ -95,8 +95,8 @@ func (s *Server) watchStaticLayouts(ctx context.Context) {
 }
 
 // matchCandidate sets candidate i's matched blocks: in each of its block
-// sizes, the longer of what the directory and this router's speculative
-// entries hold; with several sizes (a worker that indexes blocks of more
+// sizes, the longest of what the directory, this router's speculative
+// entries and the other routers' shared intents hold; with several sizes (a worker that indexes blocks of more
 // than one size) the size matching the most tokens wins, the smaller on a
 // tie. The result is expressed in blocks of d.blockSize, and d.bs, d.dir
 // and d.spec say the size used and the blocks found in it.
@@ -110,13 +110,17 @@ func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blo
 			continue
 		}
 		spec := w.spec.matched(chain, now)
+		peer := s.share.matched(w.id, chain)
 		dir := -1
 		if byID, ok := d.dirBy[ns]; ok {
 			dir = byID[w.id]
 		}
-		if tokens := max(spec, dir) * bs; tokens > bestTokens {
+		if tokens := max(spec, peer, dir) * bs; tokens > bestTokens {
 			bestTokens = tokens
 			d.bs[i], d.spec[i], d.dir[i] = bs, spec, dir
+			if d.peerSpec != nil {
+				d.peerSpec[i] = peer
+			}
 		}
 	}
 	if bestTokens > 0 {
