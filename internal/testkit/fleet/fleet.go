@@ -87,6 +87,9 @@ type Config struct {
 	// EngineArgs (e.g. --lora-modules on some engines); engines past its
 	// end get none.
 	PerEngineArgs [][]string
+	// PerRouterArgs[i] are extra router flags of router i only, after
+	// RouterArgs (e.g. --share-intents=false on some routers).
+	PerRouterArgs [][]string
 	// PullEvents makes every engine a TensorRT-LLM one (enginesim
 	// --kv-events-pull --metrics-format trtllm) whose agent polls its POST /kv_cache_events
 	// (--kv-events-pull-url) instead of subscribing over ZeroMQ.
@@ -188,7 +191,11 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 			} else {
 				args = append(args, "--directory", f.DirectoryAddrs())
 			}
-			return append(args, cfg.RouterArgs...), r.URL + "/healthz"
+			args = append(args, cfg.RouterArgs...)
+			if i < len(cfg.PerRouterArgs) {
+				args = append(args, cfg.PerRouterArgs[i]...)
+			}
+			return args, r.URL + "/healthz"
 		})
 		if r.Proc != nil {
 			f.Routers = append(f.Routers, r)
