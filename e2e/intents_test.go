@@ -202,9 +202,15 @@ func TestSharedIntentsStopHerding(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &st); err != nil {
 			return false, err.Error()
 		}
+		// The DIGEST column is the index digest, as the nodes': equal at
+		// the same applied index.
+		nodeDigest := map[uint64]string{}
+		for _, nd := range st.Nodes {
+			nodeDigest[nd.AppliedIndex] = nd.Digest
+		}
 		var ids []string
 		for _, rt := range st.Routers {
-			if rt.Follows && rt.Synced {
+			if rt.Follows && rt.Synced && nodeDigest[rt.AppliedIndex] == rt.Digest {
 				ids = append(ids, rt.ID)
 			}
 		}
@@ -214,6 +220,7 @@ func TestSharedIntentsStopHerding(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("kvdirctl status: exit %d: %s", code, errOut)
 	}
+	t.Logf("kvdirctl status:\n%s", out)
 	for _, want := range []string{"ROUTER", "shared-0", "shared-1", "alone-0", "alone-1", "routers:  agree: 4 router(s)"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("kvdirctl status lacks %q:\n%s", want, out)

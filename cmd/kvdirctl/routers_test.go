@@ -14,7 +14,7 @@ import (
 
 func routerStatus(id, node string, follows bool, applied, digest uint64, checked bool, nodeDigest uint64) *kvdirv1.RouterStatus {
 	rs := &kvdirv1.RouterStatus{RouterId: id, NodeId: node, ReportAge: durationpb.New(300 * time.Millisecond), Intents: 3,
-		View: &kvdirv1.RouterView{Follows: follows, Synced: follows, AppliedIndex: applied, Digest: digest, LagEntries: 1,
+		View: &kvdirv1.RouterView{Follows: follows, Synced: follows, AppliedIndex: applied, Digest: digest, IndexDigest: digest + 1, LagEntries: 1,
 			HeardAge: durationpb.New(20 * time.Millisecond)}}
 	if checked {
 		rs.DigestChecked, rs.CheckedIndex, rs.CheckedRouterDigest, rs.CheckedNodeDigest = true, applied, digest, nodeDigest
@@ -42,7 +42,7 @@ func TestStatusListsRouters(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := out.String()
-	for _, want := range []string{"ROUTER", "r-a  ", "00000000000000ab", "routers:  agree: 2 router(s)"} {
+	for _, want := range []string{"ROUTER", "r-a  ", "00000000000000ac", "routers:  agree: 2 router(s)"} {
 		if !strings.Contains(text, want) {
 			t.Fatalf("status text lacks %q:\n%s", want, text)
 		}

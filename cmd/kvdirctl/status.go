@@ -36,9 +36,10 @@ Routers connected to the nodes that keep a replica of the directory
 (router --follow-log) are listed in a second table: ROUTER, the NODE it
 is connected to, its replica's APPLIED index, LAG (log entries behind the
 last commit index it heard of), HEARD (how long ago a node last sent its
-replica anything) and DIGEST. Each node compares a router's digest with
-its own at the router's applied index when a report comes while the node
-is at that index; "routers: agree" says every router compared matched.
+replica anything) and DIGEST (of its index, as the nodes' DIGEST). Each
+node compares the router's state digest with its own at the router's
+applied index when a report comes while the node is at that index;
+"routers: agree" says every router compared matched.
 Routers that do not follow the log are in -o json only (routers).
 
 Below the tables: the leader, and the index counters (workers, blocks,
@@ -182,7 +183,7 @@ func routersOf(answers []*kvdirv1.StatusResponse) []ctlview.Router {
 				HeardAgeMs:  float64(v.GetHeardAge().AsDuration()) / 1e6,
 				ReportAgeMs: float64(rs.GetReportAge().AsDuration()) / 1e6, Intents: rs.Intents}
 			if cr.Follows && cr.Synced {
-				cr.Digest = fmt.Sprintf("%016x", v.GetDigest())
+				cr.Digest, cr.StateDigest = fmt.Sprintf("%016x", v.GetIndexDigest()), fmt.Sprintf("%016x", v.GetDigest())
 			}
 			if rs.DigestChecked {
 				cr.DigestChecked, cr.CheckedIndex = true, rs.CheckedIndex

@@ -46,7 +46,11 @@ type Router struct {
 	AppliedIndex uint64  `json:"applied_index,omitempty"`
 	LagEntries   uint64  `json:"lag_entries"`
 	HeardAgeMs   float64 `json:"heard_age_ms"`
-	Digest       string  `json:"digest,omitempty"`
+	// Digest is the replica's index digest (comparable with a node's
+	// digest at the same applied index), StateDigest its state digest
+	// (raftfsm.FSM.Digest, what the nodes compare).
+	Digest      string `json:"digest,omitempty"`
+	StateDigest string `json:"state_digest,omitempty"`
 	// ReportAgeMs is how long ago the node last heard from the router;
 	// Intents how many of its placement intents the node holds.
 	ReportAgeMs float64 `json:"report_age_ms"`

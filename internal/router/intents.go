@@ -72,6 +72,7 @@ func DefaultRouterID() string {
 type viewSource interface {
 	AppliedIndex() uint64
 	Digest() uint64
+	IndexDigest() uint64
 }
 
 // intentKey names another router's intent.
@@ -305,13 +306,13 @@ func (sh *sharer) report() *kvdirv1.RouterView {
 	}
 	v := &kvdirv1.RouterView{Follows: true, Synced: l.Synced(), LagEntries: l.Lag(), HeardAge: durationpb.New(l.Staleness())}
 	if src, ok := l.(viewSource); ok {
-		// The digest belongs to the applied index only if the index did
-		// not move while it was computed.
+		// The digests belong to the applied index only if the index did
+		// not move while they were computed.
 		for range 3 {
 			a := src.AppliedIndex()
-			d := src.Digest()
+			d, id := src.Digest(), src.IndexDigest()
 			if src.AppliedIndex() == a {
-				v.AppliedIndex, v.Digest = a, d
+				v.AppliedIndex, v.Digest, v.IndexDigest = a, d, id
 				return v
 			}
 		}

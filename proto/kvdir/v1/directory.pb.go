@@ -2325,7 +2325,10 @@ type RouterView struct {
 	// Log entries the replica is behind the last commit index a node sent.
 	LagEntries uint64 `protobuf:"varint,5,opt,name=lag_entries,json=lagEntries,proto3" json:"lag_entries,omitempty"`
 	// Since a directory node last sent the replica anything.
-	HeardAge      *durationpb.Duration `protobuf:"bytes,6,opt,name=heard_age,json=heardAge,proto3" json:"heard_age,omitempty"`
+	HeardAge *durationpb.Duration `protobuf:"bytes,6,opt,name=heard_age,json=heardAge,proto3" json:"heard_age,omitempty"`
+	// The replica's block-index digest at applied_index (the digest
+	// Status reports for a node).
+	IndexDigest   uint64 `protobuf:"fixed64,7,opt,name=index_digest,json=indexDigest,proto3" json:"index_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2400,6 +2403,13 @@ func (x *RouterView) GetHeardAge() *durationpb.Duration {
 		return x.HeardAge
 	}
 	return nil
+}
+
+func (x *RouterView) GetIndexDigest() uint64 {
+	if x != nil {
+		return x.IndexDigest
+	}
+	return 0
 }
 
 // ShareRequest is a router's message on its Share stream (or a node's,
@@ -3747,7 +3757,7 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\x05state\x18\t \x01(\x0e2\x15.kvdir.v1.IntentStateR\x05state\x12+\n" +
 	"\x03ttl\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12-\n" +
-	"\x04hold\x18\v \x01(\v2\x19.google.protobuf.DurationR\x04hold\"\xd4\x01\n" +
+	"\x04hold\x18\v \x01(\v2\x19.google.protobuf.DurationR\x04hold\"\xf7\x01\n" +
 	"\n" +
 	"RouterView\x12\x18\n" +
 	"\afollows\x18\x01 \x01(\bR\afollows\x12\x16\n" +
@@ -3756,7 +3766,8 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\x06digest\x18\x04 \x01(\x06R\x06digest\x12\x1f\n" +
 	"\vlag_entries\x18\x05 \x01(\x04R\n" +
 	"lagEntries\x126\n" +
-	"\theard_age\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\bheardAge\"\xa9\x01\n" +
+	"\theard_age\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\bheardAge\x12!\n" +
+	"\findex_digest\x18\a \x01(\x06R\vindexDigest\"\xa9\x01\n" +
 	"\fShareRequest\x12\x1b\n" +
 	"\trouter_id\x18\x01 \x01(\tR\brouterId\x123\n" +
 	"\aintents\x18\x02 \x03(\v2\x19.kvdir.v1.PlacementIntentR\aintents\x12(\n" +
