@@ -450,13 +450,11 @@ func (c *digestCache) at(n *Node, idx uint64) (uint64, bool) {
 		}
 	}
 	c.mu.Unlock()
-	// The digest and the applied index are read apart: the digest belongs
-	// to idx only if the index did not move meanwhile.
 	if n.fsm.AppliedIndex() != idx {
-		return 0, false
+		return 0, false // not there: spare the digest
 	}
-	d := n.fsm.Digest()
-	if n.fsm.AppliedIndex() != idx {
+	d, _, applied := n.fsm.Digests()
+	if applied != idx {
 		return 0, false
 	}
 	c.mu.Lock()

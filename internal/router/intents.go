@@ -67,14 +67,6 @@ func DefaultRouterID() string {
 	return fmt.Sprintf("%s-%d", host, os.Getpid())
 }
 
-// viewSource is the part of a local replica (internal/follow) the router
-// reports in its Share stream.
-type viewSource interface {
-	AppliedIndex() uint64
-	Digest() uint64
-	IndexDigest() uint64
-}
-
 // intentKey names another router's intent.
 type intentKey struct {
 	router string
@@ -304,21 +296,9 @@ func (sh *sharer) report() *kvdirv1.RouterView {
 	if l == nil {
 		return &kvdirv1.RouterView{}
 	}
-	v := &kvdirv1.RouterView{Follows: true, Synced: l.Synced(), LagEntries: l.Lag(), HeardAge: durationpb.New(l.Staleness())}
-	if src, ok := l.(viewSource); ok {
-		// The digests belong to the applied index only if the index did
-		// not move while they were computed.
-		for range 3 {
-			a := src.AppliedIndex()
-			d, id := src.Digest(), src.IndexDigest()
-			if src.AppliedIndex() == a {
-				v.AppliedIndex, v.Digest, v.IndexDigest = a, d, id
-				return v
-			}
-		}
-	}
-	v.Synced = false // no consistent digest this time
-	return v
+	r := l.View() // the digests read together with the index they describe
+	return &kvdirv1.RouterView{Follows: true, Synced: r.Synced, AppliedIndex: r.AppliedIndex, Digest: r.Digest,
+		IndexDigest: r.IndexDigest, LagEntries: r.LagEntries, HeardAge: durationpb.New(r.Staleness)}
 }
 
 // run keeps a Share stream open until ctx ends.
