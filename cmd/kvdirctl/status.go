@@ -32,7 +32,17 @@ different indexes; status asks again a few times before it calls the
 comparison inconclusive. A node that does not answer is listed as
 unreachable.
 
-Below the table: the leader, and the index counters (workers, blocks,
+Routers connected to the nodes that keep a replica of the directory
+(router --follow-log) are listed in a second table: ROUTER, the NODE it
+is connected to, its replica's APPLIED index, LAG (log entries behind the
+last commit index it heard of), HEARD (how long ago a node last sent its
+replica anything) and DIGEST (of its index, as the nodes' DIGEST). Each
+node compares the router's state digest with its own at the router's
+applied index when a report comes while the node is at that index;
+"routers: agree" says every router compared matched.
+Routers that do not follow the log are in -o json only (routers).
+
+Below the tables: the leader, and the index counters (workers, blocks,
 entries, sessions) as the leader reports them; then the misconfiguration
 check: each worker whose routers' predicted cached tokens and its engine's
 reported ones disagree (MISMATCH lines: the condition, the numbers, the
@@ -156,7 +166,83 @@ func (a *app) askMembers(ctx context.Context, first *kvdirv1.StatusResponse, mem
 	}
 	st.Counters, st.CountersFrom = countersOf(src.Counters), src.NodeId
 	st.Digests = compareDigests(st.Nodes)
+	st.Routers = routersOf(answers)
+	st.RouterDigests = compareRouterDigests(st.Routers)
 	return st
+}
+
+// routersOf collects the routers the nodes report, by id; a router that
+// two nodes list (a stream that moved) is taken from the freshest report.
+func routersOf(answers []*kvdirv1.StatusResponse) []ctlview.Router {
+	byID := map[string]ctlview.Router{}
+	for _, r := range answers {
+		for _, rs := range r.GetRouters() {
+			v := rs.GetView()
+			cr := ctlview.Router{ID: rs.RouterId, Node: rs.NodeId, Follows: v.GetFollows(), Synced: v.GetSynced(),
+				AppliedIndex: v.GetAppliedIndex(), LagEntries: v.GetLagEntries(),
+				HeardAgeMs:  float64(v.GetHeardAge().AsDuration()) / 1e6,
+				ReportAgeMs: float64(rs.GetReportAge().AsDuration()) / 1e6, Intents: rs.Intents}
+			if cr.Follows && cr.Synced {
+				cr.Digest, cr.StateDigest = fmt.Sprintf("%016x", v.GetIndexDigest()), fmt.Sprintf("%016x", v.GetDigest())
+			}
+			if rs.DigestChecked {
+				cr.DigestChecked, cr.CheckedIndex = true, rs.CheckedIndex
+				cr.CheckedDigest, cr.CheckedNodeDigest = fmt.Sprintf("%016x", rs.CheckedRouterDigest), fmt.Sprintf("%016x", rs.CheckedNodeDigest)
+			}
+			if old, ok := byID[cr.ID]; !ok || cr.ReportAgeMs < old.ReportAgeMs {
+				byID[cr.ID] = cr
+			}
+		}
+	}
+	out := make([]ctlview.Router, 0, len(byID))
+	for _, r := range byID {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(x, y ctlview.Router) int { return strings.Compare(x.ID, y.ID) })
+	return out
+}
+
+// compareRouterDigests says whether the following routers' replicas
+// agree with the directory: each node compares the digest a router
+// reports with its own at the router's applied index, when it is at that
+// index as the report comes. nil when no router follows the log.
+func compareRouterDigests(routers []ctlview.Router) *ctlview.DigestCheck {
+	var following, agree, pending, differ []string
+	for _, r := range routers {
+		if !r.Follows {
+			continue
+		}
+		following = append(following, r.ID)
+		switch {
+		case !r.Synced:
+			pending = append(pending, r.ID+" (its replica is not in sync yet)")
+		case !r.DigestChecked:
+			pending = append(pending, r.ID+" (its node was at another applied index each time it reported)")
+		case r.CheckedDigest == r.CheckedNodeDigest:
+			agree = append(agree, fmt.Sprintf("%s at %d on %s", r.ID, r.CheckedIndex, r.Node))
+		default:
+			differ = append(differ, fmt.Sprintf("%s at applied index %d has %s, %s has %s", r.ID, r.CheckedIndex, r.CheckedDigest, r.Node, r.CheckedNodeDigest))
+		}
+	}
+	if len(following) == 0 {
+		return nil
+	}
+	dc := &ctlview.DigestCheck{Comparable: len(pending) == 0, Nodes: len(agree) + len(differ)}
+	switch {
+	case len(differ) > 0:
+		dc.Detail = "DIFFER: " + strings.Join(differ, "; ") + "; the router's replica has diverged from the directory, " +
+			"which is a bug: restart the router (its replica starts over from a snapshot) and report it"
+	case len(agree) > 0:
+		dc.Agree = len(pending) == 0
+		dc.Detail = fmt.Sprintf("agree: %d router(s) with their node's digest at their applied index (%s)", len(agree), strings.Join(agree, ", "))
+	}
+	if len(pending) > 0 {
+		if dc.Detail != "" {
+			dc.Detail += "; "
+		}
+		dc.Detail += "not compared yet: " + strings.Join(pending, ", ") + "; ask again"
+	}
+	return dc
 }
 
 func countersOf(c *kvdirv1.IndexCounters) *ctlview.Counters {
@@ -238,6 +324,9 @@ func writeStatus(w io.Writer, st *ctlview.Status) error {
 		return err
 	}
 	fmt.Fprintln(w)
+	if err := writeRouters(w, st.Routers); err != nil {
+		return err
+	}
 	if st.Leader != "" {
 		fmt.Fprintf(w, "leader:   %s (%s), term %d\n", st.Leader, st.LeaderAddress, st.Term)
 	} else {
@@ -248,6 +337,9 @@ func writeStatus(w io.Writer, st *ctlview.Status) error {
 			c.Blocks, c.Workers, c.Entries, c.OrphanBlocks, c.Sessions, clitable.Bytes(c.ApproxBytes), st.CountersFrom)
 	}
 	fmt.Fprintf(w, "digests:  %s\n", st.Digests.Detail)
+	if st.RouterDigests != nil {
+		fmt.Fprintf(w, "routers:  %s\n", st.RouterDigests.Detail)
+	}
 	writeMismatches(w, st)
 	for _, n := range st.Nodes {
 		switch {
@@ -261,6 +353,32 @@ func writeStatus(w io.Writer, st *ctlview.Status) error {
 		fmt.Fprintf(w, "warning:  worker %s block size: %s\n", m.Worker, m.Detail)
 	}
 	return nil
+}
+
+// writeRouters lists the routers that follow the log, with their
+// replica's applied index, lag, age and digest (nothing when none does).
+func writeRouters(w io.Writer, routers []ctlview.Router) error {
+	t := clitable.NewTab("ROUTER", "NODE", "APPLIED", "LAG", "HEARD", "DIGEST")
+	rows := 0
+	for _, r := range routers {
+		if !r.Follows {
+			continue
+		}
+		rows++
+		if !r.Synced {
+			t.Add(r.ID, r.Node, "-", "-", "-", "not in sync")
+			continue
+		}
+		t.Add(r.ID, r.Node, r.AppliedIndex, r.LagEntries, clitable.Age(time.Duration(r.HeardAgeMs*1e6)), r.Digest)
+	}
+	if rows == 0 {
+		return nil
+	}
+	if _, err := t.WriteTo(w); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w)
+	return err
 }
 
 func yesNo(b bool) string {

@@ -100,6 +100,8 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.DurationVar(&o.cfg.LocalStaleAfter, "follow-stale-after", router.DefaultLocalStaleAfter, "with --follow-log: matches from a replica not heard from the directory for this `DURATION` are marked stale (explain, metrics)")
 	fs.DurationVar(&o.cfg.LocalMaxStale, "follow-max-stale", router.DefaultLocalMaxStale, "with --follow-log: past this `DURATION` without the directory the replica stops answering and the directory (or the fallback policy) does; also the longest /readyz waits at start for the replica's first sync")
 	fs.BoolVar(&o.followLog, "follow-log", false, "keep a local replica of the directory, fed by a node's stream of the committed log, and answer prefix matches from it while it is in sync (the directory answers them otherwise); /readyz waits for its first sync")
+	fs.BoolVar(&c.ShareIntents, "share-intents", c.ShareIntents, "with --directory: publish each placement to the directory as it happens and count the other routers' placements as this router's own (speculative entries, queued prefill, requests in flight); false places with this router's own accounting only")
+	fs.StringVar(&c.RouterID, "router-id", c.RouterID, "`ID` naming this router to the directory and the other routers, unique among them (default: host name and process id)")
 	fs.StringVar(&c.SessionHeader, "session-header", c.SessionHeader, "request header that carries the session id (optional in requests)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest request body accepted")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", o.shutdownTimeout, "on SIGTERM, how long requests in flight may take to finish")

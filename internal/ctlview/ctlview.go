@@ -27,6 +27,40 @@ type Status struct {
 	// block size (--block-size) other than the ones their engine's events
 	// show.
 	BlockSizeMismatches []BlockSizeMismatch `json:"block_size_mismatches,omitempty"`
+	// Routers are the routers connected to the nodes' Share streams
+	// (placement intents), by id; RouterDigests compares the replicas of
+	// those that follow the log (router --follow-log) with the nodes.
+	Routers       []Router     `json:"routers,omitempty"`
+	RouterDigests *DigestCheck `json:"router_digests,omitempty"`
+}
+
+// Router is a router as the node it is connected to reports it.
+type Router struct {
+	ID   string `json:"id"`
+	Node string `json:"node"`
+	// Follows says the router keeps a replica of the directory; Synced
+	// that it has a state to answer from. The fields after them describe
+	// the replica.
+	Follows      bool    `json:"follows"`
+	Synced       bool    `json:"synced"`
+	AppliedIndex uint64  `json:"applied_index,omitempty"`
+	LagEntries   uint64  `json:"lag_entries"`
+	HeardAgeMs   float64 `json:"heard_age_ms"`
+	// Digest is the replica's index digest (comparable with a node's
+	// digest at the same applied index), StateDigest its state digest
+	// (raftfsm.FSM.Digest, what the nodes compare).
+	Digest      string `json:"digest,omitempty"`
+	StateDigest string `json:"state_digest,omitempty"`
+	// ReportAgeMs is how long ago the node last heard from the router;
+	// Intents how many of its placement intents the node holds.
+	ReportAgeMs float64 `json:"report_age_ms"`
+	Intents     uint64  `json:"intents"`
+	// The node's comparison of the router's digest with its own at the
+	// router's applied index, when it made one.
+	DigestChecked     bool   `json:"digest_checked"`
+	CheckedIndex      uint64 `json:"checked_index,omitempty"`
+	CheckedDigest     string `json:"checked_router_digest,omitempty"`
+	CheckedNodeDigest string `json:"checked_node_digest,omitempty"`
 }
 
 // BlockSizeMismatch is a worker registered with one block size whose

@@ -53,6 +53,8 @@ func (s *adminService) Status(context.Context, *kvdirv1.StatusRequest) (*kvdirv1
 	if err := n.writeErr.get(); err != nil {
 		resp.WriteError = err.Error()
 	}
+	resp.Routers = n.share.statuses()
+	resp.Intents = uint64(n.share.intents.len())
 	if f := r.GetConfiguration(); f.Error() == nil {
 		for _, srv := range f.Configuration().Servers {
 			resp.Members = append(resp.Members, &kvdirv1.Member{

@@ -54,6 +54,7 @@ var methodRoles = map[string]role{
 	"/kvdir.v1.DirectoryService/ListSessions":   roleRouter,
 	"/kvdir.v1.DirectoryService/WatchWorkers":   roleRouter,
 	"/kvdir.v1.DirectoryService/Follow":         roleRouter,
+	"/kvdir.v1.DirectoryService/Share":          roleRouter,
 
 	"/kvdir.v1.AdminService/Status":             roleRouter,
 	"/kvdir.v1.AdminService/AddMember":          0,

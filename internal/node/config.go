@@ -263,6 +263,7 @@ func (c Config) Validate() error {
 		{"FSM.Index.MaxChain", c.FSM.Index.MaxChain}, {"FSM.Index.MaxOrphanBlocks", c.FSM.Index.MaxOrphanBlocks},
 		{"FSM.Index.MaxWorkers", c.FSM.Index.MaxWorkers},
 		{"FollowFeedEntries", c.FollowFeedEntries}, {"FollowFeedBytes", c.FollowFeedBytes},
+		{"IntentMaxCount", c.IntentMaxCount}, {"IntentMaxBytes", c.IntentMaxBytes},
 	} {
 		if l.v < 0 {
 			return fieldErr(l.field, "", "%d is negative (0 means the default)", l.v)

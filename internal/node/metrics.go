@@ -22,6 +22,10 @@ type metrics struct {
 	matchDepth    prometheus.Histogram
 	rpcs          *prometheus.CounterVec
 	rpcLatency    *prometheus.HistogramVec
+
+	intentsReceived *prometheus.CounterVec
+	intentsSent     *prometheus.CounterVec
+	intentsDropped  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -61,8 +65,26 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(1e-5, 4, 12),
 		}, []string{"method"}),
 	}
-	reg.MustRegister(m.commitLatency, m.publishes, m.groupSize, m.matchLatency, m.matchDepth, m.rpcs, m.rpcLatency)
+	m.intentsReceived = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvdir_intents_received_total",
+		Help: "Placement intents received, from this node's routers (router) or relayed by another node (relay).",
+	}, []string{"source"})
+	m.intentsSent = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvdir_intents_sent_total",
+		Help: "Placement intents sent, to this node's routers (router) or relayed to another node (node).",
+	}, []string{"to"})
+	m.intentsDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvdir_intents_dropped_total",
+		Help: "Placement intents not kept: over the node's bounds (bound, the oldest dropped) or older than the version held (stale).",
+	}, []string{"reason"})
+	reg.MustRegister(m.commitLatency, m.publishes, m.groupSize, m.matchLatency, m.matchDepth, m.rpcs, m.rpcLatency,
+		m.intentsReceived, m.intentsSent, m.intentsDropped)
 	return m
+}
+
+// intentDropped counts placement intents the node did not keep.
+func (m *metrics) intentDropped(reason string, n int) {
+	m.intentsDropped.WithLabelValues(reason).Add(float64(n))
 }
 
 // watchNode registers gauges read from the node at scrape time.
@@ -109,6 +131,8 @@ func (m *metrics) watchNode(n *Node) {
 			return float64(n.fsm.Counters().OrphanBlocks)
 		}),
 		gauge("kvdir_sessions", "Sessions recorded.", func() float64 { return float64(n.fsm.Counters().Sessions) }),
+		gauge("kvdir_intents", "Placement intents held (soft state, every router's).", func() float64 { return float64(n.share.intents.len()) }),
+		gauge("kvdir_share_routers", "Routers connected to this node's Share stream.", func() float64 { return float64(n.share.routerCount()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvdir_write_failing", Help: "1 while writes on this node are failing (e.g. its disk)."},
 			func() float64 {
 				if n.writeErr.get() != nil {

@@ -89,6 +89,11 @@ type Config struct {
 	// DefaultFollowFeedEntries and DefaultFollowFeedBytes; see follow.go).
 	FollowFeedEntries int
 	FollowFeedBytes   int
+	// IntentMaxCount and IntentMaxBytes bound the routers' placement
+	// intents the node holds (defaults DefaultIntentMaxCount and
+	// DefaultIntentMaxBytes; see intents.go).
+	IntentMaxCount int
+	IntentMaxBytes int
 
 	// TLS, if set, serves the API over TLS. ClientTLS is used to dial other
 	// nodes when forwarding (nil: plaintext).
@@ -135,6 +140,7 @@ type Node struct {
 	leases  *leases
 	watch   *watchHub
 	feed    *feed
+	share   *shareState
 	metrics *metrics
 	auth    *authorizer
 	guard   *entryGuard  // undecodable entries
@@ -175,6 +181,7 @@ func New(cfg Config) (*Node, error) {
 	n.fwd = newForwarder(n)
 	n.pub = newPublishBatcher(n)
 	n.leases = newLeases()
+	n.share = newShareState(n)
 
 	if err := n.startRaft(); err != nil {
 		n.closeStores()
@@ -192,10 +199,11 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.metrics.watchNode(n)
-	n.wg.Add(3)
+	n.wg.Add(4)
 	go n.leaderLoop()
 	go n.memberLoop()
 	go n.pub.run()
+	go n.share.run()
 	n.log.Info("directory node started", "raft", cfg.RaftAdvertise, "api", n.APIAddr(), "http", n.HTTPAddr())
 	return n, nil
 }

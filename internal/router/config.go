@@ -26,6 +26,7 @@ func DefaultConfig() Config {
 		BlockSize:       DefaultBlockSize,
 		ConnectTimeout:  DefaultConnectTimeout,
 		SessionInterval: DefaultSessionInterval,
+		ShareIntents:    true,
 	}
 }
 

@@ -103,6 +103,14 @@ type decision struct {
 	dirBy   map[blockhash.Namespace]map[string]int // the directory's blocks by namespace, then worker
 	pick    placement.Decision
 
+	// Other routers' shared intents per candidate (nil when not shared):
+	// their speculative blocks (in the candidate's block size), queued
+	// uncached tokens and requests in flight, included in cands' loads.
+	peerSpec, peerQueued, peerInFlight []int
+	// pickChain is the prompt's chain in the pick's namespace and block
+	// size, which its intent carries.
+	pickChain []uint64
+
 	renderDur, hashDur, matchDur, scoreDur time.Duration
 }
 
@@ -218,6 +226,7 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 		d.cands[i] = placement.Candidate{Worker: w.id, Load: w.load()}
 		d.dir[i] = -1
 		d.bs[i] = d.ns[i].BlockSize
+		s.share.addLoad(d, i)
 	}
 	if needsDirectory(d.policy) {
 		d.fallback = s.matchDirectory(ctx, d, chainFor)
@@ -239,6 +248,7 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	if err != nil {
 		return nil, unavailable("placement failed: %v", err)
 	}
+	d.pickChain = s.share.chainOf(d, chainFor)
 	d.scoreDur = time.Since(t3)
 	return d, nil
 }

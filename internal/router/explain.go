@@ -61,6 +61,15 @@ type WorkerScore struct {
 	ColdPrefillMs       float64 `json:"cold_prefill_ms"`
 	ExtraMs             float64 `json:"extra_ms"` // delay its recomputation imposes on the requests waiting there
 	TotalMs             float64 `json:"total_ms"`
+
+	// PeerSpeculativeBlocks are the blocks other routers placed there
+	// recently (their shared intents, in this block size),
+	// PeerQueuedPrefillTokens and PeerInFlight their uncached tokens queued
+	// there and their requests in flight; all 0 unless intents are shared.
+	// MatchedBlocks, QueuedPrefillTokens and InFlight include them.
+	PeerSpeculativeBlocks   int `json:"peer_speculative_blocks"`
+	PeerQueuedPrefillTokens int `json:"peer_queued_prefill_tokens"`
+	PeerInFlight            int `json:"peer_in_flight"`
 	// CacheMismatch is the misconfiguration check's verdict while the
 	// worker is flagged (see the router's README).
 	CacheMismatch *MismatchState `json:"cache_mismatch,omitempty"`
@@ -112,6 +121,9 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 			MatchedTokens: min(c.MatchedBlocks*d.blockSize, max(d.tokens-1, 0)),
 			Running:       c.Load.Running, Waiting: c.Load.Waiting, KVUsage: c.Load.KVUsage, InFlight: c.Load.InFlight,
 			QueuedPrefillTokens: c.Load.QueuedPrefillTokens, CacheMismatch: s.mismatch.state(c.Worker)}
+		if d.peerSpec != nil {
+			ws.PeerSpeculativeBlocks, ws.PeerQueuedPrefillTokens, ws.PeerInFlight = s.peerSpeculativeBlocks(d, i), d.peerQueued[i], d.peerInFlight[i]
+		}
 		if i < len(d.pick.Scores) {
 			sc := d.pick.Scores[i]
 			ws.Retain, ws.CachedTokens, ws.QueueMs, ws.InterferenceMs = sc.Retain, sc.CachedTokens, sc.QueueMs, sc.InterferenceMs

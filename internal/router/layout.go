@@ -95,8 +95,8 @@ func (s *Server) watchStaticLayouts(ctx context.Context) {
 }
 
 // matchCandidate sets candidate i's matched blocks: in each of its block
-// sizes, the longer of what the directory and this router's speculative
-// entries hold; with several sizes (a worker that indexes blocks of more
+// sizes, the longest of what the directory, this router's speculative
+// entries and the other routers' shared intents hold; with several sizes (a worker that indexes blocks of more
 // than one size) the size matching the most tokens wins, the smaller on a
 // tie. The result is expressed in blocks of d.blockSize, and d.bs, d.dir
 // and d.spec say the size used and the blocks found in it.
@@ -105,7 +105,8 @@ func (s *Server) watchStaticLayouts(ctx context.Context) {
 // directory does, that is when they hold the block after the directory's:
 // for a session's next turn the directory already holds the earlier turns,
 // and walking them again in the speculative set would cost a look-up per
-// block. d.spec is then -1 (at most d.dir; speculativeBlocks counts them).
+// block. d.spec is then -1 (at most d.dir; speculativeBlocks counts them),
+// and so is d.peerSpec for the other routers' entries (peerSpeculativeBlocks).
 func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blockhash.Namespace) ([]uint64, error), now time.Time) {
 	bestTokens := -1
 	for _, bs := range s.blockSizesOf(w) {
@@ -119,13 +120,19 @@ func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blo
 		if byID, ok := d.dirBy[ns]; ok {
 			dir = byID[w.id]
 		}
-		spec := -1
+		spec, peer := -1, -1
 		if dir < 0 || (dir < len(chain) && w.spec.matched(chain[dir:dir+1], now) == 1) {
 			spec = w.spec.matched(chain, now)
 		}
-		if tokens := max(spec, dir, 0) * bs; tokens > bestTokens {
+		if dir < 0 || (dir < len(chain) && s.share.matched(w.id, chain[dir:dir+1]) == 1) {
+			peer = s.share.matched(w.id, chain)
+		}
+		if tokens := max(spec, peer, dir, 0) * bs; tokens > bestTokens {
 			bestTokens = tokens
 			d.bs[i], d.spec[i], d.dir[i] = bs, spec, dir
+			if d.peerSpec != nil {
+				d.peerSpec[i] = peer
+			}
 		}
 	}
 	if bestTokens > 0 {
@@ -146,6 +153,25 @@ func (s *Server) speculativeBlocks(d *decision, i int) int {
 		return 0
 	}
 	return d.workers[i].spec.matched(chain, time.Now())
+}
+
+// peerSpeculativeBlocks returns the other routers' speculative blocks of
+// candidate i in its block size d.bs[i], counting them when
+// matchCandidate did not.
+func (s *Server) peerSpeculativeBlocks(d *decision, i int) int {
+	if d.peerSpec == nil {
+		return 0
+	}
+	if d.peerSpec[i] >= 0 || d.prompt == nil {
+		return max(d.peerSpec[i], 0)
+	}
+	ns := d.ns[i]
+	ns.BlockSize = d.bs[i]
+	chain, err := d.prompt.chain(ns)
+	if err != nil {
+		return 0
+	}
+	return s.share.matched(d.workers[i].id, chain)
 }
 
 // engineBlockSize is the block size w's engine uses, for the

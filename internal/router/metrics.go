@@ -35,6 +35,8 @@ type metrics struct {
 	sessionBatches *prometheus.CounterVec
 	scrapeFailures *prometheus.CounterVec
 	modelsFailures *prometheus.CounterVec
+
+	intentsSent, intentsReceived, intentsDropped prometheus.Counter
 }
 
 func newMetrics(numWorkers func() float64) *metrics {
@@ -76,6 +78,13 @@ func newMetrics(numWorkers func() float64) *metrics {
 	}
 	m.matches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_matches_total",
 		Help: "Directory look-ups by what answered them: local (the router's replica of the directory) or directory (a node, over gRPC)."}, []string{"source"})
+	m.intentsSent = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_router_intents_sent_total",
+		Help: "Placement intents (and updates of them) this router sent to the directory's Share stream."})
+	m.intentsReceived = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_router_intents_received_total",
+		Help: "Other routers' placement intents (and updates) received from the directory's Share stream."})
+	m.intentsDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_router_intents_dropped_total",
+		Help: "This router's placement intents dropped before they expired (over its bound of live intents)."})
+	m.reg.MustRegister(m.intentsSent, m.intentsReceived, m.intentsDropped)
 	m.reg.MustRegister(m.matches, m.modelsFailures, m.requests, m.decision, m.dirLookup, m.fallbacks, m.retries, m.predicted, m.engineCached,
 		m.promptTokens, m.ttft, m.workers, m.inflight, m.sessionsLost, m.sessionBatches, m.scrapeFailures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

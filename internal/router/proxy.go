@@ -77,10 +77,13 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
 		// prefill: count them there now (speculative entry), until the first
 		// byte and for the TTL after it.
 		wk.spec.pending(d.chain, sent)
+		// ... and tell the other routers (shared intents).
+		it := s.share.placed(wk, d, uncached, sent)
 		resp, err := s.send(r.Context(), r.Header, req, wk)
 		if err != nil {
 			wk.queuedPrefill.Add(-uncached)
 			wk.spec.add(d.chain, time.Now())
+			it.withdraw()
 			done()
 			if r.Context().Err() != nil {
 				s.metrics.requests.WithLabelValues(wk.id, d.policy, OutcomeCancelled).Inc()
@@ -99,7 +102,8 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
 			}
 			continue
 		}
-		s.relay(w, r, req, d, wk, resp, sent, uncached)
+		s.relay(w, r, req, d, wk, resp, sent, uncached, it)
+		it.done()
 		done()
 		return
 	}
@@ -169,7 +173,7 @@ func (s *Server) send(ctx context.Context, in http.Header, req *request, wk *wor
 
 // relay streams resp to the client, flushing each read when the response is
 // an event stream, and does the accounting when it ends.
-func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *decision, wk *worker, resp *http.Response, sent time.Time, uncached int64) {
+func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *decision, wk *worker, resp *http.Response, sent time.Time, uncached int64, it *intentHandle) {
 	defer resp.Body.Close()
 	h := w.Header()
 	copyHeaders(h, resp.Header)
@@ -196,6 +200,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 				first = false
 				wk.queuedPrefill.Add(-uncached)
 				wk.spec.add(d.chain, time.Now())
+				it.prefilled()
 				s.metrics.ttft.WithLabelValues(wk.id).Observe(time.Since(sent).Seconds())
 			}
 			u.feed((*buf)[:n])

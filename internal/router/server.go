@@ -107,7 +107,15 @@ type Config struct {
 	ConnectTimeout time.Duration
 	// SessionInterval is how often session records are written (default 250ms).
 	SessionInterval time.Duration
-	Logger          *slog.Logger
+	// ShareIntents, with Directory, publishes every placement to the
+	// directory's Share stream as it happens and counts the other routers'
+	// placements as this router's own (intents.go). DefaultConfig sets it;
+	// a zero Config leaves it off.
+	ShareIntents bool
+	// RouterID names the router to the directory and the other routers;
+	// unique among them (default DefaultRouterID: host name and pid).
+	RouterID string
+	Logger   *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -150,6 +158,9 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.RouterID == "" {
+		c.RouterID = DefaultRouterID()
+	}
 	return nil
 }
 
@@ -166,6 +177,7 @@ type Server struct {
 	modelPoll *modelPoller // nil when disabled
 	metrics   *metrics
 	rec       *recorder
+	share     *sharer // nil without a directory, or with neither intents nor a local replica
 	mismatch  *mismatchChecker
 	transport *http.Transport
 	bufs      sync.Pool
@@ -229,6 +241,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Directory != nil {
 		s.rec = newRecorder(cfg.Directory, cfg.SessionInterval, 512, s.metrics, s.log)
 		getter = cfg.Directory
+		if cfg.ShareIntents || cfg.Local != nil {
+			s.share = newSharer(s)
+			s.metrics.reg.MustRegister(newPeerCollector(s.share))
+		}
 	}
 	s.mismatch = newMismatchChecker(s.metrics.reg, getter, s.baseContext, s.log)
 	s.mux = http.NewServeMux()
@@ -263,6 +279,10 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.rec != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); s.rec.run(ctx) }()
+	}
+	if s.share != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.share.run(ctx) }()
 	}
 	defer wg.Wait()
 	if len(s.cfg.Static) > 0 {

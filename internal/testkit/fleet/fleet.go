@@ -88,8 +88,8 @@ type Config struct {
 	// end get none.
 	PerEngineArgs [][]string
 	// PerRouterArgs[i] are extra router flags of router i only, after
-	// RouterArgs (e.g. --follow-log on one router of two); routers past
-	// its end get none.
+	// RouterArgs (e.g. --follow-log, or --share-intents=false, on one
+	// router of two); routers past its end get none.
 	PerRouterArgs [][]string
 	// PullEvents makes every engine a TensorRT-LLM one (enginesim
 	// --kv-events-pull --metrics-format trtllm) whose agent polls its POST /kv_cache_events

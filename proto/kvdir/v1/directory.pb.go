@@ -91,6 +91,71 @@ func (PublishStatus) EnumDescriptor() ([]byte, []int) {
 	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{0}
 }
 
+// IntentState says where a placed request stands.
+type IntentState int32
+
+const (
+	IntentState_INTENT_STATE_UNSPECIFIED IntentState = 0
+	// Sent to the worker, no response byte yet: its prefill is queued or
+	// running there. Its uncached tokens count as queued prefill on the
+	// worker, and the request as in flight.
+	IntentState_INTENT_STATE_QUEUED IntentState = 1
+	// The first response byte arrived: the worker has run the prefill and
+	// holds the chain; the request still runs (in flight, nothing queued).
+	IntentState_INTENT_STATE_PREFILLED IntentState = 2
+	// The request ended. Its chain still counts as held for what remains
+	// of hold; it counts toward no load.
+	IntentState_INTENT_STATE_DONE IntentState = 3
+	// The request never reached the engine (it failed before the first
+	// byte and was placed again): the intent holds and counts nothing.
+	IntentState_INTENT_STATE_WITHDRAWN IntentState = 4
+)
+
+// Enum value maps for IntentState.
+var (
+	IntentState_name = map[int32]string{
+		0: "INTENT_STATE_UNSPECIFIED",
+		1: "INTENT_STATE_QUEUED",
+		2: "INTENT_STATE_PREFILLED",
+		3: "INTENT_STATE_DONE",
+		4: "INTENT_STATE_WITHDRAWN",
+	}
+	IntentState_value = map[string]int32{
+		"INTENT_STATE_UNSPECIFIED": 0,
+		"INTENT_STATE_QUEUED":      1,
+		"INTENT_STATE_PREFILLED":   2,
+		"INTENT_STATE_DONE":        3,
+		"INTENT_STATE_WITHDRAWN":   4,
+	}
+)
+
+func (x IntentState) Enum() *IntentState {
+	p := new(IntentState)
+	*p = x
+	return p
+}
+
+func (x IntentState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (IntentState) Descriptor() protoreflect.EnumDescriptor {
+	return file_kvdir_v1_directory_proto_enumTypes[1].Descriptor()
+}
+
+func (IntentState) Type() protoreflect.EnumType {
+	return &file_kvdir_v1_directory_proto_enumTypes[1]
+}
+
+func (x IntentState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use IntentState.Descriptor instead.
+func (IntentState) EnumDescriptor() ([]byte, []int) {
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{1}
+}
+
 type RegisterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Worker        *WorkerSpec            `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
@@ -2107,6 +2172,505 @@ func (*FollowResponse_Snapshot) isFollowResponse_Payload() {}
 
 func (*FollowResponse_Entries) isFollowResponse_Payload() {}
 
+// PlacementIntent is one request a router placed: which worker, the block
+// chain the worker will hold once it has run the prefill, and how much
+// prefill is still queued there. Durations are relative (remaining life
+// when sent), so that no two clocks need to agree.
+type PlacementIntent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The router that placed the request (its --router-id).
+	RouterId string `protobuf:"bytes,1,opt,name=router_id,json=routerId,proto3" json:"router_id,omitempty"`
+	// Unique among the router's intents (across its restarts).
+	IntentId uint64 `protobuf:"varint,2,opt,name=intent_id,json=intentId,proto3" json:"intent_id,omitempty"`
+	// Grows with every update of the intent; a node keeps the highest it
+	// got and ignores older ones (an update can arrive by two paths).
+	Version  uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	WorkerId string `protobuf:"bytes,4,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// The prompt's content-hash chain in the worker's namespace and block
+	// size, first block first; at most 8192 hashes (a longer prompt sends
+	// its first 8192 blocks).
+	Chain        []uint64 `protobuf:"fixed64,5,rep,packed,name=chain,proto3" json:"chain,omitempty"`
+	BlockSize    uint32   `protobuf:"varint,6,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	PromptTokens uint32   `protobuf:"varint,7,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	// Prompt tokens the worker must compute (not cached when placed).
+	UncachedTokens uint32      `protobuf:"varint,8,opt,name=uncached_tokens,json=uncachedTokens,proto3" json:"uncached_tokens,omitempty"`
+	State          IntentState `protobuf:"varint,9,opt,name=state,proto3,enum=kvdir.v1.IntentState" json:"state,omitempty"`
+	// Remaining life of the intent: past it, nodes and routers forget it.
+	Ttl *durationpb.Duration `protobuf:"bytes,10,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// Remaining time the chain counts as held on the worker (at most ttl).
+	Hold          *durationpb.Duration `protobuf:"bytes,11,opt,name=hold,proto3" json:"hold,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlacementIntent) Reset() {
+	*x = PlacementIntent{}
+	mi := &file_kvdir_v1_directory_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlacementIntent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlacementIntent) ProtoMessage() {}
+
+func (x *PlacementIntent) ProtoReflect() protoreflect.Message {
+	mi := &file_kvdir_v1_directory_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlacementIntent.ProtoReflect.Descriptor instead.
+func (*PlacementIntent) Descriptor() ([]byte, []int) {
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *PlacementIntent) GetRouterId() string {
+	if x != nil {
+		return x.RouterId
+	}
+	return ""
+}
+
+func (x *PlacementIntent) GetIntentId() uint64 {
+	if x != nil {
+		return x.IntentId
+	}
+	return 0
+}
+
+func (x *PlacementIntent) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *PlacementIntent) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *PlacementIntent) GetChain() []uint64 {
+	if x != nil {
+		return x.Chain
+	}
+	return nil
+}
+
+func (x *PlacementIntent) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *PlacementIntent) GetPromptTokens() uint32 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *PlacementIntent) GetUncachedTokens() uint32 {
+	if x != nil {
+		return x.UncachedTokens
+	}
+	return 0
+}
+
+func (x *PlacementIntent) GetState() IntentState {
+	if x != nil {
+		return x.State
+	}
+	return IntentState_INTENT_STATE_UNSPECIFIED
+}
+
+func (x *PlacementIntent) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *PlacementIntent) GetHold() *durationpb.Duration {
+	if x != nil {
+		return x.Hold
+	}
+	return nil
+}
+
+// RouterView is a router's report of its local replica of the directory
+// (router --follow-log).
+type RouterView struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the router keeps a replica; the fields below are set only then.
+	Follows bool `protobuf:"varint,1,opt,name=follows,proto3" json:"follows,omitempty"`
+	// Whether the replica has a state to answer from.
+	Synced bool `protobuf:"varint,2,opt,name=synced,proto3" json:"synced,omitempty"`
+	// The replica's applied index and state digest (raftfsm.FSM.Digest) at
+	// that index.
+	AppliedIndex uint64 `protobuf:"varint,3,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Digest       uint64 `protobuf:"fixed64,4,opt,name=digest,proto3" json:"digest,omitempty"`
+	// Log entries the replica is behind the last commit index a node sent.
+	LagEntries uint64 `protobuf:"varint,5,opt,name=lag_entries,json=lagEntries,proto3" json:"lag_entries,omitempty"`
+	// Since a directory node last sent the replica anything.
+	HeardAge *durationpb.Duration `protobuf:"bytes,6,opt,name=heard_age,json=heardAge,proto3" json:"heard_age,omitempty"`
+	// The replica's block-index digest at applied_index (the digest
+	// Status reports for a node).
+	IndexDigest   uint64 `protobuf:"fixed64,7,opt,name=index_digest,json=indexDigest,proto3" json:"index_digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouterView) Reset() {
+	*x = RouterView{}
+	mi := &file_kvdir_v1_directory_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouterView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouterView) ProtoMessage() {}
+
+func (x *RouterView) ProtoReflect() protoreflect.Message {
+	mi := &file_kvdir_v1_directory_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouterView.ProtoReflect.Descriptor instead.
+func (*RouterView) Descriptor() ([]byte, []int) {
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *RouterView) GetFollows() bool {
+	if x != nil {
+		return x.Follows
+	}
+	return false
+}
+
+func (x *RouterView) GetSynced() bool {
+	if x != nil {
+		return x.Synced
+	}
+	return false
+}
+
+func (x *RouterView) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *RouterView) GetDigest() uint64 {
+	if x != nil {
+		return x.Digest
+	}
+	return 0
+}
+
+func (x *RouterView) GetLagEntries() uint64 {
+	if x != nil {
+		return x.LagEntries
+	}
+	return 0
+}
+
+func (x *RouterView) GetHeardAge() *durationpb.Duration {
+	if x != nil {
+		return x.HeardAge
+	}
+	return nil
+}
+
+func (x *RouterView) GetIndexDigest() uint64 {
+	if x != nil {
+		return x.IndexDigest
+	}
+	return 0
+}
+
+// ShareRequest is a router's message on its Share stream (or a node's,
+// relaying its routers' intents).
+type ShareRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sending router; required on a router's first message, and the
+	// same on every later one that sets it. Its intents must carry it too.
+	RouterId string `protobuf:"bytes,1,opt,name=router_id,json=routerId,proto3" json:"router_id,omitempty"`
+	// New intents and updates of earlier ones.
+	Intents []*PlacementIntent `protobuf:"bytes,2,rep,name=intents,proto3" json:"intents,omitempty"`
+	// The router's view, on its first message and then periodically.
+	View *RouterView `protobuf:"bytes,3,opt,name=view,proto3" json:"view,omitempty"`
+	// On the first message: the router does not use other routers' intents
+	// (router --share-intents=false), so the node streams none to it.
+	NoIntents     bool `protobuf:"varint,4,opt,name=no_intents,json=noIntents,proto3" json:"no_intents,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareRequest) Reset() {
+	*x = ShareRequest{}
+	mi := &file_kvdir_v1_directory_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareRequest) ProtoMessage() {}
+
+func (x *ShareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvdir_v1_directory_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareRequest.ProtoReflect.Descriptor instead.
+func (*ShareRequest) Descriptor() ([]byte, []int) {
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ShareRequest) GetRouterId() string {
+	if x != nil {
+		return x.RouterId
+	}
+	return ""
+}
+
+func (x *ShareRequest) GetIntents() []*PlacementIntent {
+	if x != nil {
+		return x.Intents
+	}
+	return nil
+}
+
+func (x *ShareRequest) GetView() *RouterView {
+	if x != nil {
+		return x.View
+	}
+	return nil
+}
+
+func (x *ShareRequest) GetNoIntents() bool {
+	if x != nil {
+		return x.NoIntents
+	}
+	return false
+}
+
+// ShareResponse carries other routers' intents to a router.
+type ShareResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set on the first message of a stream, and again when the node had to
+	// drop what it had queued for this router: forget the other routers'
+	// intents received before; this message and the next ones carry the
+	// whole current set, then updates.
+	Replace bool               `protobuf:"varint,1,opt,name=replace,proto3" json:"replace,omitempty"`
+	Intents []*PlacementIntent `protobuf:"bytes,2,rep,name=intents,proto3" json:"intents,omitempty"`
+	// The node sending them.
+	NodeId        string `protobuf:"bytes,3,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareResponse) Reset() {
+	*x = ShareResponse{}
+	mi := &file_kvdir_v1_directory_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareResponse) ProtoMessage() {}
+
+func (x *ShareResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvdir_v1_directory_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareResponse.ProtoReflect.Descriptor instead.
+func (*ShareResponse) Descriptor() ([]byte, []int) {
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ShareResponse) GetReplace() bool {
+	if x != nil {
+		return x.Replace
+	}
+	return false
+}
+
+func (x *ShareResponse) GetIntents() []*PlacementIntent {
+	if x != nil {
+		return x.Intents
+	}
+	return nil
+}
+
+func (x *ShareResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+// RouterStatus is a router connected to a node's Share stream.
+type RouterStatus struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	RouterId string                 `protobuf:"bytes,1,opt,name=router_id,json=routerId,proto3" json:"router_id,omitempty"`
+	// The node it is connected to (the one answering Status).
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Its latest report.
+	View *RouterView `protobuf:"bytes,3,opt,name=view,proto3" json:"view,omitempty"`
+	// Since the node last got a message from it.
+	ReportAge *durationpb.Duration `protobuf:"bytes,4,opt,name=report_age,json=reportAge,proto3" json:"report_age,omitempty"`
+	// Its intents the node holds.
+	Intents uint64 `protobuf:"varint,5,opt,name=intents,proto3" json:"intents,omitempty"`
+	// The node compares the router's digest with its own state digest at
+	// the router's applied index, when a report comes while the node is at
+	// that index: digest_checked says a comparison was made, checked_index
+	// where, and the two digests then.
+	DigestChecked       bool   `protobuf:"varint,6,opt,name=digest_checked,json=digestChecked,proto3" json:"digest_checked,omitempty"`
+	CheckedIndex        uint64 `protobuf:"varint,7,opt,name=checked_index,json=checkedIndex,proto3" json:"checked_index,omitempty"`
+	CheckedRouterDigest uint64 `protobuf:"fixed64,8,opt,name=checked_router_digest,json=checkedRouterDigest,proto3" json:"checked_router_digest,omitempty"`
+	CheckedNodeDigest   uint64 `protobuf:"fixed64,9,opt,name=checked_node_digest,json=checkedNodeDigest,proto3" json:"checked_node_digest,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *RouterStatus) Reset() {
+	*x = RouterStatus{}
+	mi := &file_kvdir_v1_directory_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouterStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouterStatus) ProtoMessage() {}
+
+func (x *RouterStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_kvdir_v1_directory_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouterStatus.ProtoReflect.Descriptor instead.
+func (*RouterStatus) Descriptor() ([]byte, []int) {
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *RouterStatus) GetRouterId() string {
+	if x != nil {
+		return x.RouterId
+	}
+	return ""
+}
+
+func (x *RouterStatus) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *RouterStatus) GetView() *RouterView {
+	if x != nil {
+		return x.View
+	}
+	return nil
+}
+
+func (x *RouterStatus) GetReportAge() *durationpb.Duration {
+	if x != nil {
+		return x.ReportAge
+	}
+	return nil
+}
+
+func (x *RouterStatus) GetIntents() uint64 {
+	if x != nil {
+		return x.Intents
+	}
+	return 0
+}
+
+func (x *RouterStatus) GetDigestChecked() bool {
+	if x != nil {
+		return x.DigestChecked
+	}
+	return false
+}
+
+func (x *RouterStatus) GetCheckedIndex() uint64 {
+	if x != nil {
+		return x.CheckedIndex
+	}
+	return 0
+}
+
+func (x *RouterStatus) GetCheckedRouterDigest() uint64 {
+	if x != nil {
+		return x.CheckedRouterDigest
+	}
+	return 0
+}
+
+func (x *RouterStatus) GetCheckedNodeDigest() uint64 {
+	if x != nil {
+		return x.CheckedNodeDigest
+	}
+	return 0
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2115,7 +2679,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[33]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2127,7 +2691,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[33]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2140,7 +2704,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{33}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{38}
 }
 
 type Member struct {
@@ -2157,7 +2721,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[34]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +2733,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[34]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +2746,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{34}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Member) GetId() string {
@@ -2235,7 +2799,7 @@ type IndexCounters struct {
 
 func (x *IndexCounters) Reset() {
 	*x = IndexCounters{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[35]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2247,7 +2811,7 @@ func (x *IndexCounters) String() string {
 func (*IndexCounters) ProtoMessage() {}
 
 func (x *IndexCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[35]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2260,7 +2824,7 @@ func (x *IndexCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IndexCounters.ProtoReflect.Descriptor instead.
 func (*IndexCounters) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{35}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *IndexCounters) GetWorkers() uint64 {
@@ -2330,14 +2894,18 @@ type StatusResponse struct {
 	LastSnapshotIndex uint64               `protobuf:"varint,12,opt,name=last_snapshot_index,json=lastSnapshotIndex,proto3" json:"last_snapshot_index,omitempty"`
 	Staleness         *durationpb.Duration `protobuf:"bytes,13,opt,name=staleness,proto3" json:"staleness,omitempty"`
 	// Why the node refuses writes, if it does (e.g. a failing disk).
-	WriteError    string `protobuf:"bytes,14,opt,name=write_error,json=writeError,proto3" json:"write_error,omitempty"`
+	WriteError string `protobuf:"bytes,14,opt,name=write_error,json=writeError,proto3" json:"write_error,omitempty"`
+	// The routers connected to this node's Share stream.
+	Routers []*RouterStatus `protobuf:"bytes,15,rep,name=routers,proto3" json:"routers,omitempty"`
+	// Placement intents the node holds (soft state, every router's).
+	Intents       uint64 `protobuf:"varint,16,opt,name=intents,proto3" json:"intents,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[36]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2349,7 +2917,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[36]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2362,7 +2930,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{36}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -2463,6 +3031,20 @@ func (x *StatusResponse) GetWriteError() string {
 	return ""
 }
 
+func (x *StatusResponse) GetRouters() []*RouterStatus {
+	if x != nil {
+		return x.Routers
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetIntents() uint64 {
+	if x != nil {
+		return x.Intents
+	}
+	return 0
+}
+
 type AddMemberRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2476,7 +3058,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[37]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2488,7 +3070,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[37]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2501,7 +3083,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{37}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AddMemberRequest) GetId() string {
@@ -2541,7 +3123,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[38]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2553,7 +3135,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[38]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2566,7 +3148,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{38}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AddMemberResponse) GetRaftIndex() uint64 {
@@ -2585,7 +3167,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[39]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2597,7 +3179,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[39]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2610,7 +3192,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{39}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RemoveMemberRequest) GetId() string {
@@ -2629,7 +3211,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[40]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2641,7 +3223,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[40]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2654,7 +3236,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{40}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RemoveMemberResponse) GetRaftIndex() uint64 {
@@ -2674,7 +3256,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[41]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2686,7 +3268,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[41]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2699,7 +3281,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{41}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *TransferLeadershipRequest) GetId() string {
@@ -2718,7 +3300,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[42]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +3312,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[42]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +3325,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{42}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TransferLeadershipResponse) GetLeaderId() string {
@@ -2761,7 +3343,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[43]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2773,7 +3355,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[43]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2786,7 +3368,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{43}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{48}
 }
 
 type SnapshotResponse struct {
@@ -2799,7 +3381,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[44]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2811,7 +3393,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[44]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2824,7 +3406,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{44}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SnapshotResponse) GetIndex() uint64 {
@@ -2850,7 +3432,7 @@ type DrainWorkerRequest struct {
 
 func (x *DrainWorkerRequest) Reset() {
 	*x = DrainWorkerRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[45]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2862,7 +3444,7 @@ func (x *DrainWorkerRequest) String() string {
 func (*DrainWorkerRequest) ProtoMessage() {}
 
 func (x *DrainWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[45]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2875,7 +3457,7 @@ func (x *DrainWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainWorkerRequest.ProtoReflect.Descriptor instead.
 func (*DrainWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{45}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DrainWorkerRequest) GetWorkerId() string {
@@ -2894,7 +3476,7 @@ type DrainWorkerResponse struct {
 
 func (x *DrainWorkerResponse) Reset() {
 	*x = DrainWorkerResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[46]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2906,7 +3488,7 @@ func (x *DrainWorkerResponse) String() string {
 func (*DrainWorkerResponse) ProtoMessage() {}
 
 func (x *DrainWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[46]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2919,7 +3501,7 @@ func (x *DrainWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainWorkerResponse.ProtoReflect.Descriptor instead.
 func (*DrainWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{46}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DrainWorkerResponse) GetRaftIndex() uint64 {
@@ -2938,7 +3520,7 @@ type ExpireWorkerRequest struct {
 
 func (x *ExpireWorkerRequest) Reset() {
 	*x = ExpireWorkerRequest{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[47]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2950,7 +3532,7 @@ func (x *ExpireWorkerRequest) String() string {
 func (*ExpireWorkerRequest) ProtoMessage() {}
 
 func (x *ExpireWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[47]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2963,7 +3545,7 @@ func (x *ExpireWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireWorkerRequest.ProtoReflect.Descriptor instead.
 func (*ExpireWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{47}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ExpireWorkerRequest) GetWorkerId() string {
@@ -2982,7 +3564,7 @@ type ExpireWorkerResponse struct {
 
 func (x *ExpireWorkerResponse) Reset() {
 	*x = ExpireWorkerResponse{}
-	mi := &file_kvdir_v1_directory_proto_msgTypes[48]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2994,7 +3576,7 @@ func (x *ExpireWorkerResponse) String() string {
 func (*ExpireWorkerResponse) ProtoMessage() {}
 
 func (x *ExpireWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvdir_v1_directory_proto_msgTypes[48]
+	mi := &file_kvdir_v1_directory_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3007,7 +3589,7 @@ func (x *ExpireWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireWorkerResponse.ProtoReflect.Descriptor instead.
 func (*ExpireWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{48}
+	return file_kvdir_v1_directory_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ExpireWorkerResponse) GetRaftIndex() uint64 {
@@ -3161,7 +3743,52 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\bsnapshot\x18\x01 \x01(\v2\x18.kvdir.v1.FollowSnapshotH\x00R\bsnapshot\x123\n" +
 	"\aentries\x18\x02 \x01(\v2\x17.kvdir.v1.FollowEntriesH\x00R\aentries\x12!\n" +
 	"\fcommit_index\x18\x03 \x01(\x04R\vcommitIndexB\t\n" +
-	"\apayload\"\x0f\n" +
+	"\apayload\"\x8e\x03\n" +
+	"\x0fPlacementIntent\x12\x1b\n" +
+	"\trouter_id\x18\x01 \x01(\tR\brouterId\x12\x1b\n" +
+	"\tintent_id\x18\x02 \x01(\x04R\bintentId\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x1b\n" +
+	"\tworker_id\x18\x04 \x01(\tR\bworkerId\x12\x14\n" +
+	"\x05chain\x18\x05 \x03(\x06R\x05chain\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\x06 \x01(\rR\tblockSize\x12#\n" +
+	"\rprompt_tokens\x18\a \x01(\rR\fpromptTokens\x12'\n" +
+	"\x0funcached_tokens\x18\b \x01(\rR\x0euncachedTokens\x12+\n" +
+	"\x05state\x18\t \x01(\x0e2\x15.kvdir.v1.IntentStateR\x05state\x12+\n" +
+	"\x03ttl\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12-\n" +
+	"\x04hold\x18\v \x01(\v2\x19.google.protobuf.DurationR\x04hold\"\xf7\x01\n" +
+	"\n" +
+	"RouterView\x12\x18\n" +
+	"\afollows\x18\x01 \x01(\bR\afollows\x12\x16\n" +
+	"\x06synced\x18\x02 \x01(\bR\x06synced\x12#\n" +
+	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\x12\x16\n" +
+	"\x06digest\x18\x04 \x01(\x06R\x06digest\x12\x1f\n" +
+	"\vlag_entries\x18\x05 \x01(\x04R\n" +
+	"lagEntries\x126\n" +
+	"\theard_age\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\bheardAge\x12!\n" +
+	"\findex_digest\x18\a \x01(\x06R\vindexDigest\"\xa9\x01\n" +
+	"\fShareRequest\x12\x1b\n" +
+	"\trouter_id\x18\x01 \x01(\tR\brouterId\x123\n" +
+	"\aintents\x18\x02 \x03(\v2\x19.kvdir.v1.PlacementIntentR\aintents\x12(\n" +
+	"\x04view\x18\x03 \x01(\v2\x14.kvdir.v1.RouterViewR\x04view\x12\x1d\n" +
+	"\n" +
+	"no_intents\x18\x04 \x01(\bR\tnoIntents\"w\n" +
+	"\rShareResponse\x12\x18\n" +
+	"\areplace\x18\x01 \x01(\bR\areplace\x123\n" +
+	"\aintents\x18\x02 \x03(\v2\x19.kvdir.v1.PlacementIntentR\aintents\x12\x17\n" +
+	"\anode_id\x18\x03 \x01(\tR\x06nodeId\"\xf2\x02\n" +
+	"\fRouterStatus\x12\x1b\n" +
+	"\trouter_id\x18\x01 \x01(\tR\brouterId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12(\n" +
+	"\x04view\x18\x03 \x01(\v2\x14.kvdir.v1.RouterViewR\x04view\x128\n" +
+	"\n" +
+	"report_age\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\treportAge\x12\x18\n" +
+	"\aintents\x18\x05 \x01(\x04R\aintents\x12%\n" +
+	"\x0edigest_checked\x18\x06 \x01(\bR\rdigestChecked\x12#\n" +
+	"\rchecked_index\x18\a \x01(\x04R\fcheckedIndex\x122\n" +
+	"\x15checked_router_digest\x18\b \x01(\x06R\x13checkedRouterDigest\x12.\n" +
+	"\x13checked_node_digest\x18\t \x01(\x06R\x11checkedNodeDigest\"\x0f\n" +
 	"\rStatusRequest\"\x8a\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
@@ -3177,7 +3804,7 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\rstored_blocks\x18\x04 \x01(\x04R\fstoredBlocks\x12#\n" +
 	"\rorphan_blocks\x18\x05 \x01(\x04R\forphanBlocks\x12!\n" +
 	"\fapprox_bytes\x18\x06 \x01(\x04R\vapproxBytes\x12\x1a\n" +
-	"\bsessions\x18\a \x01(\x04R\bsessions\"\x88\x04\n" +
+	"\bsessions\x18\a \x01(\x04R\bsessions\"\xd4\x04\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -3194,7 +3821,9 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\x13last_snapshot_index\x18\f \x01(\x04R\x11lastSnapshotIndex\x127\n" +
 	"\tstaleness\x18\r \x01(\v2\x19.google.protobuf.DurationR\tstaleness\x12\x1f\n" +
 	"\vwrite_error\x18\x0e \x01(\tR\n" +
-	"writeError\"\x83\x01\n" +
+	"writeError\x120\n" +
+	"\arouters\x18\x0f \x03(\v2\x16.kvdir.v1.RouterStatusR\arouters\x12\x18\n" +
+	"\aintents\x18\x10 \x01(\x04R\aintents\"\x83\x01\n" +
 	"\x10AddMemberRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1f\n" +
@@ -3234,13 +3863,19 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\x12PUBLISH_STATUS_GAP\x10\x03\x12\x1e\n" +
 	"\x1aPUBLISH_STATUS_STALE_EPOCH\x10\x04\x12!\n" +
 	"\x1dPUBLISH_STATUS_UNKNOWN_WORKER\x10\x05\x12\x1b\n" +
-	"\x17PUBLISH_STATUS_REJECTED\x10\x062\xa4\x02\n" +
+	"\x17PUBLISH_STATUS_REJECTED\x10\x06*\x93\x01\n" +
+	"\vIntentState\x12\x1c\n" +
+	"\x18INTENT_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13INTENT_STATE_QUEUED\x10\x01\x12\x1a\n" +
+	"\x16INTENT_STATE_PREFILLED\x10\x02\x12\x15\n" +
+	"\x11INTENT_STATE_DONE\x10\x03\x12\x1a\n" +
+	"\x16INTENT_STATE_WITHDRAWN\x10\x042\xa4\x02\n" +
 	"\fAgentService\x12A\n" +
 	"\bRegister\x12\x19.kvdir.v1.RegisterRequest\x1a\x1a.kvdir.v1.RegisterResponse\x12B\n" +
 	"\aPublish\x12\x18.kvdir.v1.PublishRequest\x1a\x19.kvdir.v1.PublishResponse(\x010\x01\x12D\n" +
 	"\tHeartbeat\x12\x1a.kvdir.v1.HeartbeatRequest\x1a\x1b.kvdir.v1.HeartbeatResponse\x12G\n" +
 	"\n" +
-	"Deregister\x12\x1b.kvdir.v1.DeregisterRequest\x1a\x1c.kvdir.v1.DeregisterResponse2\xd5\x04\n" +
+	"Deregister\x12\x1b.kvdir.v1.DeregisterRequest\x1a\x1c.kvdir.v1.DeregisterResponse2\x93\x05\n" +
 	"\x10DirectoryService\x128\n" +
 	"\x05Match\x12\x16.kvdir.v1.MatchRequest\x1a\x17.kvdir.v1.MatchResponse\x12J\n" +
 	"\vListWorkers\x12\x1c.kvdir.v1.ListWorkersRequest\x1a\x1d.kvdir.v1.ListWorkersResponse\x12D\n" +
@@ -3249,7 +3884,8 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\bWhoHolds\x12\x19.kvdir.v1.WhoHoldsRequest\x1a\x1a.kvdir.v1.WhoHoldsResponse\x12M\n" +
 	"\fListSessions\x12\x1d.kvdir.v1.ListSessionsRequest\x1a\x1e.kvdir.v1.ListSessionsResponse\x12O\n" +
 	"\fWatchWorkers\x12\x1d.kvdir.v1.WatchWorkersRequest\x1a\x1e.kvdir.v1.WatchWorkersResponse0\x01\x12=\n" +
-	"\x06Follow\x12\x17.kvdir.v1.FollowRequest\x1a\x18.kvdir.v1.FollowResponse0\x012\x9f\x04\n" +
+	"\x06Follow\x12\x17.kvdir.v1.FollowRequest\x1a\x18.kvdir.v1.FollowResponse0\x01\x12<\n" +
+	"\x05Share\x12\x16.kvdir.v1.ShareRequest\x1a\x17.kvdir.v1.ShareResponse(\x010\x012\x9f\x04\n" +
 	"\fAdminService\x12;\n" +
 	"\x06Status\x12\x17.kvdir.v1.StatusRequest\x1a\x18.kvdir.v1.StatusResponse\x12D\n" +
 	"\tAddMember\x12\x1a.kvdir.v1.AddMemberRequest\x1a\x1b.kvdir.v1.AddMemberResponse\x12M\n" +
@@ -3271,143 +3907,161 @@ func file_kvdir_v1_directory_proto_rawDescGZIP() []byte {
 	return file_kvdir_v1_directory_proto_rawDescData
 }
 
-var file_kvdir_v1_directory_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvdir_v1_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_kvdir_v1_directory_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_kvdir_v1_directory_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_kvdir_v1_directory_proto_goTypes = []any{
 	(PublishStatus)(0),                 // 0: kvdir.v1.PublishStatus
-	(*RegisterRequest)(nil),            // 1: kvdir.v1.RegisterRequest
-	(*RegisterResponse)(nil),           // 2: kvdir.v1.RegisterResponse
-	(*PublishRequest)(nil),             // 3: kvdir.v1.PublishRequest
-	(*PublishResponse)(nil),            // 4: kvdir.v1.PublishResponse
-	(*HeartbeatRequest)(nil),           // 5: kvdir.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 6: kvdir.v1.HeartbeatResponse
-	(*DeregisterRequest)(nil),          // 7: kvdir.v1.DeregisterRequest
-	(*DeregisterResponse)(nil),         // 8: kvdir.v1.DeregisterResponse
-	(*TokenQuery)(nil),                 // 9: kvdir.v1.TokenQuery
-	(*MatchRequest)(nil),               // 10: kvdir.v1.MatchRequest
-	(*ChainQuery)(nil),                 // 11: kvdir.v1.ChainQuery
-	(*WorkerMatch)(nil),                // 12: kvdir.v1.WorkerMatch
-	(*ReadInfo)(nil),                   // 13: kvdir.v1.ReadInfo
-	(*MatchResponse)(nil),              // 14: kvdir.v1.MatchResponse
-	(*ListWorkersRequest)(nil),         // 15: kvdir.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),        // 16: kvdir.v1.ListWorkersResponse
-	(*GetWorkerRequest)(nil),           // 17: kvdir.v1.GetWorkerRequest
-	(*HeldChain)(nil),                  // 18: kvdir.v1.HeldChain
-	(*GetWorkerResponse)(nil),          // 19: kvdir.v1.GetWorkerResponse
-	(*RecordSessionsRequest)(nil),      // 20: kvdir.v1.RecordSessionsRequest
-	(*RecordSessionsResponse)(nil),     // 21: kvdir.v1.RecordSessionsResponse
-	(*WhoHoldsRequest)(nil),            // 22: kvdir.v1.WhoHoldsRequest
-	(*SessionHolders)(nil),             // 23: kvdir.v1.SessionHolders
-	(*WhoHoldsResponse)(nil),           // 24: kvdir.v1.WhoHoldsResponse
-	(*ListSessionsRequest)(nil),        // 25: kvdir.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),       // 26: kvdir.v1.ListSessionsResponse
-	(*WatchWorkersRequest)(nil),        // 27: kvdir.v1.WatchWorkersRequest
-	(*WatchWorkersResponse)(nil),       // 28: kvdir.v1.WatchWorkersResponse
-	(*FollowRequest)(nil),              // 29: kvdir.v1.FollowRequest
-	(*FollowSnapshot)(nil),             // 30: kvdir.v1.FollowSnapshot
-	(*FollowEntry)(nil),                // 31: kvdir.v1.FollowEntry
-	(*FollowEntries)(nil),              // 32: kvdir.v1.FollowEntries
-	(*FollowResponse)(nil),             // 33: kvdir.v1.FollowResponse
-	(*StatusRequest)(nil),              // 34: kvdir.v1.StatusRequest
-	(*Member)(nil),                     // 35: kvdir.v1.Member
-	(*IndexCounters)(nil),              // 36: kvdir.v1.IndexCounters
-	(*StatusResponse)(nil),             // 37: kvdir.v1.StatusResponse
-	(*AddMemberRequest)(nil),           // 38: kvdir.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),          // 39: kvdir.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),        // 40: kvdir.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),       // 41: kvdir.v1.RemoveMemberResponse
-	(*TransferLeadershipRequest)(nil),  // 42: kvdir.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 43: kvdir.v1.TransferLeadershipResponse
-	(*SnapshotRequest)(nil),            // 44: kvdir.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),           // 45: kvdir.v1.SnapshotResponse
-	(*DrainWorkerRequest)(nil),         // 46: kvdir.v1.DrainWorkerRequest
-	(*DrainWorkerResponse)(nil),        // 47: kvdir.v1.DrainWorkerResponse
-	(*ExpireWorkerRequest)(nil),        // 48: kvdir.v1.ExpireWorkerRequest
-	(*ExpireWorkerResponse)(nil),       // 49: kvdir.v1.ExpireWorkerResponse
-	(*WorkerSpec)(nil),                 // 50: kvdir.v1.WorkerSpec
-	(*EventBatch)(nil),                 // 51: kvdir.v1.EventBatch
-	(*Load)(nil),                       // 52: kvdir.v1.Load
-	(WorkerState)(0),                   // 53: kvdir.v1.WorkerState
-	(*durationpb.Duration)(nil),        // 54: google.protobuf.Duration
-	(*Namespace)(nil),                  // 55: kvdir.v1.Namespace
-	(*Worker)(nil),                     // 56: kvdir.v1.Worker
-	(*SessionRecord)(nil),              // 57: kvdir.v1.SessionRecord
+	(IntentState)(0),                   // 1: kvdir.v1.IntentState
+	(*RegisterRequest)(nil),            // 2: kvdir.v1.RegisterRequest
+	(*RegisterResponse)(nil),           // 3: kvdir.v1.RegisterResponse
+	(*PublishRequest)(nil),             // 4: kvdir.v1.PublishRequest
+	(*PublishResponse)(nil),            // 5: kvdir.v1.PublishResponse
+	(*HeartbeatRequest)(nil),           // 6: kvdir.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 7: kvdir.v1.HeartbeatResponse
+	(*DeregisterRequest)(nil),          // 8: kvdir.v1.DeregisterRequest
+	(*DeregisterResponse)(nil),         // 9: kvdir.v1.DeregisterResponse
+	(*TokenQuery)(nil),                 // 10: kvdir.v1.TokenQuery
+	(*MatchRequest)(nil),               // 11: kvdir.v1.MatchRequest
+	(*ChainQuery)(nil),                 // 12: kvdir.v1.ChainQuery
+	(*WorkerMatch)(nil),                // 13: kvdir.v1.WorkerMatch
+	(*ReadInfo)(nil),                   // 14: kvdir.v1.ReadInfo
+	(*MatchResponse)(nil),              // 15: kvdir.v1.MatchResponse
+	(*ListWorkersRequest)(nil),         // 16: kvdir.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),        // 17: kvdir.v1.ListWorkersResponse
+	(*GetWorkerRequest)(nil),           // 18: kvdir.v1.GetWorkerRequest
+	(*HeldChain)(nil),                  // 19: kvdir.v1.HeldChain
+	(*GetWorkerResponse)(nil),          // 20: kvdir.v1.GetWorkerResponse
+	(*RecordSessionsRequest)(nil),      // 21: kvdir.v1.RecordSessionsRequest
+	(*RecordSessionsResponse)(nil),     // 22: kvdir.v1.RecordSessionsResponse
+	(*WhoHoldsRequest)(nil),            // 23: kvdir.v1.WhoHoldsRequest
+	(*SessionHolders)(nil),             // 24: kvdir.v1.SessionHolders
+	(*WhoHoldsResponse)(nil),           // 25: kvdir.v1.WhoHoldsResponse
+	(*ListSessionsRequest)(nil),        // 26: kvdir.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),       // 27: kvdir.v1.ListSessionsResponse
+	(*WatchWorkersRequest)(nil),        // 28: kvdir.v1.WatchWorkersRequest
+	(*WatchWorkersResponse)(nil),       // 29: kvdir.v1.WatchWorkersResponse
+	(*FollowRequest)(nil),              // 30: kvdir.v1.FollowRequest
+	(*FollowSnapshot)(nil),             // 31: kvdir.v1.FollowSnapshot
+	(*FollowEntry)(nil),                // 32: kvdir.v1.FollowEntry
+	(*FollowEntries)(nil),              // 33: kvdir.v1.FollowEntries
+	(*FollowResponse)(nil),             // 34: kvdir.v1.FollowResponse
+	(*PlacementIntent)(nil),            // 35: kvdir.v1.PlacementIntent
+	(*RouterView)(nil),                 // 36: kvdir.v1.RouterView
+	(*ShareRequest)(nil),               // 37: kvdir.v1.ShareRequest
+	(*ShareResponse)(nil),              // 38: kvdir.v1.ShareResponse
+	(*RouterStatus)(nil),               // 39: kvdir.v1.RouterStatus
+	(*StatusRequest)(nil),              // 40: kvdir.v1.StatusRequest
+	(*Member)(nil),                     // 41: kvdir.v1.Member
+	(*IndexCounters)(nil),              // 42: kvdir.v1.IndexCounters
+	(*StatusResponse)(nil),             // 43: kvdir.v1.StatusResponse
+	(*AddMemberRequest)(nil),           // 44: kvdir.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),          // 45: kvdir.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),        // 46: kvdir.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),       // 47: kvdir.v1.RemoveMemberResponse
+	(*TransferLeadershipRequest)(nil),  // 48: kvdir.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 49: kvdir.v1.TransferLeadershipResponse
+	(*SnapshotRequest)(nil),            // 50: kvdir.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),           // 51: kvdir.v1.SnapshotResponse
+	(*DrainWorkerRequest)(nil),         // 52: kvdir.v1.DrainWorkerRequest
+	(*DrainWorkerResponse)(nil),        // 53: kvdir.v1.DrainWorkerResponse
+	(*ExpireWorkerRequest)(nil),        // 54: kvdir.v1.ExpireWorkerRequest
+	(*ExpireWorkerResponse)(nil),       // 55: kvdir.v1.ExpireWorkerResponse
+	(*WorkerSpec)(nil),                 // 56: kvdir.v1.WorkerSpec
+	(*EventBatch)(nil),                 // 57: kvdir.v1.EventBatch
+	(*Load)(nil),                       // 58: kvdir.v1.Load
+	(WorkerState)(0),                   // 59: kvdir.v1.WorkerState
+	(*durationpb.Duration)(nil),        // 60: google.protobuf.Duration
+	(*Namespace)(nil),                  // 61: kvdir.v1.Namespace
+	(*Worker)(nil),                     // 62: kvdir.v1.Worker
+	(*SessionRecord)(nil),              // 63: kvdir.v1.SessionRecord
 }
 var file_kvdir_v1_directory_proto_depIdxs = []int32{
-	50, // 0: kvdir.v1.RegisterRequest.worker:type_name -> kvdir.v1.WorkerSpec
-	51, // 1: kvdir.v1.PublishRequest.batch:type_name -> kvdir.v1.EventBatch
+	56, // 0: kvdir.v1.RegisterRequest.worker:type_name -> kvdir.v1.WorkerSpec
+	57, // 1: kvdir.v1.PublishRequest.batch:type_name -> kvdir.v1.EventBatch
 	0,  // 2: kvdir.v1.PublishResponse.status:type_name -> kvdir.v1.PublishStatus
-	52, // 3: kvdir.v1.HeartbeatRequest.load:type_name -> kvdir.v1.Load
-	53, // 4: kvdir.v1.HeartbeatResponse.state:type_name -> kvdir.v1.WorkerState
-	54, // 5: kvdir.v1.HeartbeatResponse.lease:type_name -> google.protobuf.Duration
-	55, // 6: kvdir.v1.TokenQuery.namespace:type_name -> kvdir.v1.Namespace
-	11, // 7: kvdir.v1.MatchRequest.chain:type_name -> kvdir.v1.ChainQuery
-	9,  // 8: kvdir.v1.MatchRequest.tokens:type_name -> kvdir.v1.TokenQuery
-	54, // 9: kvdir.v1.ReadInfo.staleness:type_name -> google.protobuf.Duration
-	12, // 10: kvdir.v1.MatchResponse.matches:type_name -> kvdir.v1.WorkerMatch
-	13, // 11: kvdir.v1.MatchResponse.read:type_name -> kvdir.v1.ReadInfo
-	56, // 12: kvdir.v1.ListWorkersResponse.workers:type_name -> kvdir.v1.Worker
-	13, // 13: kvdir.v1.ListWorkersResponse.read:type_name -> kvdir.v1.ReadInfo
-	56, // 14: kvdir.v1.GetWorkerResponse.worker:type_name -> kvdir.v1.Worker
-	18, // 15: kvdir.v1.GetWorkerResponse.chains:type_name -> kvdir.v1.HeldChain
-	13, // 16: kvdir.v1.GetWorkerResponse.read:type_name -> kvdir.v1.ReadInfo
-	57, // 17: kvdir.v1.RecordSessionsRequest.sessions:type_name -> kvdir.v1.SessionRecord
-	57, // 18: kvdir.v1.SessionHolders.session:type_name -> kvdir.v1.SessionRecord
-	12, // 19: kvdir.v1.SessionHolders.holders:type_name -> kvdir.v1.WorkerMatch
-	23, // 20: kvdir.v1.WhoHoldsResponse.sessions:type_name -> kvdir.v1.SessionHolders
-	13, // 21: kvdir.v1.WhoHoldsResponse.read:type_name -> kvdir.v1.ReadInfo
-	57, // 22: kvdir.v1.ListSessionsResponse.sessions:type_name -> kvdir.v1.SessionRecord
-	13, // 23: kvdir.v1.ListSessionsResponse.read:type_name -> kvdir.v1.ReadInfo
-	56, // 24: kvdir.v1.WatchWorkersResponse.workers:type_name -> kvdir.v1.Worker
-	31, // 25: kvdir.v1.FollowEntries.entries:type_name -> kvdir.v1.FollowEntry
-	30, // 26: kvdir.v1.FollowResponse.snapshot:type_name -> kvdir.v1.FollowSnapshot
-	32, // 27: kvdir.v1.FollowResponse.entries:type_name -> kvdir.v1.FollowEntries
-	35, // 28: kvdir.v1.StatusResponse.members:type_name -> kvdir.v1.Member
-	36, // 29: kvdir.v1.StatusResponse.counters:type_name -> kvdir.v1.IndexCounters
-	54, // 30: kvdir.v1.StatusResponse.staleness:type_name -> google.protobuf.Duration
-	1,  // 31: kvdir.v1.AgentService.Register:input_type -> kvdir.v1.RegisterRequest
-	3,  // 32: kvdir.v1.AgentService.Publish:input_type -> kvdir.v1.PublishRequest
-	5,  // 33: kvdir.v1.AgentService.Heartbeat:input_type -> kvdir.v1.HeartbeatRequest
-	7,  // 34: kvdir.v1.AgentService.Deregister:input_type -> kvdir.v1.DeregisterRequest
-	10, // 35: kvdir.v1.DirectoryService.Match:input_type -> kvdir.v1.MatchRequest
-	15, // 36: kvdir.v1.DirectoryService.ListWorkers:input_type -> kvdir.v1.ListWorkersRequest
-	17, // 37: kvdir.v1.DirectoryService.GetWorker:input_type -> kvdir.v1.GetWorkerRequest
-	20, // 38: kvdir.v1.DirectoryService.RecordSessions:input_type -> kvdir.v1.RecordSessionsRequest
-	22, // 39: kvdir.v1.DirectoryService.WhoHolds:input_type -> kvdir.v1.WhoHoldsRequest
-	25, // 40: kvdir.v1.DirectoryService.ListSessions:input_type -> kvdir.v1.ListSessionsRequest
-	27, // 41: kvdir.v1.DirectoryService.WatchWorkers:input_type -> kvdir.v1.WatchWorkersRequest
-	29, // 42: kvdir.v1.DirectoryService.Follow:input_type -> kvdir.v1.FollowRequest
-	34, // 43: kvdir.v1.AdminService.Status:input_type -> kvdir.v1.StatusRequest
-	38, // 44: kvdir.v1.AdminService.AddMember:input_type -> kvdir.v1.AddMemberRequest
-	40, // 45: kvdir.v1.AdminService.RemoveMember:input_type -> kvdir.v1.RemoveMemberRequest
-	42, // 46: kvdir.v1.AdminService.TransferLeadership:input_type -> kvdir.v1.TransferLeadershipRequest
-	44, // 47: kvdir.v1.AdminService.Snapshot:input_type -> kvdir.v1.SnapshotRequest
-	46, // 48: kvdir.v1.AdminService.DrainWorker:input_type -> kvdir.v1.DrainWorkerRequest
-	48, // 49: kvdir.v1.AdminService.ExpireWorker:input_type -> kvdir.v1.ExpireWorkerRequest
-	2,  // 50: kvdir.v1.AgentService.Register:output_type -> kvdir.v1.RegisterResponse
-	4,  // 51: kvdir.v1.AgentService.Publish:output_type -> kvdir.v1.PublishResponse
-	6,  // 52: kvdir.v1.AgentService.Heartbeat:output_type -> kvdir.v1.HeartbeatResponse
-	8,  // 53: kvdir.v1.AgentService.Deregister:output_type -> kvdir.v1.DeregisterResponse
-	14, // 54: kvdir.v1.DirectoryService.Match:output_type -> kvdir.v1.MatchResponse
-	16, // 55: kvdir.v1.DirectoryService.ListWorkers:output_type -> kvdir.v1.ListWorkersResponse
-	19, // 56: kvdir.v1.DirectoryService.GetWorker:output_type -> kvdir.v1.GetWorkerResponse
-	21, // 57: kvdir.v1.DirectoryService.RecordSessions:output_type -> kvdir.v1.RecordSessionsResponse
-	24, // 58: kvdir.v1.DirectoryService.WhoHolds:output_type -> kvdir.v1.WhoHoldsResponse
-	26, // 59: kvdir.v1.DirectoryService.ListSessions:output_type -> kvdir.v1.ListSessionsResponse
-	28, // 60: kvdir.v1.DirectoryService.WatchWorkers:output_type -> kvdir.v1.WatchWorkersResponse
-	33, // 61: kvdir.v1.DirectoryService.Follow:output_type -> kvdir.v1.FollowResponse
-	37, // 62: kvdir.v1.AdminService.Status:output_type -> kvdir.v1.StatusResponse
-	39, // 63: kvdir.v1.AdminService.AddMember:output_type -> kvdir.v1.AddMemberResponse
-	41, // 64: kvdir.v1.AdminService.RemoveMember:output_type -> kvdir.v1.RemoveMemberResponse
-	43, // 65: kvdir.v1.AdminService.TransferLeadership:output_type -> kvdir.v1.TransferLeadershipResponse
-	45, // 66: kvdir.v1.AdminService.Snapshot:output_type -> kvdir.v1.SnapshotResponse
-	47, // 67: kvdir.v1.AdminService.DrainWorker:output_type -> kvdir.v1.DrainWorkerResponse
-	49, // 68: kvdir.v1.AdminService.ExpireWorker:output_type -> kvdir.v1.ExpireWorkerResponse
-	50, // [50:69] is the sub-list for method output_type
-	31, // [31:50] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	58, // 3: kvdir.v1.HeartbeatRequest.load:type_name -> kvdir.v1.Load
+	59, // 4: kvdir.v1.HeartbeatResponse.state:type_name -> kvdir.v1.WorkerState
+	60, // 5: kvdir.v1.HeartbeatResponse.lease:type_name -> google.protobuf.Duration
+	61, // 6: kvdir.v1.TokenQuery.namespace:type_name -> kvdir.v1.Namespace
+	12, // 7: kvdir.v1.MatchRequest.chain:type_name -> kvdir.v1.ChainQuery
+	10, // 8: kvdir.v1.MatchRequest.tokens:type_name -> kvdir.v1.TokenQuery
+	60, // 9: kvdir.v1.ReadInfo.staleness:type_name -> google.protobuf.Duration
+	13, // 10: kvdir.v1.MatchResponse.matches:type_name -> kvdir.v1.WorkerMatch
+	14, // 11: kvdir.v1.MatchResponse.read:type_name -> kvdir.v1.ReadInfo
+	62, // 12: kvdir.v1.ListWorkersResponse.workers:type_name -> kvdir.v1.Worker
+	14, // 13: kvdir.v1.ListWorkersResponse.read:type_name -> kvdir.v1.ReadInfo
+	62, // 14: kvdir.v1.GetWorkerResponse.worker:type_name -> kvdir.v1.Worker
+	19, // 15: kvdir.v1.GetWorkerResponse.chains:type_name -> kvdir.v1.HeldChain
+	14, // 16: kvdir.v1.GetWorkerResponse.read:type_name -> kvdir.v1.ReadInfo
+	63, // 17: kvdir.v1.RecordSessionsRequest.sessions:type_name -> kvdir.v1.SessionRecord
+	63, // 18: kvdir.v1.SessionHolders.session:type_name -> kvdir.v1.SessionRecord
+	13, // 19: kvdir.v1.SessionHolders.holders:type_name -> kvdir.v1.WorkerMatch
+	24, // 20: kvdir.v1.WhoHoldsResponse.sessions:type_name -> kvdir.v1.SessionHolders
+	14, // 21: kvdir.v1.WhoHoldsResponse.read:type_name -> kvdir.v1.ReadInfo
+	63, // 22: kvdir.v1.ListSessionsResponse.sessions:type_name -> kvdir.v1.SessionRecord
+	14, // 23: kvdir.v1.ListSessionsResponse.read:type_name -> kvdir.v1.ReadInfo
+	62, // 24: kvdir.v1.WatchWorkersResponse.workers:type_name -> kvdir.v1.Worker
+	32, // 25: kvdir.v1.FollowEntries.entries:type_name -> kvdir.v1.FollowEntry
+	31, // 26: kvdir.v1.FollowResponse.snapshot:type_name -> kvdir.v1.FollowSnapshot
+	33, // 27: kvdir.v1.FollowResponse.entries:type_name -> kvdir.v1.FollowEntries
+	1,  // 28: kvdir.v1.PlacementIntent.state:type_name -> kvdir.v1.IntentState
+	60, // 29: kvdir.v1.PlacementIntent.ttl:type_name -> google.protobuf.Duration
+	60, // 30: kvdir.v1.PlacementIntent.hold:type_name -> google.protobuf.Duration
+	60, // 31: kvdir.v1.RouterView.heard_age:type_name -> google.protobuf.Duration
+	35, // 32: kvdir.v1.ShareRequest.intents:type_name -> kvdir.v1.PlacementIntent
+	36, // 33: kvdir.v1.ShareRequest.view:type_name -> kvdir.v1.RouterView
+	35, // 34: kvdir.v1.ShareResponse.intents:type_name -> kvdir.v1.PlacementIntent
+	36, // 35: kvdir.v1.RouterStatus.view:type_name -> kvdir.v1.RouterView
+	60, // 36: kvdir.v1.RouterStatus.report_age:type_name -> google.protobuf.Duration
+	41, // 37: kvdir.v1.StatusResponse.members:type_name -> kvdir.v1.Member
+	42, // 38: kvdir.v1.StatusResponse.counters:type_name -> kvdir.v1.IndexCounters
+	60, // 39: kvdir.v1.StatusResponse.staleness:type_name -> google.protobuf.Duration
+	39, // 40: kvdir.v1.StatusResponse.routers:type_name -> kvdir.v1.RouterStatus
+	2,  // 41: kvdir.v1.AgentService.Register:input_type -> kvdir.v1.RegisterRequest
+	4,  // 42: kvdir.v1.AgentService.Publish:input_type -> kvdir.v1.PublishRequest
+	6,  // 43: kvdir.v1.AgentService.Heartbeat:input_type -> kvdir.v1.HeartbeatRequest
+	8,  // 44: kvdir.v1.AgentService.Deregister:input_type -> kvdir.v1.DeregisterRequest
+	11, // 45: kvdir.v1.DirectoryService.Match:input_type -> kvdir.v1.MatchRequest
+	16, // 46: kvdir.v1.DirectoryService.ListWorkers:input_type -> kvdir.v1.ListWorkersRequest
+	18, // 47: kvdir.v1.DirectoryService.GetWorker:input_type -> kvdir.v1.GetWorkerRequest
+	21, // 48: kvdir.v1.DirectoryService.RecordSessions:input_type -> kvdir.v1.RecordSessionsRequest
+	23, // 49: kvdir.v1.DirectoryService.WhoHolds:input_type -> kvdir.v1.WhoHoldsRequest
+	26, // 50: kvdir.v1.DirectoryService.ListSessions:input_type -> kvdir.v1.ListSessionsRequest
+	28, // 51: kvdir.v1.DirectoryService.WatchWorkers:input_type -> kvdir.v1.WatchWorkersRequest
+	30, // 52: kvdir.v1.DirectoryService.Follow:input_type -> kvdir.v1.FollowRequest
+	37, // 53: kvdir.v1.DirectoryService.Share:input_type -> kvdir.v1.ShareRequest
+	40, // 54: kvdir.v1.AdminService.Status:input_type -> kvdir.v1.StatusRequest
+	44, // 55: kvdir.v1.AdminService.AddMember:input_type -> kvdir.v1.AddMemberRequest
+	46, // 56: kvdir.v1.AdminService.RemoveMember:input_type -> kvdir.v1.RemoveMemberRequest
+	48, // 57: kvdir.v1.AdminService.TransferLeadership:input_type -> kvdir.v1.TransferLeadershipRequest
+	50, // 58: kvdir.v1.AdminService.Snapshot:input_type -> kvdir.v1.SnapshotRequest
+	52, // 59: kvdir.v1.AdminService.DrainWorker:input_type -> kvdir.v1.DrainWorkerRequest
+	54, // 60: kvdir.v1.AdminService.ExpireWorker:input_type -> kvdir.v1.ExpireWorkerRequest
+	3,  // 61: kvdir.v1.AgentService.Register:output_type -> kvdir.v1.RegisterResponse
+	5,  // 62: kvdir.v1.AgentService.Publish:output_type -> kvdir.v1.PublishResponse
+	7,  // 63: kvdir.v1.AgentService.Heartbeat:output_type -> kvdir.v1.HeartbeatResponse
+	9,  // 64: kvdir.v1.AgentService.Deregister:output_type -> kvdir.v1.DeregisterResponse
+	15, // 65: kvdir.v1.DirectoryService.Match:output_type -> kvdir.v1.MatchResponse
+	17, // 66: kvdir.v1.DirectoryService.ListWorkers:output_type -> kvdir.v1.ListWorkersResponse
+	20, // 67: kvdir.v1.DirectoryService.GetWorker:output_type -> kvdir.v1.GetWorkerResponse
+	22, // 68: kvdir.v1.DirectoryService.RecordSessions:output_type -> kvdir.v1.RecordSessionsResponse
+	25, // 69: kvdir.v1.DirectoryService.WhoHolds:output_type -> kvdir.v1.WhoHoldsResponse
+	27, // 70: kvdir.v1.DirectoryService.ListSessions:output_type -> kvdir.v1.ListSessionsResponse
+	29, // 71: kvdir.v1.DirectoryService.WatchWorkers:output_type -> kvdir.v1.WatchWorkersResponse
+	34, // 72: kvdir.v1.DirectoryService.Follow:output_type -> kvdir.v1.FollowResponse
+	38, // 73: kvdir.v1.DirectoryService.Share:output_type -> kvdir.v1.ShareResponse
+	43, // 74: kvdir.v1.AdminService.Status:output_type -> kvdir.v1.StatusResponse
+	45, // 75: kvdir.v1.AdminService.AddMember:output_type -> kvdir.v1.AddMemberResponse
+	47, // 76: kvdir.v1.AdminService.RemoveMember:output_type -> kvdir.v1.RemoveMemberResponse
+	49, // 77: kvdir.v1.AdminService.TransferLeadership:output_type -> kvdir.v1.TransferLeadershipResponse
+	51, // 78: kvdir.v1.AdminService.Snapshot:output_type -> kvdir.v1.SnapshotResponse
+	53, // 79: kvdir.v1.AdminService.DrainWorker:output_type -> kvdir.v1.DrainWorkerResponse
+	55, // 80: kvdir.v1.AdminService.ExpireWorker:output_type -> kvdir.v1.ExpireWorkerResponse
+	61, // [61:81] is the sub-list for method output_type
+	41, // [41:61] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_kvdir_v1_directory_proto_init() }
@@ -3433,8 +4087,8 @@ func file_kvdir_v1_directory_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvdir_v1_directory_proto_rawDesc), len(file_kvdir_v1_directory_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   49,
+			NumEnums:      2,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -260,6 +260,7 @@ const (
 	DirectoryService_ListSessions_FullMethodName   = "/kvdir.v1.DirectoryService/ListSessions"
 	DirectoryService_WatchWorkers_FullMethodName   = "/kvdir.v1.DirectoryService/WatchWorkers"
 	DirectoryService_Follow_FullMethodName         = "/kvdir.v1.DirectoryService/Follow"
+	DirectoryService_Share_FullMethodName          = "/kvdir.v1.DirectoryService/Share"
 )
 
 // DirectoryServiceClient is the client API for DirectoryService service.
@@ -290,6 +291,15 @@ type DirectoryServiceClient interface {
 	// duplicate. A client that falls too far behind is sent a fresh snapshot.
 	// Any node serves it from its own applied state.
 	Follow(ctx context.Context, in *FollowRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FollowResponse], error)
+	// Share exchanges placement intents between routers, without Raft. A
+	// router streams what it has just placed (and, periodically, a report of
+	// its view of the log); the node streams back the intents of every other
+	// router, those it got from its own routers and those the other nodes
+	// relayed to it. Intents are soft state: held in memory only, bounded,
+	// expiring at their TTL, lost when a node restarts and sent again by the
+	// routers within one TTL. Nodes relay their routers' intents to each
+	// other on the same method, marked with metadata "kvdir-relay".
+	Share(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ShareRequest, ShareResponse], error)
 }
 
 type directoryServiceClient struct {
@@ -398,6 +408,19 @@ func (c *directoryServiceClient) Follow(ctx context.Context, in *FollowRequest, 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DirectoryService_FollowClient = grpc.ServerStreamingClient[FollowResponse]
 
+func (c *directoryServiceClient) Share(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ShareRequest, ShareResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DirectoryService_ServiceDesc.Streams[2], DirectoryService_Share_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ShareRequest, ShareResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DirectoryService_ShareClient = grpc.BidiStreamingClient[ShareRequest, ShareResponse]
+
 // DirectoryServiceServer is the server API for DirectoryService service.
 // All implementations must embed UnimplementedDirectoryServiceServer
 // for forward compatibility.
@@ -426,6 +449,15 @@ type DirectoryServiceServer interface {
 	// duplicate. A client that falls too far behind is sent a fresh snapshot.
 	// Any node serves it from its own applied state.
 	Follow(*FollowRequest, grpc.ServerStreamingServer[FollowResponse]) error
+	// Share exchanges placement intents between routers, without Raft. A
+	// router streams what it has just placed (and, periodically, a report of
+	// its view of the log); the node streams back the intents of every other
+	// router, those it got from its own routers and those the other nodes
+	// relayed to it. Intents are soft state: held in memory only, bounded,
+	// expiring at their TTL, lost when a node restarts and sent again by the
+	// routers within one TTL. Nodes relay their routers' intents to each
+	// other on the same method, marked with metadata "kvdir-relay".
+	Share(grpc.BidiStreamingServer[ShareRequest, ShareResponse]) error
 	mustEmbedUnimplementedDirectoryServiceServer()
 }
 
@@ -459,6 +491,9 @@ func (UnimplementedDirectoryServiceServer) WatchWorkers(*WatchWorkersRequest, gr
 }
 func (UnimplementedDirectoryServiceServer) Follow(*FollowRequest, grpc.ServerStreamingServer[FollowResponse]) error {
 	return status.Error(codes.Unimplemented, "method Follow not implemented")
+}
+func (UnimplementedDirectoryServiceServer) Share(grpc.BidiStreamingServer[ShareRequest, ShareResponse]) error {
+	return status.Error(codes.Unimplemented, "method Share not implemented")
 }
 func (UnimplementedDirectoryServiceServer) mustEmbedUnimplementedDirectoryServiceServer() {}
 func (UnimplementedDirectoryServiceServer) testEmbeddedByValue()                          {}
@@ -611,6 +646,13 @@ func _DirectoryService_Follow_Handler(srv interface{}, stream grpc.ServerStream)
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DirectoryService_FollowServer = grpc.ServerStreamingServer[FollowResponse]
 
+func _DirectoryService_Share_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(DirectoryServiceServer).Share(&grpc.GenericServerStream[ShareRequest, ShareResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DirectoryService_ShareServer = grpc.BidiStreamingServer[ShareRequest, ShareResponse]
+
 // DirectoryService_ServiceDesc is the grpc.ServiceDesc for DirectoryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -653,6 +695,12 @@ var DirectoryService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Follow",
 			Handler:       _DirectoryService_Follow_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Share",
+			Handler:       _DirectoryService_Share_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "kvdir/v1/directory.proto",

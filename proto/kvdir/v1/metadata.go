@@ -12,4 +12,8 @@ const (
 	// MetadataForwarded marks a request a follower forwarded to the leader;
 	// a node that is not the leader refuses it rather than forward it again.
 	MetadataForwarded = "kvdir-forwarded"
+	// MetadataRelay marks a Share stream a node opened to another node to
+	// relay its routers' placement intents; its value is the relaying
+	// node's id. Intents a node got by relay are not relayed again.
+	MetadataRelay = "kvdir-relay"
 )
