@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -19,7 +20,31 @@ const (
 	BalanceRoundRobin = "round-robin"
 	// BalanceRandom sends each request to a router drawn by Seed.
 	BalanceRandom = "random"
+	// BalanceSession sends every request of a session (SessionKey) to one
+	// router, chosen by a hash of the key, as a balancer hashing on
+	// X-Session-Id does.
+	BalanceSession = "session"
 )
+
+// Balances lists the values of Config.Balance.
+func Balances() []string { return []string{BalanceRoundRobin, BalanceRandom, BalanceSession} }
+
+// pickRouter returns the router the balancer sends record i to.
+func (s *state) pickRouter(i int) *router {
+	n := len(s.routers)
+	if n == 1 {
+		return s.routers[0]
+	}
+	switch s.cfg.Balance {
+	case BalanceRandom:
+		return s.routers[s.balance.IntN(n)]
+	case BalanceSession:
+		h := fnv.New64a()
+		h.Write([]byte(SessionKey(&s.recs[i])))
+		return s.routers[h.Sum64()%uint64(n)]
+	}
+	return s.routers[i%n]
+}
 
 // Streams of the run's random sources besides the policies' (PCG's second
 // word, with Seed as the first).

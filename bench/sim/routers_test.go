@@ -166,6 +166,12 @@ func TestSharedIntentsPlaceLikeOneRouter(t *testing.T) {
 			t.Fatalf("%s balance: 4 routers without intents place as 1 router", balance)
 		}
 	}
+	// The burst is one session (no session id: its first hash id is the
+	// key), which the session balancer sends through one router: one router
+	// even without intents.
+	if got := run(func(c *Config) { c.Routers, c.Balance = 4, BalanceSession }); !reflect.DeepEqual(got, one) {
+		t.Fatalf("session balance: one session through 4 routers without intents:\n%+v\n1 router:\n%+v", got, one)
+	}
 
 	single := placements(t, recs, ideal, func(*Config) {})
 	own := placements(t, recs, ideal, func(c *Config) { c.Routers, c.SharedIntents = 4, true })

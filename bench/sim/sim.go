@@ -42,7 +42,9 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvdir/kvdir/bench/report"
@@ -102,8 +104,9 @@ type Config struct {
 	// view, and its own speculative entries and accounting.
 	Routers int
 	// Balance spreads the requests over the routers the way a load balancer
-	// in front of them does: BalanceRoundRobin (the default) or
-	// BalanceRandom (seeded by Seed).
+	// in front of them does: BalanceRoundRobin (the default), BalanceRandom
+	// (seeded by Seed) or BalanceSession (a session's requests to one
+	// router).
 	Balance string
 	// RouterViewLag delays each router's directory view beyond EventLag (a
 	// router that follows the directory's log sees an entry this long after
@@ -184,8 +187,8 @@ func (c *Config) fill(recs []workload.Record) error {
 		return fmt.Errorf("%w: queue interval %v, want >= 0", ErrBadConfig, c.QueueInterval)
 	case c.Routers < 1:
 		return fmt.Errorf("%w: routers %d, want >= 1", ErrBadConfig, c.Routers)
-	case c.Balance != BalanceRoundRobin && c.Balance != BalanceRandom:
-		return fmt.Errorf("%w: balance %q, want %s or %s", ErrBadConfig, c.Balance, BalanceRoundRobin, BalanceRandom)
+	case !slices.Contains(Balances(), c.Balance):
+		return fmt.Errorf("%w: balance %q, want one of %s", ErrBadConfig, c.Balance, strings.Join(Balances(), ", "))
 	case c.RouterViewLag < 0:
 		return fmt.Errorf("%w: router view lag %v, want >= 0", ErrBadConfig, c.RouterViewLag)
 	case c.RouterViewJitter < 0:
@@ -441,15 +444,7 @@ func (s *state) arrive(i int) error {
 		return err
 	}
 	s.expire(now)
-	rt := s.routers[0]
-	if len(s.routers) > 1 {
-		switch s.cfg.Balance {
-		case BalanceRandom:
-			rt = s.routers[s.balance.IntN(len(s.routers))]
-		default:
-			rt = s.routers[i%len(s.routers)]
-		}
-	}
+	rt := s.pickRouter(i)
 	s.tokens = workload.Prompt(s.tokens[:0], rec, s.cfg.TraceBlockSize)
 	s.chain = s.hasher.Chain(s.chain[:0], s.tokens, nil)
 	var err error

@@ -37,6 +37,7 @@ type simFlags struct {
 	routerViewLag, viewJitter     time.Duration
 	sharedIntents                 bool
 	intentLag                     time.Duration
+	onePolicy                     bool
 }
 
 func newSim(log *slog.Logger) *cobra.Command {
@@ -89,11 +90,12 @@ H200 (see docs/benchmarks.md):
 	fl.DurationVar(&f.specTTL, "speculative-ttl", sim.DefaultSpeculativeTTL, "how long a placement counts as holding its prefix (negative: off)")
 	fl.BoolVar(&f.specFixed, "speculative-fixed-ttl", false, "what-if: end a speculative entry the TTL after the placement (default, as the router: hold it until the request's first token, then for the TTL)")
 	fl.IntVar(&f.routers, "routers", 1, "routers placing the requests, each with its own policy instance, directory view, speculative entries and accounting")
-	fl.StringVar(&f.balance, "balance", sim.BalanceRoundRobin, "how the load balancer spreads requests over the routers: "+sim.BalanceRoundRobin+" or "+sim.BalanceRandom+" (seeded)")
+	fl.StringVar(&f.balance, "balance", sim.BalanceRoundRobin, "how the load balancer spreads requests over the routers: "+sim.BalanceRoundRobin+", "+sim.BalanceRandom+" (seeded) or "+sim.BalanceSession+" (a session's requests to one router, by a hash of its key)")
 	fl.DurationVar(&f.routerViewLag, "router-view-lag", 0, "delay of each router's directory view after the directory (added to --event-lag)")
 	fl.DurationVar(&f.viewJitter, "router-view-jitter", 0, "spread of the routers' view lags: each router's lag is --router-view-lag plus a seeded offset in [-jitter, +jitter], at least 0")
 	fl.BoolVar(&f.sharedIntents, "shared-intents", false, "each router counts the other routers' placements (speculative entries, in-flight requests, queued prefill) as its own")
 	fl.DurationVar(&f.intentLag, "intent-lag", 0, "with --shared-intents: how long a placement, its first token and its end take to reach the other routers")
+	fl.BoolVar(&f.onePolicy, "one-policy-instance", false, "what-if: every router calls one policy instance (one random stream for tie breaks, one sticky map), as no real routers do; isolates the routers' views")
 	fl.IntVar(&f.parallel, "parallel", 1, "policies simulated at the same time")
 	fl.BoolVar(&f.noCharts, "no-charts", false, "do not write PNG charts")
 	return cmd
@@ -152,8 +154,8 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	switch {
 	case f.routers < 1:
 		return cli.Usagef("--routers %d, want >= 1", f.routers)
-	case f.balance != sim.BalanceRoundRobin && f.balance != sim.BalanceRandom:
-		return cli.Usagef("--balance %q, want %s or %s", f.balance, sim.BalanceRoundRobin, sim.BalanceRandom)
+	case !contains(sim.Balances(), f.balance):
+		return cli.Usagef("--balance %q, want one of %s", f.balance, strings.Join(sim.Balances(), ", "))
 	case f.routerViewLag < 0 || f.viewJitter < 0 || f.intentLag < 0:
 		return cli.Usagef("--router-view-lag, --router-view-jitter and --intent-lag must be >= 0")
 	case f.intentLag > 0 && !f.sharedIntents:
@@ -206,6 +208,7 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 		rep.Settings["router_view_lag_ms"] = ms
 		rep.Settings["shared_intents"] = f.sharedIntents
 		rep.Settings["intent_lag_ms"] = f.intentLag.Milliseconds()
+		rep.Settings["one_policy_instance"] = f.onePolicy
 	}
 	ts := rep.TraceStats
 	log.Info("trace", "file", f.trace, "requests", ts.Requests, "minutes", fmt.Sprintf("%.1f", ts.DurationSec/60),
@@ -229,6 +232,14 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 				SpeculativeFixedTTL: f.specFixed, Routers: f.routers, Balance: f.balance,
 				RouterViewLag: f.routerViewLag, RouterViewJitter: f.viewJitter,
 				SharedIntents: f.sharedIntents, IntentLag: f.intentLag,
+			}
+			if f.onePolicy {
+				pol, err := placement.New(name, placement.Options{Seed: f.seed, Profile: prof, ChunkTokens: f.maxBatched})
+				if err != nil {
+					errs[i] = fmt.Errorf("policy %s: %w", name, err)
+					return
+				}
+				cfg.Impl = pol
 			}
 			p, err := sim.Run(cmd.Context(), recs, ideal, cfg)
 			if err != nil {
