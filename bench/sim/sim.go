@@ -27,6 +27,23 @@
 //     Speculative entries follow the router: held while the request waits
 //     for its first token (at most SpeculativePendingMax), then for
 //     SpeculativeTTL.
+//   - Routers (Config.Routers, default 1): a load balancer spreads the
+//     requests over N routers (Balance: round-robin by arrival, seeded
+//     random, or by session key). Each router has its own policy instance
+//     (seeded Seed+k: its own tie breaks and, for the policies that keep
+//     any, its own sticky or approximate-tree state), its own replica of the
+//     directory's index, which applies each batch RouterViewLag (spread by
+//     RouterViewJitter, drawn by seed) after the directory does, and its own
+//     speculative entries, in-flight count and queued-prefill accounting.
+//     Each placement is an intent: the placing router counts it at once,
+//     from the placement, through its first token (its uncached tokens leave
+//     the queue, its entry's TTL starts) to its end; with SharedIntents every
+//     other router counts it the same way, each change IntentLag later
+//     (the model of the routers' shared placement intents). One router is
+//     the simulator as it was before routers were modelled: the tests
+//     reproduce bench/results/sim-demo.json from it exactly. The engines'
+//     gauges are the same for every router (scrape intervals are not
+//     modelled).
 //   - Not modelled: network and proxy latency, tokenization time, metric
 //     scrape intervals, directory outages.
 //
