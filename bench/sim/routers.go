@@ -59,7 +59,6 @@ const (
 type router struct {
 	idx int
 	pol placement.Policy
-	lag time.Duration // RouterViewLag of this router
 	// view is its directory replica, shared with the routers of the same lag
 	// (they would hold the same index).
 	view *view
@@ -93,7 +92,7 @@ func (s *state) newRouters() error {
 			byLag[lag] = v
 			s.views = append(s.views, v)
 		}
-		s.routers = append(s.routers, &router{idx: k, pol: pol, lag: lag, view: v})
+		s.routers = append(s.routers, &router{idx: k, pol: pol, view: v})
 	}
 	return nil
 }
