@@ -122,8 +122,25 @@ bench-sim: ## kvbench sim: every policy on TRACE, 8 x llama3-70b, KV 2x and 0.7x
 	$(GO) run ./bench/cmd/kvbench sim --trace $(TRACE) --replicas 8 --profile llama3-70b --kv-blocks 35400 --policies all --parallel 2 --out bench/results/sim-mooncake-70b-kv0.7x.json
 	$(GO) run ./bench/cmd/kvbench sim --trace $(TRACE) --replicas 8 --profile llama3-70b --kv-blocks 101200 --time-scale 2 --policies all --parallel 2 --out bench/results/sim-mooncake-70b-kv2x-halfrate.json
 
+# 4 routers behind a round-robin balancer, without and with shared placement intents (the 1-router runs
+# are sim-demo and bench-sim's), then kvdir with the intents arriving later and later (docs/benchmarks.md).
+SIM_DEMO   := --trace bench/testdata/demo-sessions.jsonl --replicas 4 --profile llama3-70b --policies round-robin,session-hash,kvdir --no-charts
+SIM_MOON   := --trace $(TRACE) --replicas 8 --profile llama3-70b --kv-blocks 101200 --no-charts
+.PHONY: bench-sim-routers
+bench-sim-routers: ## kvbench sim: 4 routers without and with shared intents, demo trace and TRACE (KV 2x, own and half rate) -> bench/results/sim-*-4routers*
+	$(GO) run ./bench/cmd/kvbench sim $(SIM_DEMO) --routers 4 --out bench/results/sim-demo-4routers.json
+	$(GO) run ./bench/cmd/kvbench sim $(SIM_DEMO) --routers 4 --shared-intents --out bench/results/sim-demo-4routers-intents.json
+	$(GO) run ./bench/cmd/kvbench sim $(SIM_MOON) --policies all --parallel 2 --routers 4 --out bench/results/sim-mooncake-70b-kv2x-4routers.json
+	$(GO) run ./bench/cmd/kvbench sim $(SIM_MOON) --policies all --parallel 2 --routers 4 --shared-intents --out bench/results/sim-mooncake-70b-kv2x-4routers-intents.json
+	$(GO) run ./bench/cmd/kvbench sim $(SIM_MOON) --time-scale 2 --policies all --parallel 2 --routers 4 --out bench/results/sim-mooncake-70b-kv2x-halfrate-4routers.json
+	$(GO) run ./bench/cmd/kvbench sim $(SIM_MOON) --time-scale 2 --policies all --parallel 2 --routers 4 --shared-intents --out bench/results/sim-mooncake-70b-kv2x-halfrate-4routers-intents.json
+	for lag in 20ms 100ms 500ms 2s; do \
+	  $(GO) run ./bench/cmd/kvbench sim $(SIM_MOON) --time-scale 2 --policies kvdir --routers 4 --shared-intents --intent-lag $$lag \
+	    --out bench/results/sim-mooncake-70b-kv2x-halfrate-4routers-intents-$$lag.json || exit 1; \
+	done
+
 .PHONY: bench
-bench: bench-index bench-directory bench-follow bench-agent bench-router bench-sim demo ## Every benchmark; refreshes bench/results/ and the figure tables quoting them
+bench: bench-index bench-directory bench-follow bench-agent bench-router bench-sim bench-sim-routers demo ## Every benchmark; refreshes bench/results/ and the figure tables quoting them
 	$(GO) run ./bench/cmd/kvbench docs
 
 .PHONY: bench-index

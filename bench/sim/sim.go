@@ -27,6 +27,23 @@
 //     Speculative entries follow the router: held while the request waits
 //     for its first token (at most SpeculativePendingMax), then for
 //     SpeculativeTTL.
+//   - Routers (Config.Routers, default 1): a load balancer spreads the
+//     requests over N routers (Balance: round-robin by arrival, seeded
+//     random, or by session key). Each router has its own policy instance
+//     (seeded Seed+k: its own tie breaks and, for the policies that keep
+//     any, its own sticky or approximate-tree state), its own replica of the
+//     directory's index, which applies each batch RouterViewLag (spread by
+//     RouterViewJitter, drawn by seed) after the directory does, and its own
+//     speculative entries, in-flight count and queued-prefill accounting.
+//     Each placement is an intent: the placing router counts it at once,
+//     from the placement, through its first token (its uncached tokens leave
+//     the queue, its entry's TTL starts) to its end; with SharedIntents every
+//     other router counts it the same way, each change IntentLag later
+//     (the model of the routers' shared placement intents). One router is
+//     the simulator as it was before routers were modelled: the tests
+//     reproduce bench/results/sim-demo.json from it exactly. The engines'
+//     gauges are the same for every router (scrape intervals are not
+//     modelled).
 //   - Not modelled: network and proxy latency, tokenization time, metric
 //     scrape intervals, directory outages.
 //
@@ -41,14 +58,16 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvdir/kvdir/bench/report"
 	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/costmodel"
-	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/radix"
 	"github.com/kvdir/kvdir/internal/simengine"
@@ -77,6 +96,9 @@ type Config struct {
 	Policy string // placement policy name (placement.Names)
 	// Impl, if set, is used instead of placement.New(Policy, ...) (for
 	// experiments with policy variants); Policy still names it in results.
+	// With several Routers they all call this one instance, so its state
+	// and random choices are shared as no real routers' are (tests use that
+	// to compare the routers' views alone).
 	Impl     placement.Policy
 	Profile  costmodel.Profile // engine timing model, also given to the policy
 	Replicas int               // engines
@@ -94,6 +116,31 @@ type Config struct {
 	// EventLag delays the visibility of every event batch after the end of
 	// the step that produced it.
 	EventLag time.Duration
+	// Routers is how many routers place the requests (0: 1). Each has its
+	// own policy instance (seeded Seed+k for router k), its own directory
+	// view, and its own speculative entries and accounting.
+	Routers int
+	// Balance spreads the requests over the routers the way a load balancer
+	// in front of them does: BalanceRoundRobin (the default), BalanceRandom
+	// (seeded by Seed) or BalanceSession (a session's requests to one
+	// router).
+	Balance string
+	// RouterViewLag delays each router's directory view beyond EventLag (a
+	// router that follows the directory's log sees an entry this long after
+	// the directory has it).
+	RouterViewLag time.Duration
+	// RouterViewJitter spreads the routers' view lags: router k's lag is
+	// RouterViewLag plus an offset drawn uniformly from [-RouterViewJitter,
+	// +RouterViewJitter] by Seed and k, and never below 0.
+	RouterViewJitter time.Duration
+	// SharedIntents makes every router count the other routers'
+	// placements as its own: their speculative entries, requests in flight
+	// and queued uncached prefill tokens, each change IntentLag after the
+	// router that placed the request saw it.
+	SharedIntents bool
+	// IntentLag is how long a placement, its first token and its end take
+	// to reach the other routers (with SharedIntents).
+	IntentLag time.Duration
 	// SpeculativeTTL is how long a placement counts as holding its chain
 	// (0: DefaultSpeculativeTTL; negative: no speculative entries).
 	SpeculativeTTL time.Duration
@@ -135,6 +182,12 @@ func (c *Config) fill(recs []workload.Record) error {
 	if c.Model == "" {
 		c.Model = c.Profile.Name
 	}
+	if c.Routers == 0 {
+		c.Routers = 1
+	}
+	if c.Balance == "" {
+		c.Balance = BalanceRoundRobin
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -149,6 +202,16 @@ func (c *Config) fill(recs []workload.Record) error {
 		return fmt.Errorf("%w: event lag %v, want >= 0", ErrBadConfig, c.EventLag)
 	case c.QueueInterval < 0:
 		return fmt.Errorf("%w: queue interval %v, want >= 0", ErrBadConfig, c.QueueInterval)
+	case c.Routers < 1:
+		return fmt.Errorf("%w: routers %d, want >= 1", ErrBadConfig, c.Routers)
+	case !slices.Contains(Balances(), c.Balance):
+		return fmt.Errorf("%w: balance %q, want one of %s", ErrBadConfig, c.Balance, strings.Join(Balances(), ", "))
+	case c.RouterViewLag < 0:
+		return fmt.Errorf("%w: router view lag %v, want >= 0", ErrBadConfig, c.RouterViewLag)
+	case c.RouterViewJitter < 0:
+		return fmt.Errorf("%w: router view jitter %v, want >= 0", ErrBadConfig, c.RouterViewJitter)
+	case c.IntentLag < 0:
+		return fmt.Errorf("%w: intent lag %v, want >= 0", ErrBadConfig, c.IntentLag)
 	case len(recs) == 0:
 		return fmt.Errorf("%w: empty trace", ErrBadConfig)
 	}
@@ -173,51 +236,72 @@ func SessionKey(r *workload.Record) string {
 	return "h" + strconv.FormatInt(r.HashIDs[0], 10)
 }
 
-// replica is one engine and the router's and directory's view of it.
+// replica is one engine, the events it published and the placements on it.
 type replica struct {
-	idx  int
-	id   string
-	eng  *simengine.Engine
-	tr   *agent.Translator
-	sink []simengine.EventBatch // published, not yet visible
+	idx int
+	id  string
+	eng *simengine.Engine
+	tr  *agent.Translator
+	log []published // published, not yet applied by every view
 
 	busy bool                 // a step is in progress
 	step simengine.StepResult // the step in progress
 	load placement.Load       // engine gauges as of the last finished step
-	spec []specEntry          // the router's speculative entries, oldest first
-	evs  []*kvdirv1.Event     // translation buffer
-	res  map[string]*reqRef   // requests in flight here
+	// intents are the placements here, oldest first, as long as some
+	// router still counts them.
+	intents []*intent
+	res     map[string]*intent // requests in flight here
 
-	inFlight, queued int // router accounting
-	peakQueue        int
-	queue            []int // largest waiting count per interval
-	prefill          int64
-	preemptions      int64
+	peakQueue   int
+	queue       []int // largest waiting count per interval
+	prefill     int64
+	preemptions int64
 }
 
-type specEntry struct {
-	chain  []uint64
-	expiry time.Duration
-	req    string // request id, while the expiry waits for its first token
+// published is one event batch of an engine, translated once (when the
+// first view applies it) the agent's way.
+type published struct {
+	batch      simengine.EventBatch
+	evs        []*kvdirv1.Event
+	translated bool
 }
 
-// reqRef is what the simulator remembers about a request in flight.
-type reqRef struct {
-	idx      int // record index
-	uncached int // prefill tokens the router counted as queued
-	started  bool
+// never is the time of what has not happened.
+const never = time.Duration(math.MaxInt64)
+
+// intent is one placement as the routers account for it: the router that
+// placed it counts it at once, the others (with Config.SharedIntents)
+// IntentLag after each change.
+type intent struct {
+	rec      int      // record index
+	router   int      // the router that placed it
+	chain    []uint64 // speculative entry; nil without one
+	uncached int      // prefill tokens counted as queued until the first token
+	placed   time.Duration
+	started  time.Duration // first token, or never
+	finished time.Duration // or never
+	// dropped is when the placing router dropped the speculative entry
+	// (at the first placement after its expiry), or never.
+	dropped time.Duration
+}
+
+// seen reports whether what happened at t has reached, at now, a router
+// that learns of it lag later.
+func seen(t, lag, now time.Duration) bool {
+	return t != never && t <= now-lag
 }
 
 // state is one run.
 type state struct {
-	cfg    Config
-	recs   []workload.Record
-	ideal  []int
-	pol    placement.Policy
-	reps   []*replica
-	byName map[string]int
-	index  *radix.Index
-	hasher *blockhash.Hasher
+	cfg     Config
+	recs    []workload.Record
+	ideal   []int
+	routers []*router
+	views   []*view
+	reps    []*replica
+	byName  map[string]int
+	hasher  *blockhash.Hasher
+	balance *rand.Rand // BalanceRandom's choices
 
 	samples []report.Sample
 	done    []bool // per record: finished or rejected
@@ -240,40 +324,36 @@ func Run(ctx context.Context, recs []workload.Record, ideal []int, cfg Config) (
 	if len(ideal) != len(recs) {
 		return report.Policy{}, fmt.Errorf("%w: %d ideal counts for %d records", ErrBadConfig, len(ideal), len(recs))
 	}
-	pol := cfg.Impl
-	if pol == nil {
-		var err error
-		pol, err = placement.New(cfg.Policy, placement.Options{
-			Seed: cfg.Seed, Profile: cfg.Profile, ChunkTokens: cfg.MaxBatchedTokens,
-		})
-		if err != nil {
-			return report.Policy{}, fmt.Errorf("sim: %w", err)
-		}
-	}
 	hasher, err := blockhash.New(blockhash.Namespace{Model: cfg.Model, BlockSize: cfg.BlockSize})
 	if err != nil {
 		return report.Policy{}, fmt.Errorf("sim: %w", err)
 	}
 	s := &state{
-		cfg: cfg, recs: recs, ideal: ideal, pol: pol, hasher: hasher,
+		cfg: cfg, recs: recs, ideal: ideal, hasher: hasher,
 		byName:  make(map[string]int, cfg.Replicas),
-		index:   radix.New(radix.Options{}),
 		samples: make([]report.Sample, 0, len(recs)),
 		done:    make([]bool, len(recs)),
+		balance: rand.New(rand.NewPCG(uint64(cfg.Seed), balanceStream)),
+	}
+	if err := s.newRouters(); err != nil {
+		return report.Policy{}, err
 	}
 	quiet := slog.New(slog.DiscardHandler)
 	for i := range cfg.Replicas {
-		r := &replica{idx: i, id: fmt.Sprintf("r%d", i), res: make(map[string]*reqRef)}
+		r := &replica{idx: i, id: fmt.Sprintf("r%d", i), res: make(map[string]*intent)}
 		r.tr = agent.NewTranslator(cfg.Model, max(agent.DefaultMapCapacity, 4*cfg.KVBlocks), quiet)
 		r.eng, err = simengine.New(simengine.Config{
 			Profile: cfg.Profile, BlockSize: cfg.BlockSize, CapacityBlocks: cfg.KVBlocks,
 			MaxBatchedTokens: cfg.MaxBatchedTokens, MaxRunning: cfg.MaxRunning, Seed: uint64(cfg.Seed),
-		}, simengine.SinkFunc(func(b simengine.EventBatch) { r.sink = append(r.sink, b) }))
+		}, simengine.SinkFunc(func(b simengine.EventBatch) { r.log = append(r.log, published{batch: b}) }))
 		if err != nil {
 			return report.Policy{}, fmt.Errorf("sim: replica %d: %w", i, err)
 		}
 		s.reps = append(s.reps, r)
 		s.byName[r.id] = i
+	}
+	for _, v := range s.views {
+		v.next = make([]int, cfg.Replicas)
 	}
 	if err := s.loop(ctx); err != nil {
 		return report.Policy{}, err
@@ -333,33 +413,22 @@ func (s *state) finishStep(r *replica) {
 		if t.Index != 0 {
 			continue
 		}
-		if q := r.res[t.RequestID]; q != nil && !q.started {
-			q.started = true
-			r.queued -= q.uncached
-		}
-		if !s.cfg.SpeculativeFixedTTL {
-			for k := range r.spec {
-				if r.spec[k].req == t.RequestID {
-					r.spec[k].expiry, r.spec[k].req = now+s.cfg.SpeculativeTTL, ""
-				}
-			}
+		if x := r.res[t.RequestID]; x != nil && x.started == never {
+			x.started = now
 		}
 	}
 	for _, f := range res.Finished {
 		q := r.res[f.ID]
 		delete(r.res, f.ID)
-		r.inFlight--
-		if q != nil && !q.started {
-			r.queued -= q.uncached
-		}
-		if q == nil || s.done[q.idx] {
+		if q == nil || s.done[q.rec] {
 			s.err = fmt.Errorf("sim: %s finished request %s twice or without placing it", r.id, f.ID)
 			continue
 		}
-		s.done[q.idx] = true
+		q.finished = now
+		s.done[q.rec] = true
 		s.samples = append(s.samples, report.Sample{
 			Replica: r.idx, PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
-			IdealCached: s.ideal[q.idx], OutputTokens: len(f.Output),
+			IdealCached: s.ideal[q.rec], OutputTokens: len(f.Output),
 			Arrival: f.Arrival, FirstToken: f.FirstToken, Finish: f.Finish,
 		})
 	}
@@ -383,26 +452,26 @@ func (s *state) recordQueue(r *replica, now time.Duration, waiting int) {
 	r.queue[b] = max(r.queue[b], waiting)
 }
 
-// arrive places record i and submits it.
+// arrive places record i, through the router the balancer picks, and
+// submits it.
 func (s *state) arrive(i int) error {
 	now := s.arrival(i)
 	rec := &s.recs[i]
 	if err := s.flush(now); err != nil {
 		return err
 	}
+	s.expire(now)
+	rt := s.pickRouter(i)
 	s.tokens = workload.Prompt(s.tokens[:0], rec, s.cfg.TraceBlockSize)
 	s.chain = s.hasher.Chain(s.chain[:0], s.tokens, nil)
 	var err error
-	s.matches, err = s.index.MatchInto(s.matches[:0], s.chain)
+	s.matches, err = rt.view.index.MatchInto(s.matches[:0], s.chain)
 	if err != nil {
 		return fmt.Errorf("sim: request %d: directory match: %w", i, err)
 	}
 	s.cands = s.cands[:0]
 	for _, r := range s.reps {
-		r.expire(now)
-		l := r.load
-		l.InFlight, l.QueuedPrefillTokens = r.inFlight, max(r.queued, 0)
-		s.cands = append(s.cands, placement.Candidate{Worker: r.id, MatchedBlocks: r.specDepth(s.chain), Load: l})
+		s.cands = append(s.cands, s.candidate(rt, r, now))
 	}
 	for _, m := range s.matches {
 		if k, ok := s.byName[m.Worker]; ok {
@@ -413,7 +482,7 @@ func (s *state) arrive(i int) error {
 		SessionKey: SessionKey(rec), PromptTokens: len(s.tokens), BlockSize: s.cfg.BlockSize,
 		ChainPrefix: s.chain[:min(len(s.chain), DefaultChainPrefixBlocks)],
 	}
-	d, err := s.pol.Pick(req, s.cands)
+	d, err := rt.pol.Pick(req, s.cands)
 	if err != nil {
 		return fmt.Errorf("sim: request %d: %s: %w", i, s.cfg.Policy, err)
 	}
@@ -429,90 +498,20 @@ func (s *state) arrive(i int) error {
 	case err != nil:
 		return fmt.Errorf("sim: request %d: %w", i, err)
 	}
-	uncached := max(len(s.tokens)-d.PredictedCachedTokens, 0)
-	r.res[id] = &reqRef{idx: i, uncached: uncached}
-	r.inFlight++
-	r.queued += uncached
-	if s.cfg.SpeculativeTTL > 0 {
-		e := specEntry{chain: append([]uint64(nil), s.chain...), expiry: now + s.cfg.SpeculativeTTL}
-		if !s.cfg.SpeculativeFixedTTL {
-			e.expiry, e.req = now+SpeculativePendingMax, id
-		}
-		r.spec = append(r.spec, e)
+	x := &intent{
+		rec: i, router: rt.idx, uncached: max(len(s.tokens)-d.PredictedCachedTokens, 0),
+		placed: now, started: never, finished: never, dropped: never,
 	}
+	if s.cfg.SpeculativeTTL > 0 {
+		x.chain = append([]uint64(nil), s.chain...)
+	}
+	r.res[id] = x
+	r.intents = append(r.intents, x)
 	s.recordQueue(r, now, r.eng.Stats().Waiting)
 	if !r.busy {
 		r.step = r.eng.Step(now)
 		r.busy = !r.step.Idle
 	}
-	return nil
-}
-
-// expire drops the speculative entries that ended at or before now.
-func (r *replica) expire(now time.Duration) {
-	k := 0
-	for _, e := range r.spec {
-		if e.expiry > now {
-			r.spec[k] = e
-			k++
-		}
-	}
-	clear(r.spec[k:])
-	r.spec = r.spec[:k]
-}
-
-// specDepth returns the longest common prefix of chain with a live
-// speculative entry.
-func (r *replica) specDepth(chain []uint64) int {
-	best := 0
-	for _, e := range r.spec {
-		n := min(len(chain), len(e.chain))
-		k := 0
-		for k < n && chain[k] == e.chain[k] {
-			k++
-		}
-		best = max(best, k)
-	}
-	return best
-}
-
-// flush applies to the index every event batch visible at now.
-func (s *state) flush(now time.Duration) error {
-	for _, r := range s.reps {
-		k := 0
-		for ; k < len(r.sink) && r.sink[k].Time+s.cfg.EventLag <= now; k++ {
-			if err := s.apply(r, r.sink[k]); err != nil {
-				return err
-			}
-		}
-		if k > 0 {
-			n := copy(r.sink, r.sink[k:])
-			clear(r.sink[n:])
-			r.sink = r.sink[:n]
-		}
-	}
-	return nil
-}
-
-// apply translates one engine batch the agent's way and applies it to the
-// index the directory's way.
-func (s *state) apply(r *replica, b simengine.EventBatch) error {
-	r.evs, _ = r.tr.Translate(r.evs[:0], kvevents.Batch{TS: b.Time.Seconds(), Events: b.Events})
-	for _, ev := range r.evs {
-		switch k := ev.Kind.(type) {
-		case *kvdirv1.Event_Stored:
-			if err := s.index.Insert(r.id, k.Stored.Parent, k.Stored.Hashes, radix.GPU); err != nil && !errors.Is(err, radix.ErrParentMismatch) {
-				return fmt.Errorf("sim: %s: directory insert: %w", r.id, err)
-			}
-		case *kvdirv1.Event_Removed:
-			if err := s.index.Remove(r.id, k.Removed.Hashes, radix.GPU); err != nil {
-				return fmt.Errorf("sim: %s: directory remove: %w", r.id, err)
-			}
-		case *kvdirv1.Event_Cleared:
-			s.index.ClearWorker(r.id)
-		}
-	}
-	clear(r.evs)
 	return nil
 }
 

@@ -24,8 +24,8 @@ var guides = []struct{ file, how string }{
 	{"docs/engine-side.md", "TestGuides/engine-side: every block, in order"},
 	{"docs/running.md", "TestGuides/running-by-hand (the by-hand sections) and TestGuides/dev-fleet (make dev's output and the two-turn session); " +
 		"'In containers' is Docker, which the chaos tier runs"},
-	{"docs/benchmarks.md", "not run: its one block runs kvbench sim on the Mooncake trace (minutes) and writes bench/results; " +
-		"make bench-sim and the benchmark tests cover it"},
+	{"docs/benchmarks.md", "not run: its blocks run kvbench sim on the Mooncake trace (minutes) and write bench/results; " +
+		"make bench-sim, make bench-sim-routers and the benchmark tests cover it"},
 	{"deploy/README.md", "not run: every block needs Docker (images, the compose cluster) or kubectl; the chaos tier (make test-chaos) runs the compose cluster"},
 }
 

@@ -59,6 +59,21 @@ func TestGenThenSim(t *testing.T) {
 	if err := run(t, "report", "--no-charts", out); err != nil {
 		t.Fatal(err)
 	}
+
+	routed := filepath.Join(dir, "results", "sim-routers.json")
+	if err := run(t, "sim", "--trace", trace, "--replicas", "2", "--profile", "llama3-8b", "--kv-blocks", "3000",
+		"--policies", "kvdir", "--routers", "3", "--router-view-lag", "5ms", "--router-view-jitter", "5ms",
+		"--shared-intents", "--intent-lag", "10ms", "--no-charts", "--out", routed); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = report.ReadFile(routed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lags, ok := rep.Settings["router_view_lag_ms"].([]any); rep.Settings["routers"] != 3.0 || rep.Settings["shared_intents"] != true ||
+		rep.Settings["intent_lag_ms"] != 10.0 || !ok || len(lags) != 3 {
+		t.Fatalf("settings of a 3-router run: %v", rep.Settings)
+	}
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -75,6 +90,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"sim", "--trace", trace}, "line 2"},
 		{[]string{"sim", "--trace", trace, "--policies", "fastest"}, "unknown policy"},
 		{[]string{"sim", "--trace", trace, "--profile", "gpt-9"}, "neither a built-in profile"},
+		{[]string{"sim", "--trace", trace, "--routers", "0"}, "--routers 0"},
+		{[]string{"sim", "--trace", trace, "--balance", "sticky"}, "--balance"},
+		{[]string{"sim", "--trace", trace, "--intent-lag", "5ms"}, "needs --shared-intents"},
+		{[]string{"sim", "--trace", trace, "--router-view-jitter", "-1ms"}, "must be >= 0"},
 		{[]string{"gen", "sessions", "--preset", "nope"}, "unknown preset"},
 		{[]string{"gen", "shared-prefix", "--rate", "0"}, "rate"},
 		{[]string{"dev", "--engines", "0"}, "at least 1"},

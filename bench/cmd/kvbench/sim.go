@@ -32,6 +32,12 @@ type simFlags struct {
 	parallel                      int
 	noCharts                      bool
 	specFixed                     bool
+	routers                       int
+	balance                       string
+	routerViewLag, viewJitter     time.Duration
+	sharedIntents                 bool
+	intentLag                     time.Duration
+	onePolicy                     bool
 }
 
 func newSim(log *slog.Logger) *cobra.Command {
@@ -40,11 +46,18 @@ func newSim(log *slog.Logger) *cobra.Command {
 		Use:   "sim",
 		Short: "Simulate a trace under each placement policy in virtual time",
 		Long: `Runs the trace through each placement policy (the router's internal/placement code)
-in front of --replicas copies of the engine model (internal/engine: paged prefix cache,
+in front of --replicas copies of the engine model (internal/simengine: paged prefix cache,
 continuous batching, calibrated H200 timing), in virtual time. The directory's view is
 built from the engines' own KV events, through the agent's translator into the
 directory's radix index; the router's load view is the engines' gauges plus its own
 in-flight and queued-prefill accounting, with speculative entries after each placement.
+
+--routers N places the requests through N routers behind a load balancer (--balance):
+each has its own policy instance, its own directory view (--router-view-lag after the
+directory, spread by --router-view-jitter) and its own speculative entries and
+accounting. --shared-intents makes each router also count the others' placements
+(speculative entries, requests in flight, queued uncached prefill), --intent-lag after
+they happen.
 
 Writes --out (JSON), the same name with .md (Markdown table) and, unless --no-charts,
 PNG charts next to it: -ttft-cdf.png, -replica-hit-rate.png, -queue-depth.png.
@@ -76,6 +89,13 @@ H200 (see docs/benchmarks.md):
 	fl.DurationVar(&f.eventLag, "event-lag", 0, "delay before a step's KV events reach the directory view (0: visible right after the step)")
 	fl.DurationVar(&f.specTTL, "speculative-ttl", sim.DefaultSpeculativeTTL, "how long a placement counts as holding its prefix (negative: off)")
 	fl.BoolVar(&f.specFixed, "speculative-fixed-ttl", false, "what-if: end a speculative entry the TTL after the placement (default, as the router: hold it until the request's first token, then for the TTL)")
+	fl.IntVar(&f.routers, "routers", 1, "routers placing the requests, each with its own policy instance, directory view, speculative entries and accounting")
+	fl.StringVar(&f.balance, "balance", sim.BalanceRoundRobin, "how the load balancer spreads requests over the routers: "+sim.BalanceRoundRobin+", "+sim.BalanceRandom+" (seeded) or "+sim.BalanceSession+" (a session's requests to one router, by a hash of its key)")
+	fl.DurationVar(&f.routerViewLag, "router-view-lag", 0, "delay of each router's directory view after the directory (added to --event-lag)")
+	fl.DurationVar(&f.viewJitter, "router-view-jitter", 0, "spread of the routers' view lags: each router's lag is --router-view-lag plus a seeded offset in [-jitter, +jitter], at least 0")
+	fl.BoolVar(&f.sharedIntents, "shared-intents", false, "each router counts the other routers' placements (speculative entries, in-flight requests, queued prefill) as its own")
+	fl.DurationVar(&f.intentLag, "intent-lag", 0, "with --shared-intents: how long a placement, its first token and its end take to reach the other routers")
+	fl.BoolVar(&f.onePolicy, "one-policy-instance", false, "what-if: every router calls one policy instance (one random stream for tie breaks, one sticky map), as no real routers do; isolates the routers' views")
 	fl.IntVar(&f.parallel, "parallel", 1, "policies simulated at the same time")
 	fl.BoolVar(&f.noCharts, "no-charts", false, "do not write PNG charts")
 	return cmd
@@ -131,6 +151,16 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	if f.parallel < 1 {
 		return cli.Usagef("--parallel %d, want >= 1", f.parallel)
 	}
+	switch {
+	case f.routers < 1:
+		return cli.Usagef("--routers %d, want >= 1", f.routers)
+	case !contains(sim.Balances(), f.balance):
+		return cli.Usagef("--balance %q, want one of %s", f.balance, strings.Join(sim.Balances(), ", "))
+	case f.routerViewLag < 0 || f.viewJitter < 0 || f.intentLag < 0:
+		return cli.Usagef("--router-view-lag, --router-view-jitter and --intent-lag must be >= 0")
+	case f.intentLag > 0 && !f.sharedIntents:
+		return cli.Usagef("--intent-lag needs --shared-intents")
+	}
 	prof, err := costmodel.ResolveProfile(f.profile)
 	if err != nil {
 		return err
@@ -167,6 +197,19 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 		"trace_block_size":      f.traceBlockSize,
 		"session_key":           "session_id, else \"h\" + first hash id",
 	}
+	if f.routers > 1 || f.routerViewLag > 0 || f.viewJitter > 0 || f.sharedIntents {
+		lags := sim.ViewLags(sim.Config{Routers: f.routers, RouterViewLag: f.routerViewLag, RouterViewJitter: f.viewJitter, Seed: f.seed})
+		ms := make([]float64, len(lags))
+		for i, l := range lags {
+			ms[i] = float64(l.Microseconds()) / 1000
+		}
+		rep.Settings["routers"] = f.routers
+		rep.Settings["balance"] = f.balance
+		rep.Settings["router_view_lag_ms"] = ms
+		rep.Settings["shared_intents"] = f.sharedIntents
+		rep.Settings["intent_lag_ms"] = f.intentLag.Milliseconds()
+		rep.Settings["one_policy_instance"] = f.onePolicy
+	}
 	ts := rep.TraceStats
 	log.Info("trace", "file", f.trace, "requests", ts.Requests, "minutes", fmt.Sprintf("%.1f", ts.DurationSec/60),
 		"ideal_hit_rate", fmt.Sprintf("%.3f", rep.TraceStats.IdealHitRate), "hot_working_set_tokens", ts.HotWorkingSetTokens,
@@ -186,7 +229,17 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 				Policy: name, Profile: prof, Replicas: f.replicas, KVBlocks: f.kvBlocks, BlockSize: f.blockSize,
 				MaxBatchedTokens: f.maxBatched, MaxRunning: f.maxRunning, TraceBlockSize: f.traceBlockSize,
 				TimeScale: f.timeScale, EventLag: f.eventLag, SpeculativeTTL: f.specTTL, Seed: f.seed, Logger: log,
-				SpeculativeFixedTTL: f.specFixed,
+				SpeculativeFixedTTL: f.specFixed, Routers: f.routers, Balance: f.balance,
+				RouterViewLag: f.routerViewLag, RouterViewJitter: f.viewJitter,
+				SharedIntents: f.sharedIntents, IntentLag: f.intentLag,
+			}
+			if f.onePolicy {
+				pol, err := placement.New(name, placement.Options{Seed: f.seed, Profile: prof, ChunkTokens: f.maxBatched})
+				if err != nil {
+					errs[i] = fmt.Errorf("policy %s: %w", name, err)
+					return
+				}
+				cfg.Impl = pol
 			}
 			p, err := sim.Run(cmd.Context(), recs, ideal, cfg)
 			if err != nil {
