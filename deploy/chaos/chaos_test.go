@@ -326,17 +326,24 @@ func killNode(leader bool) func(h *harness, r *FaultResult) (time.Time, error) {
 		if leader {
 			not = lv.Leader
 		}
-		if _, err := h.dir.WaitLeader(h.ctx, leaderBound, 2, not); err != nil {
-			return time.Time{}, fmt.Errorf("leader after killing %s: %w", target, err)
-		}
-		r.LeaderRecoverySeconds = time.Since(at).Seconds()
-		if _, err := h.d.Run(h.ctx, "start", target); err != nil {
-			return time.Time{}, err
-		}
-		repaired := time.Now()
-		h.onRepair(repaired)
-		return repaired, h.rejoin(target)
+		return h.recoverNode(r, target, not, at)
 	}
+}
+
+// recoverNode follows the kill of target at at: it waits for a leader
+// other than not (any when not is ""), records how long that took, starts
+// target again and waits for it to rejoin.
+func (h *harness) recoverNode(r *FaultResult, target, not string, at time.Time) (time.Time, error) {
+	if _, err := h.dir.WaitLeader(h.ctx, leaderBound, 2, not); err != nil {
+		return time.Time{}, fmt.Errorf("leader after killing %s: %w", target, err)
+	}
+	r.LeaderRecoverySeconds = time.Since(at).Seconds()
+	if _, err := h.d.Run(h.ctx, "start", target); err != nil {
+		return time.Time{}, err
+	}
+	repaired := time.Now()
+	h.onRepair(repaired)
+	return repaired, h.rejoin(target)
 }
 
 // pick returns the leader's container, or a follower's.

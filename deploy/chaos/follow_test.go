@@ -210,16 +210,7 @@ func killFollowedNode(h *harness, r *FaultResult) (time.Time, error) {
 	if lv.Container == target {
 		not = lv.Leader
 	}
-	if _, err := h.dir.WaitLeader(h.ctx, leaderBound, 2, not); err != nil {
-		return time.Time{}, fmt.Errorf("leader after killing %s: %w", target, err)
-	}
-	r.LeaderRecoverySeconds = time.Since(at).Seconds()
-	if _, err := h.d.Run(h.ctx, "start", target); err != nil {
-		return time.Time{}, err
-	}
-	repaired := time.Now()
-	h.onRepair(repaired)
-	return repaired, h.rejoin(target)
+	return h.recoverNode(r, target, not, at)
 }
 
 // followingSummary is a line for the test log.

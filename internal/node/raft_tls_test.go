@@ -2,9 +2,7 @@ package node_test
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"testing"
@@ -147,37 +145,6 @@ func stat(t *testing.T, n *node.Node, key string) uint64 {
 	return v
 }
 
-// intruder is a Raft transport over plain TCP (cert nil) or over TLS with
-// cert, built with raft's own wire format but without raftnet's checks.
-func intruder(t *testing.T, cert *testkit.Cert) raft.Transport {
-	t.Helper()
-	if cert == nil {
-		tr, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, 2*time.Second, io.Discard)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { tr.Close() })
-		return tr
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := raft.NewNetworkTransport(&tlsDialer{Listener: lis, cert: cert.TLS}, 2, 2*time.Second, io.Discard)
-	t.Cleanup(func() { tr.Close() })
-	return tr
-}
-
-type tlsDialer struct {
-	net.Listener
-	cert tls.Certificate
-}
-
-func (d *tlsDialer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return tls.DialWithDialer(&net.Dialer{Timeout: timeout}, "tcp", string(address),
-		&tls.Config{Certificates: []tls.Certificate{d.cert}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // an intruder's dialer
-}
-
 // forge sends n an AppendEntries from a leader of a term ten above n's,
 // whose one entry, committed at once, registers worker "intruder" at an
 // outside address. It returns the forged term and the RPC's outcome.
@@ -221,7 +188,7 @@ func TestForgedAppendEntriesOverPlainTCP(t *testing.T) {
 			break
 		}
 	}
-	term, resp, err := forge(t, intruder(t, nil), target)
+	term, resp, err := forge(t, testkit.RaftClient(t, nil), target)
 	if err != nil {
 		t.Fatalf("forged AppendEntries over plain TCP: %v", err)
 	}
@@ -254,9 +221,9 @@ func TestRaftOverMutualTLS(t *testing.T) {
 		name string
 		tr   raft.Transport
 	}{
-		{"plain TCP", intruder(t, nil)},
-		{"another CA", intruder(t, testkit.MustCA(t, "rogue CA").MustIssue(t, []string{"127.0.0.1"}))},
-		{"non-member host", intruder(t, ca.MustIssue(t, []string{"127.0.0.2"}))},
+		{"plain TCP", testkit.RaftClient(t, nil)},
+		{"another CA", testkit.RaftClient(t, testkit.MustCA(t, "rogue CA").MustIssue(t, []string{"127.0.0.1"}))},
+		{"non-member host", testkit.RaftClient(t, ca.MustIssue(t, []string{"127.0.0.2"}))},
 	} {
 		for _, n := range c.nodes {
 			term, _, err := forge(t, f.tr, n)

@@ -3,7 +3,6 @@ package raftnet_test
 import (
 	"crypto/tls"
 	"errors"
-	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -65,40 +64,6 @@ func serve(t *testing.T, cert *testkit.Cert, ca *testkit.CA, m *members) (*raft.
 	return tr, sl, func() int { mu.Lock(); defer mu.Unlock(); return got }
 }
 
-// client is a transport that only dials: over TLS presenting cert (any
-// certificate: it is built without raftnet's own checks, as an intruder's
-// would be), or plain TCP when cert is nil.
-func client(t *testing.T, cert *testkit.Cert) raft.Transport {
-	t.Helper()
-	if cert == nil {
-		tr, err := raft.NewTCPTransportWithLogger("127.0.0.1:0", nil, 2, 2*time.Second, quiet)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { tr.Close() })
-		return tr
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := raft.NewNetworkTransport(&tlsDialer{Listener: lis, cert: cert.TLS}, 2, 2*time.Second, io.Discard)
-	t.Cleanup(func() { tr.Close() })
-	return tr
-}
-
-// tlsDialer is a raft.StreamLayer that dials TLS with a certificate and
-// does not check the server.
-type tlsDialer struct {
-	net.Listener
-	cert tls.Certificate
-}
-
-func (d *tlsDialer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return tls.DialWithDialer(&net.Dialer{Timeout: timeout}, "tcp", string(address),
-		&tls.Config{Certificates: []tls.Certificate{d.cert}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // an intruder's dialer
-}
-
 func appendEntries(tr raft.Transport, to raft.ServerAddress) error {
 	var resp raft.AppendEntriesResponse
 	return tr.AppendEntries("peer", to, &raft.AppendEntriesRequest{
@@ -116,7 +81,7 @@ func TestMembersOnly(t *testing.T) {
 	ca := testkit.MustCA(t, "cluster CA")
 	m := &members{}
 	srv, sl, got := serve(t, ca.MustIssue(t, []string{"127.0.0.1"}), ca, m)
-	peer := client(t, ca.MustIssue(t, []string{"127.0.0.1"}))
+	peer := testkit.RaftClient(t, ca.MustIssue(t, []string{"127.0.0.1"}))
 	m.set(string(srv.LocalAddr()), "127.0.0.1:1")
 
 	if err := appendEntries(peer, srv.LocalAddr()); err != nil {
@@ -130,9 +95,9 @@ func TestMembersOnly(t *testing.T) {
 		tr     raft.Transport
 		reason string
 	}{
-		{"plain TCP", client(t, nil), raftnet.ReasonHandshake},
-		{"another CA", client(t, testkit.MustCA(t, "rogue CA").MustIssue(t, []string{"127.0.0.1"})), raftnet.ReasonHandshake},
-		{"no member's host", client(t, ca.MustIssue(t, []string{"intruder.example"})), raftnet.ReasonNotMember},
+		{"plain TCP", testkit.RaftClient(t, nil), raftnet.ReasonHandshake},
+		{"another CA", testkit.RaftClient(t, testkit.MustCA(t, "rogue CA").MustIssue(t, []string{"127.0.0.1"})), raftnet.ReasonHandshake},
+		{"no member's host", testkit.RaftClient(t, ca.MustIssue(t, []string{"intruder.example"})), raftnet.ReasonNotMember},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -159,7 +124,7 @@ func TestLiveConfiguration(t *testing.T) {
 	m := &members{}
 	srv, sl, got := serve(t, ca.MustIssue(t, []string{"127.0.0.1"}), ca, m)
 	self := string(srv.LocalAddr())
-	newcomer := client(t, ca.MustIssue(t, []string{"n4.example"}))
+	newcomer := testkit.RaftClient(t, ca.MustIssue(t, []string{"n4.example"}))
 	m.set(self)
 
 	if err := appendEntries(newcomer, srv.LocalAddr()); err == nil {
@@ -195,10 +160,10 @@ func TestEmptyConfigurationAcceptsCASigned(t *testing.T) {
 	ca := testkit.MustCA(t, "cluster CA")
 	m := &members{}
 	srv, _, _ := serve(t, ca.MustIssue(t, []string{"127.0.0.1"}), ca, m)
-	if err := appendEntries(client(t, ca.MustIssue(t, []string{"leader.example"})), srv.LocalAddr()); err != nil {
+	if err := appendEntries(testkit.RaftClient(t, ca.MustIssue(t, []string{"leader.example"})), srv.LocalAddr()); err != nil {
 		t.Fatalf("CA-signed peer to a node without configuration: %v", err)
 	}
-	if err := appendEntries(client(t, nil), srv.LocalAddr()); err == nil {
+	if err := appendEntries(testkit.RaftClient(t, nil), srv.LocalAddr()); err == nil {
 		t.Fatal("plain TCP to a node without configuration got through")
 	}
 }
