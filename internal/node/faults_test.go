@@ -72,7 +72,12 @@ func TestLeaderLossWhilePublishing(t *testing.T) {
 
 func TestMinorityPartitionAndHeal(t *testing.T) {
 	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
-	c := dirtest.New(t, 3, nil)
+	// Timeouts three times the kit's: on a loaded machine the 50 ms leader
+	// lease of the default ran out with the partition and the leader
+	// stepped down under the writes this test needs the majority to commit.
+	c := dirtest.New(t, 3, func(_ int, cfg *node.Config) {
+		cfg.HeartbeatTimeout, cfg.ElectionTimeout = 300*time.Millisecond, 300*time.Millisecond
+	})
 	p := c.NewPublisher("w1", 1)
 	for range 10 {
 		if err := p.Publish(); err != nil {
@@ -369,7 +374,12 @@ func TestLeaseExpiryAndLeaderChange(t *testing.T) {
 
 func TestMembershipChange(t *testing.T) {
 	testkit.SkipIfShort(t, "a fault scenario on an in-process cluster, several seconds long")
-	c := dirtest.New(t, 3, nil)
+	// Timeouts three times the kit's: on a loaded machine the 50 ms leader
+	// lease of the default ran out with the partition and the leader
+	// stepped down under the writes this test needs the majority to commit.
+	c := dirtest.New(t, 3, func(_ int, cfg *node.Config) {
+		cfg.HeartbeatTimeout, cfg.ElectionTimeout = 300*time.Millisecond, 300*time.Millisecond
+	})
 	p := c.NewPublisher("w1", 1)
 	for range 10 {
 		if err := p.Publish(); err != nil {
