@@ -22,7 +22,7 @@ func TestBlockSizeMisconfigured(t *testing.T) {
 	f := fleet.New(t, fleet.Config{Engines: 2, Routers: 2,
 		EngineArgs: []string{"--time-scale", "0.02", "--default-max-tokens", "4", "--block-size", "64"},
 		AgentArgs:  []string{"--block-size", "16"},
-		RouterArgs: []string{"--policy", "kvdir", "--match-timeout", "200ms"}})
+		RouterArgs: []string{"--policy", "kvdir", "--match-timeout", "200ms", "--share-intents=false"}})
 	start := time.Now()
 	for i := range 2 {
 		turnTwoFollowsTurnOne(t, ctx, f.Routers[0].URL, f.Routers[1].URL, fmt.Sprintf("bs-%d", i), i,

@@ -42,7 +42,7 @@ func TestRoutersFollowTheLog(t *testing.T) {
 	ctx := context.Background()
 	f := fleet.New(t, fleet.Config{Engines: 2, Routers: 2,
 		EngineArgs: []string{"--time-scale", "0.02", "--default-max-tokens", "4"},
-		RouterArgs: []string{"--policy", "kvdir", "--match-timeout", "200ms", "--follow-log"}})
+		RouterArgs: []string{"--policy", "kvdir", "--match-timeout", "200ms", "--follow-log", "--share-intents=false"}})
 	r0, r1 := f.Routers[0].URL, f.Routers[1].URL
 	local := `kvdir_router_matches_total{source="local"}`
 	remote := `kvdir_router_matches_total{source="directory"}`

@@ -28,7 +28,7 @@ func TestLoRAAdapters(t *testing.T) {
 	f := fleet.New(t, fleet.Config{Engines: 3, Routers: 2, Model: base,
 		EngineArgs:    []string{"--time-scale", "0.02", "--default-max-tokens", "4"},
 		PerEngineArgs: [][]string{lora, lora},
-		RouterArgs:    []string{"--policy", "kvdir", "--match-timeout", "200ms", "--models-interval", "200ms"}})
+		RouterArgs:    []string{"--policy", "kvdir", "--match-timeout", "200ms", "--models-interval", "200ms", "--share-intents=false"}})
 	ctx := context.Background()
 	with := []string{f.Engines[0].WorkerID, f.Engines[1].WorkerID}
 	without := f.Engines[2].WorkerID

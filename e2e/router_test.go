@@ -106,7 +106,7 @@ func TestEndToEnd(t *testing.T) {
 	ctx := context.Background()
 	f := fleet.New(t, fleet.Config{Engines: 3, Routers: 2,
 		EngineArgs: []string{"--time-scale", "0.02", "--default-max-tokens", "4"},
-		RouterArgs: []string{"--policy", "kvdir", "--match-timeout", "50ms", "--down-for", "1s"}})
+		RouterArgs: []string{"--policy", "kvdir", "--match-timeout", "50ms", "--down-for", "1s", "--share-intents=false"}})
 	r0, r1 := f.Routers[0].URL, f.Routers[1].URL
 
 	// Turn 2 of each session lands on turn 1's worker and the engine reports

@@ -39,7 +39,10 @@ type turnCheck struct {
 // from the directory where turn 1's blocks live. It checks that turn 2
 // lands on turn 1's worker, not by a fallback, that the router predicted
 // cached tokens, and that the engine reports at least all of turn 1's
-// full blocks but the last as cached. It returns both answers.
+// full blocks but the last as cached. It returns both answers. Fleets
+// that call it with two routers run them with --share-intents=false: r1
+// must learn where turn 1 went from the directory (the engine's events),
+// not from r0's placement intent.
 func turnTwoFollowsTurnOne(t *testing.T, ctx context.Context, r0, r1, sess string, i int, tc turnCheck) (a1, a2 answer) {
 	t.Helper()
 	if tc.Model == "" {
@@ -208,7 +211,7 @@ func TestEngineShapes(t *testing.T) {
 			f := fleet.New(t, fleet.Config{Engines: 2, Routers: 2, Model: sh.check.Model, PullEvents: sh.pull,
 				EngineArgs: append([]string{"--time-scale", "0.02", "--default-max-tokens", "4"}, sh.engineArgs...),
 				AgentArgs:  sh.agentArgs,
-				RouterArgs: append([]string{"--policy", "kvdir", "--match-timeout", "200ms"}, sh.routerArgs...)})
+				RouterArgs: append([]string{"--policy", "kvdir", "--match-timeout", "200ms", "--share-intents=false"}, sh.routerArgs...)})
 			check := sh.check
 			if sh.betweenTurns != nil {
 				check.BetweenTurns = func(worker string) { sh.betweenTurns(t, ctx, f, worker) }
