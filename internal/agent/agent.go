@@ -549,9 +549,12 @@ func (a *Agent) resync(reason string) {
 func (a *Agent) process(ctx context.Context, m kvevents.Msg) {
 	b, st, err := kvevents.DecodeBatch(m.Payload)
 	if err != nil {
+		// Skipped, not a reason to clear the worker's view: what the
+		// batch held is lost (at worst a few stale or missing blocks in
+		// the directory, which later events and evictions correct), while
+		// a resynchronisation would drop everything the engine holds.
 		a.m.decodeErrors.Inc()
-		a.log.Warn("agent: undecodable engine batch; resynchronising", "seq", m.Seq, "err", err)
-		a.resync("undecodable")
+		a.log.Warn("agent: undecodable engine batch skipped", "seq", m.Seq, "err", err)
 		return
 	}
 	if st.Malformed > 0 || st.Unknown > 0 {
@@ -575,6 +578,9 @@ func (a *Agent) translate(ctx context.Context, b kvevents.Batch) {
 		// Before the batch's blocks: the directory must know their size.
 		a.pending = slices.Insert(a.pending, mark, le)
 	}
+	// One engine event may name more blocks than the directory takes in
+	// one piece; cut it rather than have the whole batch refused.
+	a.pending = append(a.pending[:mark], splitPieces(a.pending[mark:], maxPieceBlocks)...)
 	a.trMu.Unlock()
 	a.pendingBlocks += n
 	if a.pendingBlocks >= a.cfg.BatchBlocks {
@@ -618,14 +624,18 @@ func (a *Agent) flush(ctx context.Context) {
 	}
 	since := a.pendingSince
 	a.pending, a.pendingBlocks = nil, 0
-	if _, err := a.pub.Send(ctx, events); err != nil {
-		// The publisher stopped (handled by the main loop) or ctx ended.
-		a.log.Warn("agent: send batch", "err", err)
-		a.needClear = true
-		return
+	// Several batches when the events exceed the directory's per-batch
+	// bounds (a long prompt); the AllCleared head stays in the first.
+	for _, chunk := range chunkBatches(events, maxBatchEvents, maxBatchBlocks) {
+		if _, err := a.pub.Send(ctx, chunk); err != nil {
+			// The publisher stopped (handled by the main loop) or ctx ended.
+			a.log.Warn("agent: send batch", "err", err)
+			a.needClear = true
+			return
+		}
+		a.needClear = false
+		a.m.batches.Inc()
 	}
-	a.needClear = false
-	a.m.batches.Inc()
 	if !since.IsZero() {
 		a.m.lag.Observe(time.Since(since).Seconds())
 	}

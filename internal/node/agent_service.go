@@ -117,8 +117,12 @@ func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error 
 				if err := n.auth.checkWorker(ctx, b.WorkerId); err != nil {
 					return err
 				}
+				done := refuseBadRange(b)
+				if done == nil {
+					done = n.pub.submit(b)
+				}
 				select {
-				case inflight <- n.pub.submit(b):
+				case inflight <- done:
 				case <-ctx.Done():
 					return ctx.Err()
 				}
@@ -149,6 +153,21 @@ func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error 
 			return err
 		}
 	}
+}
+
+// refuseBadRange answers a batch with an impossible sequence range at once,
+// without proposing it (the FSM refuses it too): nil if the range is fine.
+func refuseBadRange(b *kvdirv1.EventBatch) <-chan pubResult {
+	err := raftfsm.CheckSeqRange(b)
+	if err == nil {
+		return nil
+	}
+	done := make(chan pubResult, 1)
+	done <- pubResult{resp: &kvdirv1.PublishResponse{
+		WorkerId: b.WorkerId, Epoch: b.Epoch, FirstSeq: b.FirstSeq, LastSeq: b.LastSeq,
+		Status: kvdirv1.PublishStatus_PUBLISH_STATUS_REJECTED, Message: err.Error(),
+	}}
+	return done
 }
 
 // errShuttingDown ends streams when the node stops, so that agents move to

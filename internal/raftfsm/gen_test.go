@@ -177,6 +177,8 @@ func publishStatus(w *mworker, b *kvdirv1.EventBatch, eventsOK bool) kvdirv1.Pub
 		return stRejected
 	case b.FirstSeq < 1 || b.LastSeq < b.FirstSeq:
 		return stRejected
+	case b.LastSeq-b.FirstSeq >= uint64(max(len(b.Events), 1)):
+		return stRejected // spans more numbers than it has events
 	case b.LastSeq <= w.seq:
 		return stDuplicate
 	case b.FirstSeq != w.seq+1:
@@ -229,6 +231,9 @@ func (g *streamGen) batch() (*kvdirv1.EventBatch, kvdirv1.PublishStatus) {
 		bad = true
 	}
 	b.Events = g.events(bad)
+	if n := uint64(max(len(b.Events), 1)); b.LastSeq-b.FirstSeq >= n && b.LastSeq >= b.FirstSeq && g.r.IntN(10) > 0 {
+		b.LastSeq = b.FirstSeq + n - 1 // mostly keep the range within the events
+	}
 	st := publishStatus(w, b, !bad)
 	if st == stApplied {
 		w.seq = b.LastSeq

@@ -33,9 +33,9 @@ func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) (*kvdirv1.PublishResp
 		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_REJECTED
 		resp.Message = fmt.Sprintf("epoch %d was never issued (current %d)", b.Epoch, w.Epoch)
 		return resp, false
-	case b.FirstSeq < 1 || b.LastSeq < b.FirstSeq:
+	case CheckSeqRange(b) != nil:
 		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_REJECTED
-		resp.Message = fmt.Sprintf("bad sequence range %d..%d", b.FirstSeq, b.LastSeq)
+		resp.Message = CheckSeqRange(b).Error()
 		return resp, false
 	case b.LastSeq <= w.AppliedSeq:
 		resp.Status = kvdirv1.PublishStatus_PUBLISH_STATUS_DUPLICATE
@@ -86,6 +86,21 @@ func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) (*kvdirv1.PublishResp
 		resp.Message = fmt.Sprintf("%d stored pieces conflicted with blocks indexed under another parent and were cut short", conflicts)
 	}
 	return resp, layoutChanged
+}
+
+// CheckSeqRange refuses a batch whose sequence range is not 1 <= first_seq
+// <= last_seq, or spans more numbers than the batch has events (at least
+// one, so that an empty batch may carry one number). Without the bound a
+// single batch claiming last_seq 2^64-1 would make every later honest batch
+// of the worker a DUPLICATE until it registers again.
+func CheckSeqRange(b *kvdirv1.EventBatch) error {
+	if b.FirstSeq < 1 || b.LastSeq < b.FirstSeq {
+		return fmt.Errorf("bad sequence range %d..%d", b.FirstSeq, b.LastSeq)
+	}
+	if span, n := b.LastSeq-b.FirstSeq, uint64(max(len(b.Events), 1)); span >= n {
+		return fmt.Errorf("sequence range %d..%d spans more numbers than the batch's %d events", b.FirstSeq, b.LastSeq, len(b.Events))
+	}
+	return nil
 }
 
 // checkEvents validates a batch before any of it is applied, so that a

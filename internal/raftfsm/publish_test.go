@@ -1,6 +1,7 @@
 package raftfsm_test
 
 import (
+	"math"
 	"slices"
 	"testing"
 
@@ -41,32 +42,32 @@ func TestPublishSequencing(t *testing.T) {
 	}
 	unchanged("duplicate", before)
 
-	r = h.publish1(batch("w", 1, 3, 4, stored(0, gpu, 9)), stGap)
+	r = h.publish1(batch("w", 1, 3, 4, stored(0, gpu, 9), stored(0, gpu, 10)), stGap)
 	if r.AppliedSeq != 1 || r.Message == "" {
 		t.Fatalf("GAP response %v", r)
 	}
 	unchanged("gap", before)
 
-	h.publish1(batch("w", 1, 2, 3, stored(2, gpu, 3)), stApplied)
+	h.publish1(batch("w", 1, 2, 3, stored(2, gpu, 3), stored(2, gpu, 3)), stApplied)
 	if d := depth(t, h.f, "w", 1, 2, 3); d != 3 {
 		t.Fatalf("depth %d, want 3", d)
 	}
 	before = h.f.Digest()
 	// A batch wholly at or below applied_seq is a duplicate, even if it does
 	// not line up with earlier batches.
-	h.publish1(batch("w", 1, 1, 3, stored(0, gpu, 8)), stDuplicate)
+	h.publish1(batch("w", 1, 1, 3, stored(0, gpu, 8), stored(0, gpu, 8), stored(0, gpu, 8)), stDuplicate)
 	h.publish1(batch("w", 1, 2, 2, stored(0, gpu, 8)), stDuplicate)
 	// A batch that overlaps applied_seq and goes past it is a gap.
-	r = h.publish1(batch("w", 1, 3, 5, stored(0, gpu, 8)), stGap)
+	r = h.publish1(batch("w", 1, 3, 5, stored(0, gpu, 8), stored(0, gpu, 8), stored(0, gpu, 8)), stGap)
 	if r.AppliedSeq != 3 {
 		t.Fatalf("overlap GAP response %v", r)
 	}
 	if h.f.Digest() != before || mustWorker(t, h.f, "w").AppliedSeq != 3 {
 		t.Fatalf("duplicate or overlapping batches changed the state")
 	}
-	h.publish1(batch("w", 1, 4, 10), stApplied) // events are optional
-	if w := mustWorker(t, h.f, "w"); w.AppliedSeq != 10 {
-		t.Fatalf("applied_seq %d, want 10", w.AppliedSeq)
+	h.publish1(batch("w", 1, 4, 4), stApplied) // events are optional
+	if w := mustWorker(t, h.f, "w"); w.AppliedSeq != 4 {
+		t.Fatalf("applied_seq %d, want 4", w.AppliedSeq)
 	}
 }
 
@@ -75,7 +76,7 @@ func TestPublishStaleEpoch(t *testing.T) {
 	h.register("w")
 	h.publish1(batch("w", 1, 1, 1, stored(0, gpu, 1)), stApplied)
 	h.register("w")
-	h.publish1(batch("w", 2, 1, 2, stored(0, gpu, 5)), stApplied)
+	h.publish1(batch("w", 2, 1, 2, stored(0, gpu, 5), stored(5, gpu, 6)), stApplied)
 	before := h.f.Digest()
 	r := h.publish1(batch("w", 1, 2, 2, stored(0, gpu, 1, 2)), stStale)
 	if r.CurrentEpoch != 2 || r.AppliedSeq != 2 || r.Epoch != 1 {
@@ -188,7 +189,7 @@ func TestPublishSeveralBatches(t *testing.T) {
 		batch("a", 1, 1, 1, stored(0, gpu, 1)),
 		batch("zz", 1, 1, 1),
 		batch("b", 1, 1, 1),
-		batch("a", 1, 2, 3, stored(1, gpu, 2)),
+		batch("a", 1, 2, 3, stored(1, gpu, 2), stored(2, gpu, 3)),
 		batch("a", 1, 5, 5),
 		batch("b", 2, 1, 1, stored(0, cpu, 9)),
 		batch("a", 1, 0, 0),
@@ -370,5 +371,30 @@ func TestWorkerChainsAndCounters(t *testing.T) {
 	}
 	if c := h.f.Counters(); c.Blocks != 4 || c.Workers != 1 || c.Sessions != 0 {
 		t.Fatalf("Counters %+v", c)
+	}
+}
+
+// A batch whose sequence range spans more numbers than it has events is
+// refused: one claiming last_seq 2^64-1 would otherwise make every later
+// honest batch of the worker a DUPLICATE.
+func TestPublishSeqRangeBoundedByEvents(t *testing.T) {
+	h := newHarness(t, raftfsm.Options{})
+	h.register("w")
+	before := h.f.Digest()
+	r := h.publish1(batch("w", 1, 1, math.MaxUint64, stored(0, gpu, 1)), stRejected)
+	if r.Message == "" || r.AppliedSeq != 0 {
+		t.Fatalf("REJECTED response %v, want a message and applied_seq 0", r)
+	}
+	h.publish1(batch("w", 1, 1, 3, stored(0, gpu, 1), stored(1, gpu, 2)), stRejected)
+	h.publish1(batch("w", 1, 1, 2), stRejected) // an empty batch carries one number
+	if h.f.Digest() != before {
+		t.Fatalf("refused batches changed the state")
+	}
+	// The honest stream goes on.
+	h.publish1(batch("w", 1, 1, 1, stored(0, gpu, 1)), stApplied)
+	h.publish1(batch("w", 1, 2, 3, stored(1, gpu, 2), stored(2, gpu, 3)), stApplied)
+	h.publish1(batch("w", 1, 4, 4), stApplied)
+	if w := mustWorker(t, h.f, "w"); w.AppliedSeq != 4 {
+		t.Fatalf("applied_seq %d, want 4", w.AppliedSeq)
 	}
 }

@@ -43,7 +43,7 @@ func TestRegisterEpochs(t *testing.T) {
 func TestRegisterResetsSequence(t *testing.T) {
 	h := newHarness(t, raftfsm.Options{})
 	h.register("w")
-	h.publish1(batch("w", 1, 1, 5, stored(0, gpu, 1, 2)), stApplied)
+	h.publish1(batch("w", 1, 1, 1, stored(0, gpu, 1, 2)), stApplied)
 	e := h.register("w")
 	if w := mustWorker(t, h.f, "w"); w.AppliedSeq != 0 {
 		t.Fatalf("applied_seq %d after re-registration, want 0", w.AppliedSeq)
