@@ -103,7 +103,8 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.BoolVar(&c.ShareIntents, "share-intents", c.ShareIntents, "with --directory: publish each placement to the directory as it happens and count the other routers' placements as this router's own (speculative entries, queued prefill, requests in flight); false places with this router's own accounting only")
 	fs.StringVar(&c.RouterID, "router-id", c.RouterID, "`ID` naming this router to the directory and the other routers, unique among them (default: host name and process id)")
 	fs.StringVar(&c.SessionHeader, "session-header", c.SessionHeader, "request header that carries the session id (optional in requests)")
-	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest request body accepted")
+	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest request body accepted, in bytes (413 beyond it); 8 MiB holds a prompt far longer than any engine's context (128k tokens of text are under 1 MiB) and bounds what one request makes the router hold and tokenize")
+	fs.DurationVar(&c.BodyTimeout, "body-timeout", c.BodyTimeout, "longest `DURATION` to receive a request body once its headers are in; a client that stalls or trickles gets 408 and its connection is closed (negative: no limit)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", o.shutdownTimeout, "on SIGTERM, how long requests in flight may take to finish")
 	p.Group("Placement")
 	fs.StringVar(&o.policy, "policy", o.policy, "placement policy: "+strings.Join(placement.Names(), ", "))
@@ -291,6 +292,10 @@ func serve(ctx context.Context, o *options, ready chan<- string) error {
 	if err != nil {
 		return fmt.Errorf("listen on --addr %s: %w", o.addr, err)
 	}
+	// Headers must arrive within 10 s and an idle keep-alive connection
+	// is closed after 2 min; the body's deadline (--body-timeout) is set by
+	// the handler, which clears it once the body is in, so that a long
+	// streamed answer is not cut the way an http.Server ReadTimeout would.
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()

@@ -17,6 +17,7 @@ func DefaultConfig() Config {
 	return Config{
 		SessionHeader:   DefaultSessionHeader,
 		MaxBodyBytes:    DefaultMaxBodyBytes,
+		BodyTimeout:     DefaultBodyTimeout,
 		MatchTimeout:    DefaultMatchTimeout,
 		ScrapeInterval:  DefaultScrapeInterval,
 		ModelsInterval:  DefaultModelsInterval,

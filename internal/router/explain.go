@@ -78,7 +78,7 @@ type WorkerScore struct {
 // serveExplain scores a chat or completion request (told apart by the
 // presence of "messages") without placing it.
 func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
-	body, aerr := readBody(r, s.cfg.MaxBodyBytes)
+	body, aerr := s.readBody(w, r)
 	if aerr != nil {
 		writeError(w, aerr)
 		return

@@ -40,7 +40,7 @@ var hopHeaders = map[string]bool{
 
 // serveProxy handles POST /v1/chat/completions and /v1/completions.
 func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
-	req, aerr := s.readRequest(r, chat)
+	req, aerr := s.readRequest(w, r, chat)
 	if aerr != nil {
 		s.metrics.requests.WithLabelValues("none", s.policy.Name(), OutcomeRejected).Inc()
 		writeError(w, aerr)
@@ -110,8 +110,8 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
 }
 
 // readRequest reads, parses and checks the client's request.
-func (s *Server) readRequest(r *http.Request, chat bool) (*request, *apiError) {
-	body, aerr := readBody(r, s.cfg.MaxBodyBytes)
+func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, chat bool) (*request, *apiError) {
+	body, aerr := s.readBody(w, r)
 	if aerr != nil {
 		return nil, aerr
 	}

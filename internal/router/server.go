@@ -23,8 +23,14 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultSessionHeader  = "X-Session-Id"
-	DefaultMaxBodyBytes   = 32 << 20
+	DefaultSessionHeader = "X-Session-Id"
+	// DefaultMaxBodyBytes is 8 MiB: a 128k-token context is well under
+	// 1 MiB of English text, and a prompt of a million token ids under
+	// 8 MiB of JSON, so no request an engine could serve is refused, while
+	// the bytes a request makes the router hold and tokenize stay small.
+	DefaultMaxBodyBytes = 8 << 20
+	// DefaultBodyTimeout bounds receiving a request body.
+	DefaultBodyTimeout    = 30 * time.Second
 	DefaultMatchTimeout   = 5 * time.Millisecond
 	DefaultScrapeInterval = 100 * time.Millisecond
 	DefaultSpecTTL        = 5 * time.Second
@@ -83,6 +89,10 @@ type Config struct {
 	SessionHeader string
 	// MaxBodyBytes bounds request bodies.
 	MaxBodyBytes int64
+	// BodyTimeout bounds the time to receive a request body, from the
+	// handler's start (default 30 s; negative disables): a client that
+	// stalls or trickles gets 408 and its connection is closed.
+	BodyTimeout time.Duration
 	// MatchTimeout is the directory look-up deadline.
 	MatchTimeout time.Duration
 	// ScrapeInterval is how often each engine's /metrics is read.
@@ -142,6 +152,7 @@ func (c *Config) setDefaults() error {
 	def(&c.LocalMaxStale, max(DefaultLocalMaxStale, c.LocalStaleAfter))
 	def(&c.DownFor, DefaultDownFor)
 	def(&c.ConnectTimeout, DefaultConnectTimeout)
+	def(&c.BodyTimeout, DefaultBodyTimeout)
 	def(&c.SessionInterval, DefaultSessionInterval)
 	if c.SessionHeader == "" {
 		c.SessionHeader = DefaultSessionHeader

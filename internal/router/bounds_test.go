@@ -1,0 +1,122 @@
+package router
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvdir/kvdir/internal/testkit"
+)
+
+func bodiesReading(t *testing.T, s *Server) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := s.metrics.bodiesReading.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
+
+func heapAfterGC() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// TestSlowBodiesBoundedAndTimedOut opens connections that announce the
+// largest body the router takes and then stall or trickle: what the router
+// holds for them stays small (it does not reserve from Content-Length), and
+// each is answered 408 and closed once the body timeout passes.
+func TestSlowBodiesBoundedAndTimedOut(t *testing.T) {
+	const (
+		conns   = 20
+		limit   = 8 << 20
+		timeout = time.Second
+		// What the router may hold for all the connections together: a
+		// few hundred KiB each at most (buffers, goroutines).
+		heapBound = 16 << 20
+	)
+	up := newUpstream(t, "m", okJSON(0))
+	s, url := testRouter(t, "least-load", []StaticWorker{{ID: "a", Address: up.URL, Model: "m"}}, func(c *Config) {
+		c.MaxBodyBytes, c.BodyTimeout = limit, timeout
+	})
+	addr := strings.TrimPrefix(url, "http://")
+	base := heapAfterGC()
+
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	defer func() { close(stop); wg.Wait() }()
+	cs := make([]net.Conn, conns)
+	for i := range cs {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		cs[i] = c
+		if _, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"model\":", PathChat, limit); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 1 { // trickle a byte every 100 ms
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tick := time.NewTicker(100 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
+						if _, err := c.Write([]byte(" ")); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+	}
+	began := time.Now()
+	testkit.Eventually(t, 5*time.Second, "every body being read", func() (bool, string) {
+		n := bodiesReading(t, s)
+		return n == conns, fmt.Sprintf("%v bodies being read", n)
+	})
+	if held := int64(heapAfterGC()) - int64(base); held > heapBound {
+		t.Fatalf("%d stalled connections hold %d bytes of heap, want under %d", conns, held, heapBound)
+	}
+	for i, c := range cs {
+		if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("connection %d: no response after the body timeout: %v", i, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(body), "body timeout") {
+			t.Fatalf("connection %d: got %d %s, want 408 naming the body timeout", i, resp.StatusCode, body)
+		}
+		if _, err := br.ReadByte(); err != io.EOF {
+			t.Fatalf("connection %d: still open after the 408 (read: %v)", i, err)
+		}
+	}
+	if el := time.Since(began); el < timeout/2 {
+		t.Fatalf("answered after %v, before the body timeout %v", el, timeout)
+	}
+	testkit.Eventually(t, 5*time.Second, "no body being read", func() (bool, string) {
+		n := bodiesReading(t, s)
+		return n == 0, fmt.Sprintf("%v bodies being read", n)
+	})
+}
