@@ -120,3 +120,48 @@ func TestSlowBodiesBoundedAndTimedOut(t *testing.T) {
 		return n == 0, fmt.Sprintf("%v bodies being read", n)
 	})
 }
+
+// TestPromptSizeBounds checks that prompts past --max-prompt-bytes or
+// --max-prompt-tokens are refused with 400 naming the flag, from the proxy
+// and explain paths alike, and that nothing reaches the engine; and that
+// with the defaults a body of spaces within the body limit (the slowest
+// text to tokenize) is refused instead of tokenized.
+func TestPromptSizeBounds(t *testing.T) {
+	up := newUpstream(t, "m", okJSON(0))
+	_, url := testRouter(t, "least-load", []StaticWorker{{ID: "a", Address: up.URL, Model: "m"}}, func(c *Config) {
+		c.MaxPromptBytes, c.MaxPromptTokens = 1000, 200
+	})
+	chat := func(text string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"` + text + `"}]}`
+	}
+	cases := []struct {
+		name, path, body, msg string
+	}{
+		{"chat text", PathChat, chat(strings.Repeat("x", 1000)), "--max-prompt-bytes"},
+		{"chat parts", PathChat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("x", 600) + `"},{"type":"text","text":"` + strings.Repeat("y", 600) + `"}]}]}`, "--max-prompt-bytes"},
+		{"completion text", PathCompletions, `{"model":"m","prompt":"` + strings.Repeat("x", 1001) + `"}`, "--max-prompt-bytes"},
+		{"token ids", PathCompletions, `{"model":"m","prompt":[` + strings.Repeat("1,", 200) + `1]}`, "--max-prompt-tokens"},
+		{"rendered tokens", PathCompletions, `{"model":"m","prompt":"` + strings.Repeat("7", 900) + `"}`, "renders to"},
+		{"explain", PathExplain, chat(strings.Repeat("x", 1000)), "--max-prompt-bytes"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp, body := post(t, url+c.path, c.body)
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, c.msg) {
+				t.Fatalf("got %d %s, want 400 naming %s", resp.StatusCode, body, c.msg)
+			}
+		})
+	}
+	if resp, body := post(t, url+PathChat, chat(strings.Repeat("x", 900))); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a prompt within the bounds: %d %s", resp.StatusCode, body)
+	}
+	if n := up.hits.Load(); n != 1 {
+		t.Fatalf("the engine saw %d requests, want only the one within the bounds", n)
+	}
+
+	_, defURL := testRouter(t, "least-load", []StaticWorker{{ID: "a", Address: up.URL, Model: "m"}}, nil)
+	resp, body := post(t, defURL+PathCompletions, `{"model":"m","prompt":"`+strings.Repeat(" ", 3<<20)+`"}`)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "--max-prompt-bytes") {
+		t.Fatalf("3 MiB of spaces with the defaults: got %d %s, want 400", resp.StatusCode, body)
+	}
+}

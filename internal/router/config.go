@@ -18,6 +18,8 @@ func DefaultConfig() Config {
 		SessionHeader:   DefaultSessionHeader,
 		MaxBodyBytes:    DefaultMaxBodyBytes,
 		BodyTimeout:     DefaultBodyTimeout,
+		MaxPromptBytes:  DefaultMaxPromptBytes,
+		MaxPromptTokens: DefaultMaxPromptTokens,
 		MatchTimeout:    DefaultMatchTimeout,
 		ScrapeInterval:  DefaultScrapeInterval,
 		ModelsInterval:  DefaultModelsInterval,
@@ -67,8 +69,9 @@ func (c Config) Validate() error {
 	if _, _, err := engineKind(c.EngineKind); err != nil {
 		return err
 	}
-	if c.MaxBodyBytes < 0 || c.MaxAttempts < 0 || c.BlockSize < 0 {
-		return fmt.Errorf("router: negative size (max body %d, max attempts %d, block size %d; 0 means the default)", c.MaxBodyBytes, c.MaxAttempts, c.BlockSize)
+	if c.MaxBodyBytes < 0 || c.MaxAttempts < 0 || c.BlockSize < 0 || c.MaxPromptBytes < 0 || c.MaxPromptTokens < 0 {
+		return fmt.Errorf("router: negative size (max body %d, max prompt bytes %d, max prompt tokens %d, max attempts %d, block size %d; 0 means the default)",
+			c.MaxBodyBytes, c.MaxPromptBytes, c.MaxPromptTokens, c.MaxAttempts, c.BlockSize)
 	}
 	for _, d := range []struct {
 		name string

@@ -195,6 +195,9 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 		d.ns[i] = blockhash.Namespace{Model: c.w.model(), LoRA: c.lora, CacheSalt: req.cacheSalt, BlockSize: s.blockSizeOf(c.w)}
 	}
 
+	if aerr := s.checkPromptSize(req); aerr != nil {
+		return nil, aerr
+	}
 	t0 := time.Now()
 	p, err := s.render(ctx, req)
 	if err != nil {
@@ -205,6 +208,9 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	}
 	if p.len() == 0 {
 		return nil, badRequest("the prompt is empty")
+	}
+	if p.len() > s.cfg.MaxPromptTokens {
+		return nil, badRequest("the prompt renders to %d tokens, more than the router's limit of %d (--max-prompt-tokens)", p.len(), s.cfg.MaxPromptTokens)
 	}
 	d.tokens, d.prompt = p.len(), p
 	t1 := time.Now()
@@ -251,6 +257,28 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	d.pickChain = s.share.chainOf(d, chainFor)
 	d.scoreDur = time.Since(t3)
 	return d, nil
+}
+
+// checkPromptSize refuses a request whose prompt text or token ids exceed
+// the router's bounds, before any of it is tokenized.
+func (s *Server) checkPromptSize(req *request) *apiError {
+	if !req.chat && req.prompt.IsTokens {
+		if n := len(req.prompt.Tokens); n > s.cfg.MaxPromptTokens {
+			return badRequest("the prompt has %d token ids, more than the router's limit of %d (--max-prompt-tokens)", n, s.cfg.MaxPromptTokens)
+		}
+		return nil
+	}
+	n := len(req.prompt.Text)
+	for _, m := range req.messages {
+		n += len(m.Role) + len(m.Content.Text)
+		for _, p := range m.Content.Parts {
+			n += len(p.Text)
+		}
+	}
+	if n > s.cfg.MaxPromptBytes {
+		return badRequest("the prompt has %d bytes of text, more than the router's limit of %d (--max-prompt-bytes)", n, s.cfg.MaxPromptBytes)
+	}
+	return nil
 }
 
 // render renders req's prompt: a session's chat turn incrementally, as

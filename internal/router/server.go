@@ -29,6 +29,13 @@ const (
 	// 8 MiB of JSON, so no request an engine could serve is refused, while
 	// the bytes a request makes the router hold and tokenize stay small.
 	DefaultMaxBodyBytes = 8 << 20
+	// DefaultMaxPromptBytes bounds the prompt text tokenized per request:
+	// 2 MiB is over 400k tokens of English, and the slowest text for the
+	// built-in tokenizer (long runs of spaces) takes under 2 s of CPU.
+	DefaultMaxPromptBytes = 2 << 20
+	// DefaultMaxPromptTokens bounds the token ids of a prompt, given or
+	// rendered: above any engine's context length.
+	DefaultMaxPromptTokens = 1 << 20
 	// DefaultBodyTimeout bounds receiving a request body.
 	DefaultBodyTimeout    = 30 * time.Second
 	DefaultMatchTimeout   = 5 * time.Millisecond
@@ -89,6 +96,13 @@ type Config struct {
 	SessionHeader string
 	// MaxBodyBytes bounds request bodies.
 	MaxBodyBytes int64
+	// MaxPromptBytes bounds the prompt text (message contents, or a
+	// completion's prompt) a request may ask the router to tokenize;
+	// MaxPromptTokens the token ids of its prompt, given or rendered.
+	// Requests beyond either are refused with 400 before any engine sees
+	// them (defaults 2 MiB and 1 Mi tokens).
+	MaxPromptBytes  int
+	MaxPromptTokens int
 	// BodyTimeout bounds the time to receive a request body, from the
 	// handler's start (default 30 s; negative disables): a client that
 	// stalls or trickles gets 408 and its connection is closed.
@@ -159,6 +173,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxPromptBytes <= 0 {
+		c.MaxPromptBytes = DefaultMaxPromptBytes
+	}
+	if c.MaxPromptTokens <= 0 {
+		c.MaxPromptTokens = DefaultMaxPromptTokens
 	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = DefaultMaxAttempts
