@@ -104,7 +104,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.StringVar(&c.RouterID, "router-id", c.RouterID, "`ID` naming this router to the directory and the other routers, unique among them (default: host name and process id)")
 	fs.StringVar(&c.SessionHeader, "session-header", c.SessionHeader, "request header that carries the session id (optional in requests)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest request body accepted, in bytes (413 beyond it); 8 MiB holds a prompt far longer than any engine's context (128k tokens of text are under 1 MiB) and bounds what one request makes the router hold and tokenize")
-	fs.IntVar(&c.MaxPromptBytes, "max-prompt-bytes", c.MaxPromptBytes, "most prompt text, in bytes, a request may ask the router to tokenize (400 beyond it): 2 MiB is over 400k tokens of English, and tokenizing the slowest 2 MiB (runs of spaces) takes under 2 s of CPU")
+	fs.IntVar(&c.MaxPromptBytes, "max-prompt-bytes", c.MaxPromptBytes, "most prompt text, in bytes, a request may ask the router to tokenize (400 beyond it): 2 MiB is over 400k tokens of English, and tokenizing the slowest 2 MiB (runs of spaces) takes 1 to 3 s of CPU")
 	fs.IntVar(&c.MaxPromptTokens, "max-prompt-tokens", c.MaxPromptTokens, "most token ids a prompt may have, given or rendered (400 beyond it)")
 	fs.DurationVar(&c.BodyTimeout, "body-timeout", c.BodyTimeout, "longest `DURATION` to receive a request body once its headers are in; a client that stalls or trickles gets 408 and its connection is closed (negative: no limit)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", o.shutdownTimeout, "on SIGTERM, how long requests in flight may take to finish")

@@ -31,7 +31,8 @@ const (
 	DefaultMaxBodyBytes = 8 << 20
 	// DefaultMaxPromptBytes bounds the prompt text tokenized per request:
 	// 2 MiB is over 400k tokens of English, and the slowest text for the
-	// built-in tokenizer (long runs of spaces) takes under 2 s of CPU.
+	// built-in tokenizer (long runs of spaces) takes 1 to 3 s of CPU
+	// (BenchmarkRenderCompletion1MiB in internal/tokenize).
 	DefaultMaxPromptBytes = 2 << 20
 	// DefaultMaxPromptTokens bounds the token ids of a prompt, given or
 	// rendered: above any engine's context length.
