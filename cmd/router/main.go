@@ -53,7 +53,7 @@ type options struct {
 	followLog                                      bool
 	directory                                      []string
 	hashBalance, seed                              int
-	sessionCacheSessions, sessionCacheTokens       int
+	sessionCacheSessions, sessionCacheBytes        int
 	shutdownTimeout                                time.Duration
 	log                                            *slog.Logger
 }
@@ -88,7 +88,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	p := &cli.Program{Name: "router", Env: "ROUTER", Summary: summary, Examples: examples, Notes: notes,
 		Usage: "router (--directory HOST:PORT,... | --workers ID=URL,...) [flags]", Getenv: getenv, Stdout: stdout, Stderr: stderr}
 	o := &options{cfg: router.DefaultConfig(), addr: "127.0.0.1:8080", policy: "kvdir", fallback: "session-hash", profile: costmodel.DefaultProfileName,
-		hashBalance: 150, tokenizer: "chatml-cl100k", sessionCacheSessions: 100000, sessionCacheTokens: 64 << 20, shutdownTimeout: 30 * time.Second}
+		hashBalance: 150, tokenizer: "chatml-cl100k", sessionCacheSessions: 100000, sessionCacheBytes: 256 << 20, shutdownTimeout: 30 * time.Second}
 	c := &o.cfg
 	fs := p.Flags()
 	p.Group("Serving and workers")
@@ -126,7 +126,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.StringVar(&o.tokenizeURL, "tokenize-url", o.tokenizeURL, "engine /tokenize `URL` for --tokenizer remote, e.g. http://vllm:8000/tokenize")
 	fs.StringVar(&o.tokenizeModel, "tokenize-model", o.tokenizeModel, "model `name` sent to --tokenize-url")
 	fs.IntVar(&o.sessionCacheSessions, "session-cache-sessions", o.sessionCacheSessions, "sessions whose rendered tokens are kept for incremental tokenization")
-	fs.IntVar(&o.sessionCacheTokens, "session-cache-tokens", o.sessionCacheTokens, "tokens kept over all cached sessions (4 bytes each)")
+	fs.IntVar(&o.sessionCacheBytes, "session-cache-bytes", o.sessionCacheBytes, "bytes the session cache may keep over all sessions: 4 per token id plus the messages' text, which is charged too because text that tokenizes poorly (runs of spaces) is a hundred times its ids")
 	return p, o
 }
 
@@ -232,8 +232,8 @@ func configure(o *options) (router.Config, error) {
 		if err != nil {
 			return cfg, fmt.Errorf("tokenizer: %w", err)
 		}
-		if cfg.Renderer, err = router.NewLocalRenderer(tmpl, o.sessionCacheSessions, o.sessionCacheTokens); err != nil {
-			return cfg, cli.Usagef("--session-cache-sessions, --session-cache-tokens: %w", err)
+		if cfg.Renderer, err = router.NewLocalRenderer(tmpl, o.sessionCacheSessions, o.sessionCacheBytes); err != nil {
+			return cfg, cli.Usagef("--session-cache-sessions, --session-cache-bytes: %w", err)
 		}
 	case "remote":
 		if o.tokenizeURL == "" {
