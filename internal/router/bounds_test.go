@@ -2,10 +2,12 @@ package router
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/testkit"
 )
 
@@ -164,4 +167,59 @@ func TestPromptSizeBounds(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "--max-prompt-bytes") {
 		t.Fatalf("3 MiB of spaces with the defaults: got %d %s, want 400", resp.StatusCode, body)
 	}
+}
+
+// TestRefusedDirectoryTripsBreaker points the router at directory
+// addresses that refuse connections: the look-ups fail as errors, not
+// timeouts, so the breaker trips after breakerFailures requests and the
+// next ones are placed at once without asking; and with workers to be
+// discovered from that directory, the 503 names the directory, not the
+// agents.
+func TestRefusedDirectoryTripsBreaker(t *testing.T) {
+	dead := []string{strings.TrimPrefix(deadAddress(t), "http://"), strings.TrimPrefix(deadAddress(t), "http://")}
+	dc, err := dirclient.New(dirclient.Config{Addrs: dead, Logger: testkit.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dc.Close() })
+	const matchTimeout = 200 * time.Millisecond
+	s, err := New(Config{Policy: mustPolicy(t, "kvdir"), Renderer: mustRenderer(t), Directory: dc, MatchTimeout: matchTimeout,
+		Static: []StaticWorker{{ID: "a", Address: "http://127.0.0.1:1", Model: "m"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.pool.replace([]workerSpec{{ID: "a", Address: "http://127.0.0.1:1", Model: "m", BlockSize: 16}})
+	req := longChat(t)
+	for i := range breakerFailures {
+		d, aerr := s.decide(t.Context(), req, nil)
+		if aerr != nil || d.fallback != FallbackError {
+			t.Fatalf("look-up %d at refusing nodes: fallback %q (%v), want %q", i, d.fallback, aerr, FallbackError)
+		}
+	}
+	start := time.Now()
+	d, aerr := s.decide(t.Context(), req, nil)
+	if aerr != nil || d.fallback != FallbackDown {
+		t.Fatalf("after %d refused look-ups: fallback %q (%v), want %q", breakerFailures, d.fallback, aerr, FallbackDown)
+	}
+	if el := time.Since(start); el >= matchTimeout {
+		t.Fatalf("a request with the breaker open took %v, the match timeout is %v", el, matchTimeout)
+	}
+
+	// Discovery from the same directory: nothing is known, and the answer
+	// says the directory has not been reached.
+	s2, err := New(Config{Policy: mustPolicy(t, "kvdir"), Renderer: mustRenderer(t), Directory: dc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s2.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	hs := httptest.NewServer(s2.Handler())
+	t.Cleanup(hs.Close)
+	testkit.Eventually(t, 5*time.Second, "a 503 naming the unreachable directory", func() (bool, string) {
+		resp, body := post(t, hs.URL+PathChat, chatBody)
+		return resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(body, "not been loaded from the directory") &&
+			strings.Contains(body, "last attempt") && !strings.Contains(body, "agents"), fmt.Sprintf("%d %s", resp.StatusCode, body)
+	})
 }

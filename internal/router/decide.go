@@ -8,7 +8,11 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/follow"
 	"github.com/kvdir/kvdir/internal/placement"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
@@ -152,6 +156,9 @@ func (s *Server) candidates(model string, exclude []string, now time.Time) ([]ca
 		}
 		models := s.models()
 		if len(models) == 0 {
+			if !s.synced.Load() && s.cfg.Directory != nil {
+				return nil, unavailable("no worker is known yet: the worker list has not been loaded from the directory%s", s.directoryCause())
+			}
 			return nil, unavailable("no worker is registered yet, for model %q or any other (are the agents running and registered?)", model)
 		}
 		if !slices.Contains(models, model) {
@@ -314,7 +321,7 @@ func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(
 	} else if until != 0 && !s.dirPausedUntil.CompareAndSwap(until, 0) {
 		return FallbackDown // another request is the one trying again
 	}
-	reason := s.lookup(ctx, d, chainFor)
+	reason, err := s.lookup(ctx, d, chainFor)
 	switch {
 	case reason == "":
 		s.dirFailures.Store(0)
@@ -323,15 +330,43 @@ func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(
 	case s.dirFailures.Add(1) >= breakerFailures:
 		s.dirFailures.Store(0)
 		s.dirPausedUntil.Store(time.Now().Add(s.breakerPause).UnixNano())
-		s.log.Warn("router: directory look-ups failing; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause)
+		s.log.Warn("router: directory look-ups failing; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause, "err", err)
 	}
 	return reason
 }
 
+// refused reports whether err is a look-up that no directory node took:
+// every node tried refused the connection or answered Unavailable (down,
+// no leader) rather than being slow. The client retries such nodes until
+// the deadline, so the call ends with the deadline passed, yet the
+// directory is down, not slow.
+func refused(err error) bool {
+	var ue *dirclient.UnreachableError
+	if !errors.As(err, &ue) || len(ue.Attempts) == 0 {
+		return false
+	}
+	for _, e := range ue.Attempts {
+		if status.Code(e) != codes.Unavailable {
+			return false
+		}
+	}
+	return true
+}
+
+// directoryCause says why the directory has not answered, from its
+// client's latest failed attempt ("" if none is known).
+func (s *Server) directoryCause() string {
+	addr, err, at := s.cfg.Directory.LastError()
+	if err == nil {
+		return " (no node has answered yet)"
+	}
+	return fmt.Sprintf(" (last attempt, at %s %v ago: %v)", addr, time.Since(at).Round(time.Millisecond), err)
+}
+
 // lookup asks the directory for d's chain in every namespace (model, LoRA
 // adapter, block size: each of a worker's learned sizes) of its workers and
-// fills d.dirBy; it returns the fallback reason, or "".
-func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhash.Namespace) ([]uint64, error)) string {
+// fills d.dirBy; it returns the fallback reason, or "", and the error.
+func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhash.Namespace) ([]uint64, error)) (string, error) {
 	groups := map[blockhash.Namespace]bool{}
 	for i, w := range d.workers {
 		for _, bs := range s.blockSizesOf(w) {
@@ -355,18 +390,18 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 	for ns := range groups {
 		chain, err := chainFor(ns)
 		if err != nil {
-			return FallbackError
+			return FallbackError, err
 		}
 		start := time.Now()
 		resp, err := m.MatchChain(mctx, chain, uint32(ns.BlockSize), false)
 		s.metrics.matches.WithLabelValues(source).Inc()
 		s.metrics.dirLookup.Observe(time.Since(start).Seconds())
 		if err != nil {
-			if errors.Is(mctx.Err(), context.DeadlineExceeded) {
-				return FallbackTimeout
+			if errors.Is(mctx.Err(), context.DeadlineExceeded) && !refused(err) {
+				return FallbackTimeout, err
 			}
 			s.log.Debug("router: directory match failed", "err", err)
-			return FallbackError
+			return FallbackError, err
 		}
 		byID := make(map[string]int, len(resp.GetMatches()))
 		for _, m := range resp.GetMatches() {
@@ -374,7 +409,7 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 		}
 		d.dirBy[ns] = byID
 	}
-	return ""
+	return "", nil
 }
 
 // String summarises d for logs.
