@@ -49,7 +49,7 @@ type options struct {
 	cfg                                            router.Config
 	addr, workers, policy, fallback                string
 	profile, tokenizer, tokenizeURL, tokenizeModel string
-	token                                          string
+	token, explainTokenFile                        string
 	followLog                                      bool
 	directory                                      []string
 	hashBalance, seed                              int
@@ -107,6 +107,9 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.IntVar(&c.MaxPromptBytes, "max-prompt-bytes", c.MaxPromptBytes, "most prompt text, in bytes, a request may ask the router to tokenize (400 beyond it): 2 MiB is over 400k tokens of English, and tokenizing the slowest 2 MiB (runs of spaces) takes 1 to 3 s of CPU")
 	fs.IntVar(&c.MaxPromptTokens, "max-prompt-tokens", c.MaxPromptTokens, "most token ids a prompt may have, given or rendered (400 beyond it)")
 	fs.DurationVar(&c.BodyTimeout, "body-timeout", c.BodyTimeout, "longest `DURATION` to receive a request body once its headers are in; a client that stalls or trickles gets 408 and its connection is closed (negative: no limit)")
+	fs.StringVar(&c.Explain, "explain", c.Explain, "who may see the router's prediction of a prompt's cached tokens (POST "+router.PathExplain+" and the "+router.HeaderPredicted+" header), which tells whether another client recently sent the same prefix: open (everyone), token (requests with the --explain-token in "+router.HeaderExplainToken+") or off")
+	fs.StringVar(&c.ExplainToken, "explain-token", c.ExplainToken, "operator `TOKEN` for --explain token (prefer "+p.EnvVar("explain-token")+" or --explain-token-file: flags show in ps)")
+	fs.StringVar(&o.explainTokenFile, "explain-token-file", o.explainTokenFile, "`FILE` holding the --explain-token (surrounding white space ignored)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", o.shutdownTimeout, "on SIGTERM, how long requests in flight may take to finish")
 	p.Group("Placement")
 	fs.StringVar(&o.policy, "policy", o.policy, "placement policy: "+strings.Join(placement.Names(), ", "))
@@ -242,6 +245,18 @@ func configure(o *options) (router.Config, error) {
 		cfg.Renderer = router.NewRemoteRenderer(o.tokenizeURL, o.tokenizeModel, 10*time.Second)
 	default:
 		return cfg, cli.Usagef("--tokenizer %q: want chatml-cl100k or remote", o.tokenizer)
+	}
+	if o.explainTokenFile != "" {
+		if cfg.ExplainToken != "" {
+			return cfg, cli.Usagef("give --explain-token or --explain-token-file, not both")
+		}
+		b, err := os.ReadFile(o.explainTokenFile)
+		if err != nil {
+			return cfg, cli.Usagef("--explain-token-file: %w", err)
+		}
+		if cfg.ExplainToken = strings.TrimSpace(string(b)); cfg.ExplainToken == "" {
+			return cfg, cli.Usagef("--explain-token-file %s is empty", o.explainTokenFile)
+		}
 	}
 	if o.workers != "" {
 		if cfg.Static, err = parseWorkers(o.workers); err != nil {

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -222,4 +223,49 @@ func TestRefusedDirectoryTripsBreaker(t *testing.T) {
 		return resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(body, "not been loaded from the directory") &&
 			strings.Contains(body, "last attempt") && !strings.Contains(body, "agents"), fmt.Sprintf("%d %s", resp.StatusCode, body)
 	})
+}
+
+// TestExplainModes checks who sees the predicted cached tokens: with
+// --explain token only requests carrying the operator's token reach the
+// explain endpoint or get the predicted header, and the token never
+// reaches the engine; with off nobody does.
+func TestExplainModes(t *testing.T) {
+	var leaked atomic.Bool
+	up := newUpstream(t, "m", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(HeaderExplainToken) != "" {
+			leaked.Store(true)
+		}
+		okJSON(0)(w, r)
+	})
+	workers := []StaticWorker{{ID: "a", Address: up.URL, Model: "m"}}
+	_, url := testRouter(t, "least-load", workers, func(c *Config) { c.Explain, c.ExplainToken = ExplainToken, "s3cret" })
+	for _, c := range []struct {
+		name, token string
+		code        int
+	}{{"no token", "", 403}, {"wrong token", "guess", 403}, {"token", "s3cret", 200}} {
+		resp, body := post(t, url+PathExplain, chatBody, HeaderExplainToken, c.token)
+		if resp.StatusCode != c.code || (c.code == 403 && !strings.Contains(body, HeaderExplainToken)) {
+			t.Fatalf("explain with %s: %d %s, want %d", c.name, resp.StatusCode, body, c.code)
+		}
+		resp, body = post(t, url+PathChat, chatBody, HeaderExplainToken, c.token)
+		_, has := resp.Header[http.CanonicalHeaderKey(HeaderPredicted)]
+		if resp.StatusCode != 200 || resp.Header.Get(HeaderWorker) != "a" || has != (c.code == 200) {
+			t.Fatalf("chat with %s: %d %s, predicted header present %v", c.name, resp.StatusCode, body, has)
+		}
+	}
+	if leaked.Load() {
+		t.Fatalf("the engine received %s", HeaderExplainToken)
+	}
+
+	_, offURL := testRouter(t, "least-load", workers, func(c *Config) { c.Explain = ExplainOff })
+	if resp, body := post(t, offURL+PathExplain, chatBody); resp.StatusCode != 403 || !strings.Contains(body, "off") {
+		t.Fatalf("explain off: %d %s", resp.StatusCode, body)
+	}
+	if resp, _ := post(t, offURL+PathChat, chatBody); resp.Header.Get(HeaderPredicted) != "" {
+		t.Fatalf("explain off: predicted header %q", resp.Header.Get(HeaderPredicted))
+	}
+	if _, err := New(Config{Policy: mustPolicy(t, "kvdir"), Renderer: mustRenderer(t), Static: workers, Explain: ExplainToken}); err == nil ||
+		!strings.Contains(err.Error(), "needs the token") {
+		t.Fatalf("token mode without a token: %v", err)
+	}
 }

@@ -30,6 +30,7 @@ func DefaultConfig() Config {
 		ConnectTimeout:  DefaultConnectTimeout,
 		SessionInterval: DefaultSessionInterval,
 		ShareIntents:    true,
+		Explain:         ExplainOpen,
 	}
 }
 
@@ -65,6 +66,15 @@ func (c Config) Validate() error {
 		if w.HasRank && (w.Rank < 0 || w.Rank > maxRank) {
 			return fmt.Errorf("router: static worker %s: data-parallel rank %d is not 0 to %d", w.ID, w.Rank, maxRank)
 		}
+	}
+	switch c.Explain {
+	case "", ExplainOpen, ExplainOff:
+	case ExplainToken:
+		if c.ExplainToken == "" {
+			return errors.New("router: --explain token needs the token (--explain-token-file, or KVDIR_ROUTER_EXPLAIN_TOKEN)")
+		}
+	default:
+		return fmt.Errorf("router: --explain %q: want open, token or off", c.Explain)
 	}
 	if _, _, err := engineKind(c.EngineKind); err != nil {
 		return err

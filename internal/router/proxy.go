@@ -34,6 +34,8 @@ var hopHeaders = map[string]bool{
 	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
 	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 	"Content-Length": true, "Host": true,
+	// The operator's explain token is for the router, never an engine.
+	HeaderExplainToken: true,
 	// The router reads usage from the response, so it asks for it uncompressed.
 	"Accept-Encoding": true,
 }
@@ -180,7 +182,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 	if resp.ContentLength >= 0 {
 		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
 	}
-	s.decorate(h, d)
+	s.decorate(h, d, s.explainAllowed(r))
 	w.WriteHeader(resp.StatusCode)
 
 	flusher, _ := w.(http.Flusher)
@@ -263,10 +265,13 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 	}
 }
 
-// decorate adds the router's headers for decision d.
-func (s *Server) decorate(h http.Header, d *decision) {
+// decorate adds the router's headers for decision d; the predicted cached
+// tokens only when predicted is set (explainAllowed).
+func (s *Server) decorate(h http.Header, d *decision, predicted bool) {
 	h.Set(HeaderWorker, d.pick.Worker)
-	h.Set(HeaderPredicted, strconv.Itoa(d.pick.PredictedCachedTokens))
+	if predicted {
+		h.Set(HeaderPredicted, strconv.Itoa(d.pick.PredictedCachedTokens))
+	}
 	h.Set(HeaderPolicy, d.policy)
 	if d.fallback != "" {
 		h.Set(HeaderFallback, d.fallback)

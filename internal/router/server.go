@@ -104,6 +104,13 @@ type Config struct {
 	// them (defaults 2 MiB and 1 Mi tokens).
 	MaxPromptBytes  int
 	MaxPromptTokens int
+	// Explain says who may see the router's prediction of a prompt's
+	// cached tokens, the explain endpoint and HeaderPredicted, which tell
+	// whether another client sent the same prefix: ExplainOpen (the
+	// default, or ""), ExplainToken (requests with ExplainToken in
+	// HeaderExplainToken) or ExplainOff.
+	Explain      string
+	ExplainToken string
 	// BodyTimeout bounds the time to receive a request body, from the
 	// handler's start (default 30 s; negative disables): a client that
 	// stalls or trickles gets 408 and its connection is closed.
