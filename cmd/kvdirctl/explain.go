@@ -21,6 +21,9 @@ import (
 // placing it.
 const explainPath = router.PathExplain
 
+// explainTokenHeader carries the router's operator token (--explain-token).
+const explainTokenHeader = router.HeaderExplainToken
+
 // maxExplainBody bounds the router's answer.
 const maxExplainBody = 8 << 20
 
@@ -39,6 +42,7 @@ func (a *app) explainCommand() *cobra.Command {
 		router        string
 		session       string
 		sessionHeader string
+		explainToken  string
 	)
 	cmd := &cobra.Command{
 		Use:   "explain",
@@ -68,26 +72,28 @@ the router did not use the directory (unreachable, too slow), if it did not.`,
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				return usageErrorf("--router %q: give the router's base URL, e.g. http://127.0.0.1:8080", router)
 			}
-			return a.explain(cmd.Context(), strings.TrimRight(router, "/"), sessionHeader, session, p)
+			return a.explain(cmd.Context(), strings.TrimRight(router, "/"), sessionHeader, session, explainToken, p)
 		},
 	}
 	in.addFlags(cmd, "the model (the OpenAI \"model\" name; required unless the messages file names it)")
 	cmd.Flags().StringVar(&router, "router", "http://127.0.0.1:8080", "the router's base URL")
 	cmd.Flags().StringVar(&session, "session", "", "session id, sent in --session-header")
 	cmd.Flags().StringVar(&sessionHeader, "session-header", "X-Session-Id", "header the router reads the session id from")
+	cmd.Flags().StringVar(&explainToken, "explain-token", "", "the router's operator token, sent in "+explainTokenHeader+", for a router run with --explain token (prefer KVDIR_CTL_EXPLAIN_TOKEN: flags show in ps)")
 	markEnv(cmd.Flags(), "router")
 	markEnv(cmd.Flags(), "session-header")
+	markEnv(cmd.Flags(), "explain-token")
 	return cmd
 }
 
-func (a *app) explain(ctx context.Context, router, sessionHeader, session string, p *prompt) error {
+func (a *app) explain(ctx context.Context, routerURL, sessionHeader, session, token string, p *prompt) error {
 	body, err := json.Marshal(p.body())
 	if err != nil {
 		return fmt.Errorf("encode request: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, router+explainPath, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, routerURL+explainPath, bytes.NewReader(body))
 	if err != nil {
 		return &routerError{fmt.Sprintf("explain: %v", err)}
 	}
@@ -95,13 +101,16 @@ func (a *app) explain(ctx context.Context, router, sessionHeader, session string
 	if session != "" {
 		req.Header.Set(sessionHeader, session)
 	}
+	if token != "" {
+		req.Header.Set(explainTokenHeader, token)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
 			return err
 		}
 		return &routerError{fmt.Sprintf("explain: the router at %s did not answer: %v\n"+
-			"  Check --router (or KVDIR_CTL_ROUTER) and that the router runs (its /healthz).", router, err)}
+			"  Check --router (or KVDIR_CTL_ROUTER) and that the router runs (its /healthz).", routerURL, err)}
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxExplainBody))
@@ -123,7 +132,7 @@ func (a *app) explain(ctx context.Context, router, sessionHeader, session string
 		case http.StatusNotFound:
 			hint = " (a 404 for the path means this router predates explain, or --router is not a kvdir router; for the model, check --model)"
 		case http.StatusUnauthorized, http.StatusForbidden:
-			hint = " (the router refused the call)"
+			hint = " (the router refused the call; a router run with --explain token needs its token in --explain-token or KVDIR_CTL_EXPLAIN_TOKEN)"
 		}
 		return &routerError{fmt.Sprintf("explain: the router answered %s: %s%s", resp.Status, msg, hint)}
 	}

@@ -287,7 +287,10 @@ func TestExplainAgainstRouter(t *testing.T) {
 	}
 
 	// Token ids go as "prompt"; -o json passes the router's answer through.
-	out, errOut, code = ctl(t, nil, "explain", "--router", srv.URL, "--model", "llama3-8b", "--tokens", "1,2,3",
+	if h.Get("X-Kvdir-Explain-Token") != "" {
+		t.Errorf("an explain token sent without one given: %v", h)
+	}
+	out, errOut, code = ctl(t, env(map[string]string{"KVDIR_CTL_EXPLAIN_TOKEN": "s3cret"}), "explain", "--router", srv.URL, "--model", "llama3-8b", "--tokens", "1,2,3",
 		"--session-header", "X-Chat", "--session", "s9", "-o", "json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -295,7 +298,7 @@ func TestExplainAgainstRouter(t *testing.T) {
 	mu.Lock()
 	b, h = bodies[1], headers[1]
 	mu.Unlock()
-	if fmt.Sprint(b["prompt"]) != "[1 2 3]" || b["messages"] != nil || h.Get("X-Chat") != "s9" {
+	if fmt.Sprint(b["prompt"]) != "[1 2 3]" || b["messages"] != nil || h.Get("X-Chat") != "s9" || h.Get("X-Kvdir-Explain-Token") != "s3cret" {
 		t.Errorf("token request: body %v, X-Chat %q", b, h.Get("X-Chat"))
 	}
 	var doc map[string]any

@@ -49,11 +49,11 @@ type options struct {
 	cfg                                            router.Config
 	addr, workers, policy, fallback                string
 	profile, tokenizer, tokenizeURL, tokenizeModel string
-	token                                          string
+	token, explainTokenFile                        string
 	followLog                                      bool
 	directory                                      []string
 	hashBalance, seed                              int
-	sessionCacheSessions, sessionCacheTokens       int
+	sessionCacheSessions, sessionCacheBytes        int
 	shutdownTimeout                                time.Duration
 	log                                            *slog.Logger
 }
@@ -88,7 +88,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	p := &cli.Program{Name: "router", Env: "ROUTER", Summary: summary, Examples: examples, Notes: notes,
 		Usage: "router (--directory HOST:PORT,... | --workers ID=URL,...) [flags]", Getenv: getenv, Stdout: stdout, Stderr: stderr}
 	o := &options{cfg: router.DefaultConfig(), addr: "127.0.0.1:8080", policy: "kvdir", fallback: "session-hash", profile: costmodel.DefaultProfileName,
-		hashBalance: 150, tokenizer: "chatml-cl100k", sessionCacheSessions: 100000, sessionCacheTokens: 64 << 20, shutdownTimeout: 30 * time.Second}
+		hashBalance: 150, tokenizer: "chatml-cl100k", sessionCacheSessions: 100000, sessionCacheBytes: 256 << 20, shutdownTimeout: 30 * time.Second}
 	c := &o.cfg
 	fs := p.Flags()
 	p.Group("Serving and workers")
@@ -103,7 +103,13 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.BoolVar(&c.ShareIntents, "share-intents", c.ShareIntents, "with --directory: publish each placement to the directory as it happens and count the other routers' placements as this router's own (speculative entries, queued prefill, requests in flight); false places with this router's own accounting only")
 	fs.StringVar(&c.RouterID, "router-id", c.RouterID, "`ID` naming this router to the directory and the other routers, unique among them (default: host name and process id)")
 	fs.StringVar(&c.SessionHeader, "session-header", c.SessionHeader, "request header that carries the session id (optional in requests)")
-	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest request body accepted")
+	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest request body accepted, in bytes (413 beyond it); 8 MiB holds a prompt far longer than any engine's context (128k tokens of text are under 1 MiB) and bounds what one request makes the router hold and tokenize")
+	fs.IntVar(&c.MaxPromptBytes, "max-prompt-bytes", c.MaxPromptBytes, "most prompt text, in bytes, a request may ask the router to tokenize (400 beyond it): 2 MiB is over 400k tokens of English, and tokenizing the slowest 2 MiB (runs of spaces) takes 1 to 3 s of CPU")
+	fs.IntVar(&c.MaxPromptTokens, "max-prompt-tokens", c.MaxPromptTokens, "most token ids a prompt may have, given or rendered (400 beyond it)")
+	fs.DurationVar(&c.BodyTimeout, "body-timeout", c.BodyTimeout, "longest `DURATION` to receive a request body once its headers are in; a client that stalls or trickles gets 408 and its connection is closed (negative: no limit)")
+	fs.StringVar(&c.Explain, "explain", c.Explain, "who may see the router's prediction of a prompt's cached tokens (POST "+router.PathExplain+" and the "+router.HeaderPredicted+" header), which tells whether another client recently sent the same prefix: open (everyone), token (requests with the --explain-token in "+router.HeaderExplainToken+") or off")
+	fs.StringVar(&c.ExplainToken, "explain-token", c.ExplainToken, "operator `TOKEN` for --explain token (prefer "+p.EnvVar("explain-token")+" or --explain-token-file: flags show in ps)")
+	fs.StringVar(&o.explainTokenFile, "explain-token-file", o.explainTokenFile, "`FILE` holding the --explain-token (surrounding white space ignored)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", o.shutdownTimeout, "on SIGTERM, how long requests in flight may take to finish")
 	p.Group("Placement")
 	fs.StringVar(&o.policy, "policy", o.policy, "placement policy: "+strings.Join(placement.Names(), ", "))
@@ -123,7 +129,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.StringVar(&o.tokenizeURL, "tokenize-url", o.tokenizeURL, "engine /tokenize `URL` for --tokenizer remote, e.g. http://vllm:8000/tokenize")
 	fs.StringVar(&o.tokenizeModel, "tokenize-model", o.tokenizeModel, "model `name` sent to --tokenize-url")
 	fs.IntVar(&o.sessionCacheSessions, "session-cache-sessions", o.sessionCacheSessions, "sessions whose rendered tokens are kept for incremental tokenization")
-	fs.IntVar(&o.sessionCacheTokens, "session-cache-tokens", o.sessionCacheTokens, "tokens kept over all cached sessions (4 bytes each)")
+	fs.IntVar(&o.sessionCacheBytes, "session-cache-bytes", o.sessionCacheBytes, "bytes the session cache may keep over all sessions: 4 per token id plus the messages' text, which is charged too because text that tokenizes poorly (runs of spaces) is a hundred times its ids")
 	return p, o
 }
 
@@ -229,8 +235,8 @@ func configure(o *options) (router.Config, error) {
 		if err != nil {
 			return cfg, fmt.Errorf("tokenizer: %w", err)
 		}
-		if cfg.Renderer, err = router.NewLocalRenderer(tmpl, o.sessionCacheSessions, o.sessionCacheTokens); err != nil {
-			return cfg, cli.Usagef("--session-cache-sessions, --session-cache-tokens: %w", err)
+		if cfg.Renderer, err = router.NewLocalRenderer(tmpl, o.sessionCacheSessions, o.sessionCacheBytes); err != nil {
+			return cfg, cli.Usagef("--session-cache-sessions, --session-cache-bytes: %w", err)
 		}
 	case "remote":
 		if o.tokenizeURL == "" {
@@ -239,6 +245,18 @@ func configure(o *options) (router.Config, error) {
 		cfg.Renderer = router.NewRemoteRenderer(o.tokenizeURL, o.tokenizeModel, 10*time.Second)
 	default:
 		return cfg, cli.Usagef("--tokenizer %q: want chatml-cl100k or remote", o.tokenizer)
+	}
+	if o.explainTokenFile != "" {
+		if cfg.ExplainToken != "" {
+			return cfg, cli.Usagef("give --explain-token or --explain-token-file, not both")
+		}
+		b, err := os.ReadFile(o.explainTokenFile)
+		if err != nil {
+			return cfg, cli.Usagef("--explain-token-file: %w", err)
+		}
+		if cfg.ExplainToken = strings.TrimSpace(string(b)); cfg.ExplainToken == "" {
+			return cfg, cli.Usagef("--explain-token-file %s is empty", o.explainTokenFile)
+		}
 	}
 	if o.workers != "" {
 		if cfg.Static, err = parseWorkers(o.workers); err != nil {
@@ -291,6 +309,10 @@ func serve(ctx context.Context, o *options, ready chan<- string) error {
 	if err != nil {
 		return fmt.Errorf("listen on --addr %s: %w", o.addr, err)
 	}
+	// Headers must arrive within 10 s and an idle keep-alive connection
+	// is closed after 2 min; the body's deadline (--body-timeout) is set by
+	// the handler, which clears it once the body is in, so that a long
+	// streamed answer is not cut the way an http.Server ReadTimeout would.
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()

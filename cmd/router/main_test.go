@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"strings"
 	"testing"
 
@@ -65,10 +66,41 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		{[]string{"--workers", "a=http://127.0.0.1:1", "--tokenizer", "remote"}, "--tokenize-url"},
 		{[]string{"--workers", "a=ftp://x", "--addr", "127.0.0.1:0"}, "scheme"},
 		{[]string{"--workers", "a=http://127.0.0.1:1", "--addr", "256.0.0.1:80"}, "--addr"},
+		{[]string{"--workers", "a=http://127.0.0.1:1", "--explain", "token"}, "--explain token needs the token"},
+		{[]string{"--workers", "a=http://127.0.0.1:1", "--explain", "maybe"}, "want open, token or off"},
+		{[]string{"--workers", "a=http://127.0.0.1:1", "--explain-token-file", "/nonexistent/kvdir-token"}, "--explain-token-file"},
 	} {
 		err := run(context.Background(), c.args, env(nil), io.Discard, nil)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("run(%q) = %v, want an error naming %q", c.args, err, c.want)
 		}
+	}
+}
+
+// TestExplainTokenFile checks that the token is read from the file, white
+// space trimmed, and that an empty file is refused.
+func TestExplainTokenFile(t *testing.T) {
+	dir := t.TempDir()
+	good, empty := dir+"/token", dir+"/empty"
+	if err := os.WriteFile(good, []byte("  s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, o, err := parseFlags([]string{"--workers", "a=http://127.0.0.1:1", "--explain", "token", "--explain-token-file", good}, env(nil), io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := configure(o)
+	if err != nil || cfg.ExplainToken != "s3cret" {
+		t.Fatalf("token %q, %v", cfg.ExplainToken, err)
+	}
+	_, o, err = parseFlags([]string{"--workers", "a=http://127.0.0.1:1", "--explain-token-file", empty}, env(nil), io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := configure(o); err == nil || !strings.Contains(err.Error(), "is empty") {
+		t.Fatalf("empty token file: %v", err)
 	}
 }

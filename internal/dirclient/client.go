@@ -94,15 +94,19 @@ type Client struct {
 	log      *slog.Logger
 	dialOpts []grpc.DialOption
 
-	mu        sync.Mutex
-	addrs     []string // known addresses: configured first, then learned
-	conns     map[string]*grpc.ClientConn
-	preferred string               // the address that answered last
-	leader    string               // the leader's API address, if known
-	suspect   map[string]time.Time // when an address last failed
-	tokens    map[string]string    // worker id -> worker token
-	pubs      map[*Publisher]struct{}
-	closed    bool
+	mu         sync.Mutex
+	addrs      []string // known addresses: configured first, then learned
+	conns      map[string]*grpc.ClientConn
+	preferred  string               // the address that answered last
+	leader     string               // the leader's API address, if known
+	suspect    map[string]time.Time // when an address last failed
+	lastErr    error                // the latest failed attempt, with its address (LastError)
+	lastAddr   string
+	lastAt     time.Time
+	answeredAt time.Time         // when a node last answered
+	tokens     map[string]string // worker id -> worker token
+	pubs       map[*Publisher]struct{}
+	closed     bool
 
 	// onAttempt, if set (tests), is called before every attempt.
 	onAttempt func(op, addr string)
@@ -285,7 +289,7 @@ func (c *Client) order(write bool) []string {
 func (c *Client) answered(addr string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.preferred = addr
+	c.preferred, c.answeredAt = addr, time.Now()
 	delete(c.suspect, addr)
 }
 
@@ -298,6 +302,26 @@ func (c *Client) failed(addr string) {
 	if c.leader == addr {
 		c.leader = ""
 	}
+}
+
+// noteError records err as the latest failed attempt at addr.
+func (c *Client) noteError(addr string, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lastErr, c.lastAddr, c.lastAt = err, addr, time.Now()
+}
+
+// LastError returns the latest failed attempt of a call or of the worker
+// watch that another node could answer (unreachable, no leader, timed
+// out): the node's address, the error and when; err is nil if none failed
+// or a node has answered since.
+func (c *Client) LastError() (addr string, err error, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lastErr == nil || !c.lastAt.After(c.answeredAt) {
+		return "", nil, time.Time{}
+	}
+	return c.lastAddr, c.lastErr, c.lastAt
 }
 
 // recentlyFailed reports whether addr failed recently.
@@ -424,6 +448,7 @@ func call[T any](c *Client, ctx context.Context, op string, write bool, md []str
 				return zero, c.finalError(op, addr, err)
 			}
 			c.failed(addr)
+			c.noteError(addr, err)
 			tried = record(tried, addr, err)
 			c.log.Debug("dirclient: attempt failed", "op", op, "addr", addr, "err", err)
 			if ctx.Err() != nil {

@@ -46,6 +46,7 @@ func (c *Client) WatchWorkers(ctx context.Context, model string, fn func(*kvdirv
 			return c.finalError("watch workers", addr, err)
 		}
 		c.failed(addr)
+		c.noteError(addr, err)
 		if got {
 			delay = retryBase
 		}

@@ -17,6 +17,9 @@ func DefaultConfig() Config {
 	return Config{
 		SessionHeader:   DefaultSessionHeader,
 		MaxBodyBytes:    DefaultMaxBodyBytes,
+		BodyTimeout:     DefaultBodyTimeout,
+		MaxPromptBytes:  DefaultMaxPromptBytes,
+		MaxPromptTokens: DefaultMaxPromptTokens,
 		MatchTimeout:    DefaultMatchTimeout,
 		ScrapeInterval:  DefaultScrapeInterval,
 		ModelsInterval:  DefaultModelsInterval,
@@ -27,6 +30,7 @@ func DefaultConfig() Config {
 		ConnectTimeout:  DefaultConnectTimeout,
 		SessionInterval: DefaultSessionInterval,
 		ShareIntents:    true,
+		Explain:         ExplainOpen,
 	}
 }
 
@@ -63,11 +67,21 @@ func (c Config) Validate() error {
 			return fmt.Errorf("router: static worker %s: data-parallel rank %d is not 0 to %d", w.ID, w.Rank, maxRank)
 		}
 	}
+	switch c.Explain {
+	case "", ExplainOpen, ExplainOff:
+	case ExplainToken:
+		if c.ExplainToken == "" {
+			return errors.New("router: --explain token needs the token (--explain-token-file, or KVDIR_ROUTER_EXPLAIN_TOKEN)")
+		}
+	default:
+		return fmt.Errorf("router: --explain %q: want open, token or off", c.Explain)
+	}
 	if _, _, err := engineKind(c.EngineKind); err != nil {
 		return err
 	}
-	if c.MaxBodyBytes < 0 || c.MaxAttempts < 0 || c.BlockSize < 0 {
-		return fmt.Errorf("router: negative size (max body %d, max attempts %d, block size %d; 0 means the default)", c.MaxBodyBytes, c.MaxAttempts, c.BlockSize)
+	if c.MaxBodyBytes < 0 || c.MaxAttempts < 0 || c.BlockSize < 0 || c.MaxPromptBytes < 0 || c.MaxPromptTokens < 0 {
+		return fmt.Errorf("router: negative size (max body %d, max prompt bytes %d, max prompt tokens %d, max attempts %d, block size %d; 0 means the default)",
+			c.MaxBodyBytes, c.MaxPromptBytes, c.MaxPromptTokens, c.MaxAttempts, c.BlockSize)
 	}
 	for _, d := range []struct {
 		name string

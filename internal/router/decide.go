@@ -8,7 +8,11 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/follow"
 	"github.com/kvdir/kvdir/internal/placement"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
@@ -152,6 +156,9 @@ func (s *Server) candidates(model string, exclude []string, now time.Time) ([]ca
 		}
 		models := s.models()
 		if len(models) == 0 {
+			if !s.synced.Load() && s.cfg.Directory != nil {
+				return nil, unavailable("no worker is known yet: the worker list has not been loaded from the directory%s", s.directoryCause())
+			}
 			return nil, unavailable("no worker is registered yet, for model %q or any other (are the agents running and registered?)", model)
 		}
 		if !slices.Contains(models, model) {
@@ -195,6 +202,9 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 		d.ns[i] = blockhash.Namespace{Model: c.w.model(), LoRA: c.lora, CacheSalt: req.cacheSalt, BlockSize: s.blockSizeOf(c.w)}
 	}
 
+	if aerr := s.checkPromptSize(req); aerr != nil {
+		return nil, aerr
+	}
 	t0 := time.Now()
 	p, err := s.render(ctx, req)
 	if err != nil {
@@ -205,6 +215,9 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	}
 	if p.len() == 0 {
 		return nil, badRequest("the prompt is empty")
+	}
+	if p.len() > s.cfg.MaxPromptTokens {
+		return nil, badRequest("the prompt renders to %d tokens, more than the router's limit of %d (--max-prompt-tokens)", p.len(), s.cfg.MaxPromptTokens)
 	}
 	d.tokens, d.prompt = p.len(), p
 	t1 := time.Now()
@@ -253,6 +266,28 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	return d, nil
 }
 
+// checkPromptSize refuses a request whose prompt text or token ids exceed
+// the router's bounds, before any of it is tokenized.
+func (s *Server) checkPromptSize(req *request) *apiError {
+	if !req.chat && req.prompt.IsTokens {
+		if n := len(req.prompt.Tokens); n > s.cfg.MaxPromptTokens {
+			return badRequest("the prompt has %d token ids, more than the router's limit of %d (--max-prompt-tokens)", n, s.cfg.MaxPromptTokens)
+		}
+		return nil
+	}
+	n := len(req.prompt.Text)
+	for _, m := range req.messages {
+		n += len(m.Role) + len(m.Content.Text)
+		for _, p := range m.Content.Parts {
+			n += len(p.Text)
+		}
+	}
+	if n > s.cfg.MaxPromptBytes {
+		return badRequest("the prompt has %d bytes of text, more than the router's limit of %d (--max-prompt-bytes)", n, s.cfg.MaxPromptBytes)
+	}
+	return nil
+}
+
 // render renders req's prompt: a session's chat turn incrementally, as
 // pieces shared with its previous turn, when the renderer can.
 func (s *Server) render(ctx context.Context, req *request) (*prompt, error) {
@@ -286,7 +321,7 @@ func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(
 	} else if until != 0 && !s.dirPausedUntil.CompareAndSwap(until, 0) {
 		return FallbackDown // another request is the one trying again
 	}
-	reason := s.lookup(ctx, d, chainFor)
+	reason, err := s.lookup(ctx, d, chainFor)
 	switch {
 	case reason == "":
 		s.dirFailures.Store(0)
@@ -295,15 +330,43 @@ func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(
 	case s.dirFailures.Add(1) >= breakerFailures:
 		s.dirFailures.Store(0)
 		s.dirPausedUntil.Store(time.Now().Add(s.breakerPause).UnixNano())
-		s.log.Warn("router: directory look-ups failing; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause)
+		s.log.Warn("router: directory look-ups failing; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause, "err", err)
 	}
 	return reason
 }
 
+// refused reports whether err is a look-up that no directory node took:
+// every node tried refused the connection or answered Unavailable (down,
+// no leader) rather than being slow. The client retries such nodes until
+// the deadline, so the call ends with the deadline passed, yet the
+// directory is down, not slow.
+func refused(err error) bool {
+	var ue *dirclient.UnreachableError
+	if !errors.As(err, &ue) || len(ue.Attempts) == 0 {
+		return false
+	}
+	for _, e := range ue.Attempts {
+		if status.Code(e) != codes.Unavailable {
+			return false
+		}
+	}
+	return true
+}
+
+// directoryCause says why the directory has not answered, from its
+// client's latest failed attempt ("" if none is known).
+func (s *Server) directoryCause() string {
+	addr, err, at := s.cfg.Directory.LastError()
+	if err == nil {
+		return " (no node has answered yet)"
+	}
+	return fmt.Sprintf(" (last attempt, at %s %v ago: %v)", addr, time.Since(at).Round(time.Millisecond), err)
+}
+
 // lookup asks the directory for d's chain in every namespace (model, LoRA
 // adapter, block size: each of a worker's learned sizes) of its workers and
-// fills d.dirBy; it returns the fallback reason, or "".
-func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhash.Namespace) ([]uint64, error)) string {
+// fills d.dirBy; it returns the fallback reason, or "", and the error.
+func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhash.Namespace) ([]uint64, error)) (string, error) {
 	groups := map[blockhash.Namespace]bool{}
 	for i, w := range d.workers {
 		for _, bs := range s.blockSizesOf(w) {
@@ -327,18 +390,18 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 	for ns := range groups {
 		chain, err := chainFor(ns)
 		if err != nil {
-			return FallbackError
+			return FallbackError, err
 		}
 		start := time.Now()
 		resp, err := m.MatchChain(mctx, chain, uint32(ns.BlockSize), false)
 		s.metrics.matches.WithLabelValues(source).Inc()
 		s.metrics.dirLookup.Observe(time.Since(start).Seconds())
 		if err != nil {
-			if errors.Is(mctx.Err(), context.DeadlineExceeded) {
-				return FallbackTimeout
+			if errors.Is(mctx.Err(), context.DeadlineExceeded) && !refused(err) {
+				return FallbackTimeout, err
 			}
 			s.log.Debug("router: directory match failed", "err", err)
-			return FallbackError
+			return FallbackError, err
 		}
 		byID := make(map[string]int, len(resp.GetMatches()))
 		for _, m := range resp.GetMatches() {
@@ -346,7 +409,7 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 		}
 		d.dirBy[ns] = byID
 	}
-	return ""
+	return "", nil
 }
 
 // String summarises d for logs.

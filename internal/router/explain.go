@@ -1,6 +1,7 @@
 package router
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"net/http"
 	"time"
@@ -78,7 +79,15 @@ type WorkerScore struct {
 // serveExplain scores a chat or completion request (told apart by the
 // presence of "messages") without placing it.
 func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
-	body, aerr := readBody(r, s.cfg.MaxBodyBytes)
+	if !s.explainAllowed(r) {
+		msg := "the explain endpoint is off on this router (--explain off)"
+		if s.cfg.Explain == ExplainToken {
+			msg = "the explain endpoint needs the operator's token in the " + HeaderExplainToken + " header (--explain token)"
+		}
+		writeError(w, &apiError{status: http.StatusForbidden, kind: "PermissionDeniedError", msg: msg})
+		return
+	}
+	body, aerr := s.readBody(w, r)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
@@ -135,3 +144,29 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+// Explain modes (Config.Explain): who may see what the router predicts a
+// worker has cached for a prompt.
+const (
+	ExplainOpen  = "open"  // every client: explain and HeaderPredicted
+	ExplainToken = "token" // requests carrying Config.ExplainToken in HeaderExplainToken
+	ExplainOff   = "off"   // nobody
+)
+
+// HeaderExplainToken carries the operator's explain token; the router never
+// forwards it to an engine.
+const HeaderExplainToken = "X-Kvdir-Explain-Token"
+
+// explainAllowed reports whether r may see predictions of what is cached
+// (the explain endpoint and HeaderPredicted): they tell whether another
+// client recently sent a prompt with the same prefix.
+func (s *Server) explainAllowed(r *http.Request) bool {
+	switch s.cfg.Explain {
+	case ExplainOpen, "":
+		return true
+	case ExplainToken:
+		got := r.Header.Get(HeaderExplainToken)
+		return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.ExplainToken)) == 1
+	}
+	return false
+}

@@ -35,6 +35,7 @@ type metrics struct {
 	sessionBatches *prometheus.CounterVec
 	scrapeFailures *prometheus.CounterVec
 	modelsFailures *prometheus.CounterVec
+	bodiesReading  prometheus.Gauge
 
 	intentsSent, intentsReceived, intentsDropped prometheus.Counter
 }
@@ -76,6 +77,8 @@ func newMetrics(numWorkers func() float64) *metrics {
 		modelsFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_engine_models_failures_total",
 			Help: "Failed reads of an engine's /v1/models (the last list is kept), by worker and reason (unreachable, status, read)."}, []string{"worker", "reason"}),
 	}
+	m.bodiesReading = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvdir_router_request_bodies_reading",
+		Help: "Requests whose body the router is still receiving (slow or stalled clients show here until --body-timeout)."})
 	m.matches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_matches_total",
 		Help: "Directory look-ups by what answered them: local (the router's replica of the directory) or directory (a node, over gRPC)."}, []string{"source"})
 	m.intentsSent = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_router_intents_sent_total",
@@ -84,7 +87,7 @@ func newMetrics(numWorkers func() float64) *metrics {
 		Help: "Other routers' placement intents (and updates) received from the directory's Share stream."})
 	m.intentsDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_router_intents_dropped_total",
 		Help: "This router's placement intents dropped before they expired (over its bound of live intents)."})
-	m.reg.MustRegister(m.intentsSent, m.intentsReceived, m.intentsDropped)
+	m.reg.MustRegister(m.bodiesReading, m.intentsSent, m.intentsReceived, m.intentsDropped)
 	m.reg.MustRegister(m.matches, m.modelsFailures, m.requests, m.decision, m.dirLookup, m.fallbacks, m.retries, m.predicted, m.engineCached,
 		m.promptTokens, m.ttft, m.workers, m.inflight, m.sessionsLost, m.sessionBatches, m.scrapeFailures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

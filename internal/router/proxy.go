@@ -34,13 +34,15 @@ var hopHeaders = map[string]bool{
 	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
 	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 	"Content-Length": true, "Host": true,
+	// The operator's explain token is for the router, never an engine.
+	HeaderExplainToken: true,
 	// The router reads usage from the response, so it asks for it uncompressed.
 	"Accept-Encoding": true,
 }
 
 // serveProxy handles POST /v1/chat/completions and /v1/completions.
 func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
-	req, aerr := s.readRequest(r, chat)
+	req, aerr := s.readRequest(w, r, chat)
 	if aerr != nil {
 		s.metrics.requests.WithLabelValues("none", s.policy.Name(), OutcomeRejected).Inc()
 		writeError(w, aerr)
@@ -110,8 +112,8 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
 }
 
 // readRequest reads, parses and checks the client's request.
-func (s *Server) readRequest(r *http.Request, chat bool) (*request, *apiError) {
-	body, aerr := readBody(r, s.cfg.MaxBodyBytes)
+func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, chat bool) (*request, *apiError) {
+	body, aerr := s.readBody(w, r)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -180,7 +182,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 	if resp.ContentLength >= 0 {
 		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
 	}
-	s.decorate(h, d)
+	s.decorate(h, d, s.explainAllowed(r))
 	w.WriteHeader(resp.StatusCode)
 
 	flusher, _ := w.(http.Flusher)
@@ -263,10 +265,13 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 	}
 }
 
-// decorate adds the router's headers for decision d.
-func (s *Server) decorate(h http.Header, d *decision) {
+// decorate adds the router's headers for decision d; the predicted cached
+// tokens only when predicted is set (explainAllowed).
+func (s *Server) decorate(h http.Header, d *decision, predicted bool) {
 	h.Set(HeaderWorker, d.pick.Worker)
-	h.Set(HeaderPredicted, strconv.Itoa(d.pick.PredictedCachedTokens))
+	if predicted {
+		h.Set(HeaderPredicted, strconv.Itoa(d.pick.PredictedCachedTokens))
+	}
 	h.Set(HeaderPolicy, d.policy)
 	if d.fallback != "" {
 		h.Set(HeaderFallback, d.fallback)

@@ -31,9 +31,11 @@ type LocalRenderer struct {
 }
 
 // NewLocalRenderer returns a renderer over tmpl whose session cache holds
-// at most maxSessions sessions and maxTokens tokens.
-func NewLocalRenderer(tmpl tokenize.Template, maxSessions, maxTokens int) (*LocalRenderer, error) {
-	c, err := tokenize.NewSessionCache(tmpl, maxSessions, maxTokens)
+// at most maxSessions sessions and maxBytes bytes of token ids and message
+// text (tokenize.SessionCache; the block hashes the router attaches, 8
+// bytes per block, are not charged).
+func NewLocalRenderer(tmpl tokenize.Template, maxSessions, maxBytes int) (*LocalRenderer, error) {
+	c, err := tokenize.NewSessionCache(tmpl, maxSessions, maxBytes)
 	if err != nil {
 		return nil, fmt.Errorf("router: session cache: %w", err)
 	}

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
+	"time"
 
 	"github.com/kvdir/kvdir/internal/openai"
 	"github.com/kvdir/kvdir/internal/tokenize"
@@ -36,15 +39,38 @@ type request struct {
 	prompt   openai.Prompt
 }
 
-// readBody reads at most limit bytes of r's body.
-func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
+// initialBodyBuffer is the most readBody reserves before bytes arrive: a
+// client's Content-Length alone never makes the router hold more, the
+// buffer grows with the bytes actually read.
+const initialBodyBuffer = 64 << 10
+
+// readBody reads at most Config.MaxBodyBytes of r's body, within
+// Config.BodyTimeout of the call.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	limit := s.cfg.MaxBodyBytes
 	tooLarge := &apiError{status: http.StatusRequestEntityTooLarge, kind: "BadRequestError",
 		msg: "request body is larger than the router's limit of " + strconv.FormatInt(limit, 10) + " bytes"}
 	if r.ContentLength > limit {
 		return nil, tooLarge
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, max(min(r.ContentLength, limit), 512)+1))
+	if t := s.cfg.BodyTimeout; t > 0 {
+		// Not every ResponseWriter supports deadlines (ErrNotSupported);
+		// net/http's HTTP/1 and HTTP/2 servers do.
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(t)) == nil {
+			// Cleared once the body is in: the rest of the request (a
+			// streamed answer) is not bounded by it.
+			defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+		}
+	}
+	s.metrics.bodiesReading.Inc()
+	defer s.metrics.bodiesReading.Dec()
+	buf := bytes.NewBuffer(make([]byte, 0, min(max(r.ContentLength, 512), initialBodyBuffer)+1))
 	n, err := io.Copy(buf, io.LimitReader(r.Body, limit+1))
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil, &apiError{status: http.StatusRequestTimeout, kind: "BadRequestError",
+			msg: fmt.Sprintf("request body not received within the router's body timeout of %v (%d bytes arrived)", s.cfg.BodyTimeout, n)}
+	}
 	if err != nil {
 		return nil, badRequest("reading the request body: %v", err)
 	}

@@ -23,8 +23,22 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultSessionHeader  = "X-Session-Id"
-	DefaultMaxBodyBytes   = 32 << 20
+	DefaultSessionHeader = "X-Session-Id"
+	// DefaultMaxBodyBytes is 8 MiB: a 128k-token context is well under
+	// 1 MiB of English text, and a prompt of a million token ids under
+	// 8 MiB of JSON, so no request an engine could serve is refused, while
+	// the bytes a request makes the router hold and tokenize stay small.
+	DefaultMaxBodyBytes = 8 << 20
+	// DefaultMaxPromptBytes bounds the prompt text tokenized per request:
+	// 2 MiB is over 400k tokens of English, and the slowest text for the
+	// built-in tokenizer (long runs of spaces) takes 1 to 3 s of CPU
+	// (BenchmarkRenderCompletion1MiB in internal/tokenize).
+	DefaultMaxPromptBytes = 2 << 20
+	// DefaultMaxPromptTokens bounds the token ids of a prompt, given or
+	// rendered: above any engine's context length.
+	DefaultMaxPromptTokens = 1 << 20
+	// DefaultBodyTimeout bounds receiving a request body.
+	DefaultBodyTimeout    = 30 * time.Second
 	DefaultMatchTimeout   = 5 * time.Millisecond
 	DefaultScrapeInterval = 100 * time.Millisecond
 	DefaultSpecTTL        = 5 * time.Second
@@ -83,6 +97,24 @@ type Config struct {
 	SessionHeader string
 	// MaxBodyBytes bounds request bodies.
 	MaxBodyBytes int64
+	// MaxPromptBytes bounds the prompt text (message contents, or a
+	// completion's prompt) a request may ask the router to tokenize;
+	// MaxPromptTokens the token ids of its prompt, given or rendered.
+	// Requests beyond either are refused with 400 before any engine sees
+	// them (defaults 2 MiB and 1 Mi tokens).
+	MaxPromptBytes  int
+	MaxPromptTokens int
+	// Explain says who may see the router's prediction of a prompt's
+	// cached tokens, the explain endpoint and HeaderPredicted, which tell
+	// whether another client sent the same prefix: ExplainOpen (the
+	// default, or ""), ExplainToken (requests with ExplainToken in
+	// HeaderExplainToken) or ExplainOff.
+	Explain      string
+	ExplainToken string
+	// BodyTimeout bounds the time to receive a request body, from the
+	// handler's start (default 30 s; negative disables): a client that
+	// stalls or trickles gets 408 and its connection is closed.
+	BodyTimeout time.Duration
 	// MatchTimeout is the directory look-up deadline.
 	MatchTimeout time.Duration
 	// ScrapeInterval is how often each engine's /metrics is read.
@@ -142,12 +174,19 @@ func (c *Config) setDefaults() error {
 	def(&c.LocalMaxStale, max(DefaultLocalMaxStale, c.LocalStaleAfter))
 	def(&c.DownFor, DefaultDownFor)
 	def(&c.ConnectTimeout, DefaultConnectTimeout)
+	def(&c.BodyTimeout, DefaultBodyTimeout)
 	def(&c.SessionInterval, DefaultSessionInterval)
 	if c.SessionHeader == "" {
 		c.SessionHeader = DefaultSessionHeader
 	}
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxPromptBytes <= 0 {
+		c.MaxPromptBytes = DefaultMaxPromptBytes
+	}
+	if c.MaxPromptTokens <= 0 {
+		c.MaxPromptTokens = DefaultMaxPromptTokens
 	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = DefaultMaxAttempts

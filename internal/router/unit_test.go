@@ -27,7 +27,7 @@ func mustRenderer(t testing.TB) *LocalRenderer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := NewLocalRenderer(tmpl, 1000, 1<<22)
+	r, err := NewLocalRenderer(tmpl, 1000, 1<<24)
 	if err != nil {
 		t.Fatal(err)
 	}

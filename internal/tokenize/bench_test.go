@@ -169,3 +169,28 @@ func BenchmarkLoadCL100K(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRenderCompletion1MiB tokenizes 1 MiB of pseudo-English text and
+// 1 MiB of spaces, the slowest input: what the router's --max-prompt-bytes
+// bounds per request.
+func BenchmarkRenderCompletion1MiB(b *testing.B) {
+	tmpl := mustChatML(b)
+	r := rand.New(rand.NewPCG(1, 1))
+	var sb strings.Builder
+	for sb.Len() < 1<<20 {
+		sb.WriteString(benchWords[r.IntN(len(benchWords))])
+		sb.WriteByte(' ')
+	}
+	inputs := []struct{ name, s string }{
+		{"text", sb.String()[:1<<20]},
+		{"spaces", strings.Repeat(" ", 1<<20)},
+	}
+	for _, in := range inputs {
+		b.Run(in.name, func(b *testing.B) {
+			b.SetBytes(int64(len(in.s)))
+			for b.Loop() {
+				tmpl.RenderCompletion(in.s)
+			}
+		})
+	}
+}

@@ -20,29 +20,49 @@ import (
 // so a turn costs the new messages' tokens, not the whole conversation's
 // (RenderSession); Render copies the pieces into one slice.
 //
-// The cache is an LRU bounded by the number of sessions and by the total
-// number of cached tokens; a session whose rendering alone exceeds the token
-// bound is not cached. Besides 4 bytes per cached token, an entry keeps its
-// messages' text (about as much again for English) and what callers attach
-// to its Rendering (SetAux). It is safe for concurrent use; tokenization
+// The cache is an LRU bounded by the number of sessions and by the bytes
+// its entries keep: 4 per token id, the messages' role and text (which for
+// text that tokenizes poorly, such as runs of spaces, is a hundred times
+// the ids), the session id and a fixed overhead per entry and message. A
+// session whose entry alone exceeds the byte bound is not cached. What
+// callers attach to a Rendering (SetAux) is not charged. It is safe for
+// concurrent use; tokenization
 // runs outside its lock. When two turns of one session render concurrently,
 // the one that finishes last is the one remembered.
 type SessionCache struct {
 	tmpl        Template
 	gen         []uint32 // the template's generation prompt, shared by the renderings
 	maxSessions int
-	maxTokens   int
+	maxBytes    int
 
 	mu       sync.Mutex
 	lru      list.List // of *sessionEntry, most recently used first
 	sessions map[string]*list.Element
-	tokens   int
+	tokens   int // ids over all entries
+	bytes    int // entries' sizes (sessionEntry.size) over all entries
 }
 
 // sessionEntry is a session's latest rendering.
 type sessionEntry struct {
-	id string
-	r  *Rendering
+	id   string
+	r    *Rendering
+	size int // bytes charged for the entry
+}
+
+// Bytes charged besides ids and text: an entry (list element, map slot,
+// Rendering) and each message (cachedMessage).
+const (
+	entryOverhead   = 256
+	messageOverhead = 64
+)
+
+// entrySize is what an entry for r under id is charged.
+func entrySize(id string, r *Rendering) int {
+	n := entryOverhead + 2*len(id) + 4*r.Len()
+	for _, m := range r.msgs {
+		n += messageOverhead + len(m.role) + len(m.text)
+	}
+	return n
 }
 
 // Rendering is a rendered chat conversation: each message's ids, in pieces
@@ -132,19 +152,19 @@ func (r *Rendering) Aux(key any) (any, bool) {
 }
 
 // NewSessionCache returns a cache over tmpl holding at most maxSessions
-// sessions and maxTokens tokens in total (both must be positive).
-func NewSessionCache(tmpl Template, maxSessions, maxTokens int) (*SessionCache, error) {
+// sessions and maxBytes bytes of entries in total (both must be positive).
+func NewSessionCache(tmpl Template, maxSessions, maxBytes int) (*SessionCache, error) {
 	if tmpl == nil {
 		return nil, errors.New("tokenize: session cache: nil template")
 	}
-	if maxSessions <= 0 || maxTokens <= 0 {
-		return nil, fmt.Errorf("tokenize: session cache: bounds must be positive (sessions %d, tokens %d)", maxSessions, maxTokens)
+	if maxSessions <= 0 || maxBytes <= 0 {
+		return nil, fmt.Errorf("tokenize: session cache: bounds must be positive (sessions %d, bytes %d)", maxSessions, maxBytes)
 	}
 	return &SessionCache{
 		tmpl:        tmpl,
 		gen:         slices.Clip(tmpl.AppendGenerationPrompt(nil)),
 		maxSessions: maxSessions,
-		maxTokens:   maxTokens,
+		maxBytes:    maxBytes,
 		sessions:    make(map[string]*list.Element),
 	}, nil
 }
@@ -233,7 +253,7 @@ func (c *SessionCache) RenderSession(sessionID string, msgs []Message, addGenera
 		r.flat = own
 	}
 	if sessionID != "" {
-		c.store(&sessionEntry{id: sessionID, r: r})
+		c.store(&sessionEntry{id: sessionID, r: r, size: entrySize(sessionID, r)})
 	}
 	return r, base, shared, nil
 }
@@ -265,7 +285,7 @@ func (c *SessionCache) store(e *sessionEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	el, ok := c.sessions[e.id]
-	if e.r.n > c.maxTokens {
+	if e.size > c.maxBytes {
 		// Too large to cache: drop the stale entry rather than flush others.
 		if ok {
 			c.removeLocked(el)
@@ -273,14 +293,17 @@ func (c *SessionCache) store(e *sessionEntry) {
 		return
 	}
 	if ok {
-		c.tokens -= el.Value.(*sessionEntry).r.n
+		old := el.Value.(*sessionEntry)
+		c.tokens -= old.r.n
+		c.bytes -= old.size
 		el.Value = e
 		c.lru.MoveToFront(el)
 	} else {
 		c.sessions[e.id] = c.lru.PushFront(e)
 	}
 	c.tokens += e.r.n
-	for c.lru.Len() > c.maxSessions || c.tokens > c.maxTokens {
+	c.bytes += e.size
+	for c.lru.Len() > c.maxSessions || c.bytes > c.maxBytes {
 		c.removeLocked(c.lru.Back())
 	}
 }
@@ -289,6 +312,7 @@ func (c *SessionCache) removeLocked(el *list.Element) {
 	e := c.lru.Remove(el).(*sessionEntry)
 	delete(c.sessions, e.id)
 	c.tokens -= e.r.n
+	c.bytes -= e.size
 }
 
 // Forget drops a session's entry, if any.
@@ -305,6 +329,14 @@ func (c *SessionCache) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.lru.Len()
+}
+
+// Bytes returns the bytes charged over all cached sessions, at most the
+// cache's byte bound.
+func (c *SessionCache) Bytes() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.bytes
 }
 
 // Tokens returns the number of cached tokens over all sessions.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -224,7 +225,7 @@ func msgs(texts ...string) []Message {
 
 func TestSessionCacheReuse(t *testing.T) {
 	tmpl := mustChatML(t)
-	cache, err := NewSessionCache(tmpl, 10, 1000)
+	cache, err := NewSessionCache(tmpl, 10, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func TestSessionCacheBounds(t *testing.T) {
 
 	one := msgs("hello")
 	per := renderedLen(t, tmpl, one)
-	cache, err := NewSessionCache(tmpl, 3, 1000)
+	cache, err := NewSessionCache(tmpl, 3, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,8 +295,19 @@ func TestSessionCacheBounds(t *testing.T) {
 		}
 	}
 
-	// Token bound: room for two one-message sessions.
-	cache, err = NewSessionCache(tmpl, 100, 2*per+1)
+	// Byte bound: room for two one-message sessions.
+	probe, err := NewSessionCache(tmpl, 1, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := probe.Render("x", one, false); err != nil {
+		t.Fatal(err)
+	}
+	size := probe.Bytes()
+	if size < 4*per+len("hello") {
+		t.Fatalf("a session of %d ids and 5 bytes of text charged %d bytes", per, size)
+	}
+	cache, err = NewSessionCache(tmpl, 100, 2*size+1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,28 +315,63 @@ func TestSessionCacheBounds(t *testing.T) {
 		if _, _, err := cache.Render(s, one, false); err != nil {
 			t.Fatal(err)
 		}
-		if cache.Tokens() > 2*per+1 {
-			t.Fatalf("tokens %d over bound %d", cache.Tokens(), 2*per+1)
+		if cache.Bytes() > 2*size+1 {
+			t.Fatalf("bytes %d over bound %d", cache.Bytes(), 2*size+1)
 		}
 	}
-	if cache.Len() != 2 {
-		t.Fatalf("len %d, want 2", cache.Len())
+	if cache.Len() != 2 || cache.Tokens() != 2*per {
+		t.Fatalf("len %d tokens %d, want 2 and %d", cache.Len(), cache.Tokens(), 2*per)
 	}
 	// A session larger than the bound is not cached and evicts nobody.
 	big := msgs(strings.Repeat("word ", 100))
 	if _, _, err := cache.Render("big", big, false); err != nil {
 		t.Fatal(err)
 	}
-	if cache.Len() != 2 || cache.Tokens() != 2*per {
-		t.Fatalf("after oversize session: len %d tokens %d", cache.Len(), cache.Tokens())
+	if cache.Len() != 2 || cache.Bytes() != 2*size {
+		t.Fatalf("after oversize session: len %d bytes %d", cache.Len(), cache.Bytes())
 	}
 	// Growing an existing session past the bound drops it.
 	if _, _, err := cache.Render("z", append(slices.Clone(one), big...), false); err != nil {
 		t.Fatal(err)
 	}
-	if cache.Len() != 1 || cache.Tokens() != per {
-		t.Fatalf("after oversize growth: len %d tokens %d", cache.Len(), cache.Tokens())
+	if cache.Len() != 1 || cache.Bytes() != size || cache.Tokens() != per {
+		t.Fatalf("after oversize growth: len %d bytes %d tokens %d", cache.Len(), cache.Bytes(), cache.Tokens())
 	}
+}
+
+// TestSessionCacheBoundsMemory fills a cache with sessions whose text is as
+// large as their ids: the live heap the cache keeps, measured after a
+// garbage collection, stays within its byte bound, text included.
+func TestSessionCacheBoundsMemory(t *testing.T) {
+	tmpl := mustChatML(t)
+	const bound = 4 << 20
+	heap := func() int64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return int64(ms.HeapAlloc)
+	}
+	base := heap()
+	cache, err := NewSessionCache(tmpl, 1000, bound)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 16 {
+		text := strings.Repeat(fmt.Sprintf("the cat %d sat on a mat ", i), (512<<10)/24)
+		if _, _, err := cache.Render(fmt.Sprintf("s%d", i), []Message{{Role: "user", Content: TextContent(text)}}, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cache.Bytes() > bound {
+		t.Fatalf("cache charged %d bytes, over its bound %d", cache.Bytes(), bound)
+	}
+	// Slack for the tokenizer's pooled scratch buffer and runtime noise.
+	const slack = 2 << 20
+	if held := heap() - base; held > bound+slack {
+		t.Fatalf("cache of %d sessions (%d tokens) holds %d bytes of heap, over its bound %d (+%d slack)",
+			cache.Len(), cache.Tokens(), held, bound, slack)
+	}
+	runtime.KeepAlive(cache)
 }
 
 func TestSessionCacheConcurrent(t *testing.T) {
