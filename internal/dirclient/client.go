@@ -100,7 +100,7 @@ type Client struct {
 	preferred  string               // the address that answered last
 	leader     string               // the leader's API address, if known
 	suspect    map[string]time.Time // when an address last failed
-	lastErr    error                // the latest failed attempt, with its address (LastError)
+	lastErr    error                // the latest failed attempt, with its address (LastFailure)
 	lastAddr   string
 	lastAt     time.Time
 	answeredAt time.Time         // when a node last answered
@@ -311,17 +311,23 @@ func (c *Client) noteError(addr string, err error) {
 	c.lastErr, c.lastAddr, c.lastAt = err, addr, time.Now()
 }
 
-// LastError returns the latest failed attempt of a call or of the worker
+// Failure is a failed attempt at one node.
+type Failure struct {
+	Addr string    // the node's address
+	Err  error     // what failed
+	At   time.Time // when
+}
+
+// LastFailure returns the latest failed attempt of a call or of the worker
 // watch that another node could answer (unreachable, no leader, timed
-// out): the node's address, the error and when; err is nil if none failed
-// or a node has answered since.
-func (c *Client) LastError() (addr string, err error, at time.Time) {
+// out); ok is false if none failed or a node has answered since.
+func (c *Client) LastFailure() (f Failure, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.lastErr == nil || !c.lastAt.After(c.answeredAt) {
-		return "", nil, time.Time{}
+		return Failure{}, false
 	}
-	return c.lastAddr, c.lastErr, c.lastAt
+	return Failure{Addr: c.lastAddr, Err: c.lastErr, At: c.lastAt}, true
 }
 
 // recentlyFailed reports whether addr failed recently.

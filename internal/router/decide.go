@@ -356,11 +356,11 @@ func refused(err error) bool {
 // directoryCause says why the directory has not answered, from its
 // client's latest failed attempt ("" if none is known).
 func (s *Server) directoryCause() string {
-	addr, err, at := s.cfg.Directory.LastError()
-	if err == nil {
+	f, ok := s.cfg.Directory.LastFailure()
+	if !ok {
 		return " (no node has answered yet)"
 	}
-	return fmt.Sprintf(" (last attempt, at %s %v ago: %v)", addr, time.Since(at).Round(time.Millisecond), err)
+	return fmt.Sprintf(" (last attempt, at %s %v ago: %v)", f.Addr, time.Since(f.At).Round(time.Millisecond), f.Err)
 }
 
 // lookup asks the directory for d's chain in every namespace (model, LoRA
