@@ -539,9 +539,15 @@ func (a *Agent) rebuild(ctx context.Context) {
 	// partial replay still translates children of older blocks.
 	a.trMu.Lock()
 	a.tr.ForgetHeld()
+	stored := a.tr.Len() > 0
 	a.trMu.Unlock()
 	a.pending, a.pendingBlocks = nil, 0
 	if a.pull != nil || a.cfg.ReplayEndpoint == "" {
+		if !stored {
+			// No store seen yet: the view the directory dropped was empty.
+			a.m.rebuilds.WithLabelValues(rebuildComplete).Inc()
+			return
+		}
 		a.m.rebuilds.WithLabelValues(rebuildPartial).Inc()
 		a.setPartial(true, "the engine has no replay endpoint; blocks it holds are not in the directory until it stores them again")
 		return
