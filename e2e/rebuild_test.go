@@ -146,3 +146,25 @@ func TestRebuildPartialWithoutReplay(t *testing.T) {
 		t.Errorf("agent log has no partial warning:\n%s", e.Agent.Tail(50))
 	}
 }
+
+// TestRebuildPartialShortReplayBuffer runs an engine whose replay buffer
+// keeps fewer batches than its cache was filled by: after an expiry the
+// replay starts after the engine's first batch, and the worker is partial.
+func TestRebuildPartialShortReplayBuffer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f := fleet.New(t, fleet.Config{Engines: 1, EngineArgs: []string{"--replay-buffer-steps", "2"},
+		AgentArgs: []string{"--heartbeat-interval", "200ms"}})
+	e := f.Engines[0]
+	before := warmEngine(t, ctx, f, e)
+	if _, errOut, code := ctl(t, "--directory", f.DirectoryAddrs(), "expire", e.WorkerID); code != 0 {
+		t.Fatalf("kvdirctl expire: exit %d: %s", code, errOut)
+	}
+	testkit.Eventually(t, 15*time.Second, e.WorkerID+" re-registered and marked partial", func() (bool, string) {
+		w, ok := ctlWorker(t, f, e.WorkerID)
+		return ok && w.Epoch > before.Epoch && w.ViewPartial, fmt.Sprintf("epoch %d, partial %v, %d blocks", w.Epoch, w.ViewPartial, w.Blocks)
+	})
+	if w, _ := ctlWorker(t, f, e.WorkerID); w.Blocks >= before.Blocks {
+		t.Errorf("%d blocks rebuilt from a 2-batch buffer, %d before: the buffer covered the cache", w.Blocks, before.Blocks)
+	}
+}
