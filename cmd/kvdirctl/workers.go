@@ -25,6 +25,7 @@ func (a *app) workerView(w *kvdirv1.Worker) ctlview.Worker {
 		Blocks: w.Blocks, GPUBlocks: w.GpuBlocks, CPUBlocks: w.CpuBlocks, DiskBlocks: w.DiskBlocks, RemoteBlocks: w.RemoteBlocks,
 		KVUsage: l.GetKvUsage(), KVBlocks: l.GetKvBlocks(), Running: l.GetRunning(), Waiting: l.GetWaiting(),
 		PrefixQueries: l.GetPrefixQueries(), PrefixHits: l.GetPrefixHits(), Labels: s.GetLabels(),
+		ViewPartial: l.GetViewPartial(),
 	}
 	if r := s.DataParallelRank; r != nil {
 		rank := *r
@@ -58,6 +59,15 @@ func enumName(s, prefix string) string {
 	return s
 }
 
+// stateText is v's state for the table, "(partial)" appended while its
+// agent reports a view that may miss blocks the engine holds.
+func stateText(v ctlview.Worker) string {
+	if v.ViewPartial {
+		return v.State + "(partial)"
+	}
+	return v.State
+}
+
 func heartbeat(v ctlview.Worker) string {
 	if v.HeartbeatAge == nil {
 		return "never"
@@ -83,6 +93,9 @@ DEREGISTERED), epoch (bumped at every registration), blocks held in the
 index, and their load as their agent last reported it: KV-cache usage,
 running and waiting requests, the engine's prefix-cache hit rate (in tokens,
 since the engine started) and how long ago the load was recorded.
+A state such as ACTIVE(partial) means the worker's agent could not rebuild
+its view from the engine's replay at its latest registration: the index may
+miss blocks the engine holds until the engine stores them again.
 BLOCK-SIZE is the block size(s) learned from the worker's KV events, which
 routers hash prompts with; "16?" is a registered size no event confirmed yet.
 
@@ -113,7 +126,7 @@ routers hash prompts with; "16?" is a registered size no event confirmed yet.
 					}
 					t := clitable.NewTab("ID", "ADDRESS", "MODEL", "STATE", "EPOCH", "BLOCKS", "KV-USAGE", "RUNNING", "WAITING", "PREFIX-HIT", "HEARTBEAT", "BLOCK-SIZE")
 					for _, v := range doc.Workers {
-						t.Add(v.ID, rankedAddress(v), v.Model, v.State, v.Epoch, v.Blocks, clitable.Percent(v.KVUsage, 1),
+						t.Add(v.ID, rankedAddress(v), v.Model, stateText(v), v.Epoch, v.Blocks, clitable.Percent(v.KVUsage, 1),
 							v.Running, v.Waiting, clitable.Percent(float64(v.PrefixHits), float64(v.PrefixQueries)), heartbeat(v),
 							blockSizesText(v))
 					}

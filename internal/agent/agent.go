@@ -14,6 +14,7 @@ import (
 	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // Defaults of Config.
@@ -147,6 +148,14 @@ type Agent struct {
 	lastQueries  float64   // heartbeat goroutine only
 	lastGen      uint64    // heartbeat goroutine only
 	lastEventAt  time.Time // main loop only: when the last live event arrived
+
+	// partial: the directory's view of the worker may miss blocks the
+	// engine holds (the last rebuild could not cover its cache); sent with
+	// every heartbeat and exported as kvdir_agent_view_partial.
+	partial atomic.Bool
+	// registered: a registration succeeded once, so the next one replaces
+	// an epoch whose view the directory dropped (main loop only).
+	registered bool
 
 	// Main-loop state.
 	pub           *dirclient.Publisher
@@ -359,6 +368,14 @@ func (a *Agent) shutdown() {
 // next batch starts with AllCleared. On failure it leaves a.pub nil and the
 // main loop retries.
 func (a *Agent) register(ctx context.Context) {
+	if a.registerEpoch(ctx) && a.registered {
+		a.rebuild(ctx)
+	}
+	a.registered = a.registered || a.pub != nil
+}
+
+// registerEpoch registers the worker and reports whether it succeeded.
+func (a *Agent) registerEpoch(ctx context.Context) bool {
 	a.lastReg = time.Now()
 	if a.pub != nil {
 		a.pub.Close()
@@ -374,7 +391,7 @@ func (a *Agent) register(ctx context.Context) {
 	})
 	if err != nil {
 		a.log.Warn("agent: register failed; will retry", "worker", a.cfg.WorkerID, "err", err)
-		return
+		return false
 	}
 	a.pub = a.dir.NewPublisher(a.cfg.WorkerID, resp.Epoch, dirclient.WithQueueLimit(a.cfg.QueueLimit))
 	a.epoch.Store(resp.Epoch)
@@ -382,6 +399,7 @@ func (a *Agent) register(ctx context.Context) {
 	a.healthy.Store(true)
 	a.m.registers.Inc()
 	a.log.Info("agent: registered", "worker", a.cfg.WorkerID, "epoch", resp.Epoch)
+	return true
 }
 
 // publisherStopped handles a refusal or a fatal publisher error: register
@@ -450,7 +468,10 @@ func (a *Agent) engineRestarted(ctx context.Context) {
 	a.trMu.Unlock()
 	a.pending, a.pendingBlocks = nil, 0
 	a.haveLive, a.last = false, 0
-	a.register(ctx)
+	// The new engine's cache starts empty: nothing to rebuild.
+	a.registerEpoch(ctx)
+	a.registered = a.registered || a.pub != nil
+	a.setPartial(false, "")
 }
 
 // startupReplay rebuilds, before any live event, what the engine's replay
@@ -468,6 +489,7 @@ func (a *Agent) startupReplay(ctx context.Context) {
 		if err != nil {
 			a.log.Info("agent: no replay at start-up", "err", err)
 		}
+		a.m.rebuilds.WithLabelValues("startup_empty").Inc()
 		return
 	}
 	first := msgs[0].Seq
@@ -487,10 +509,105 @@ func (a *Agent) startupReplay(ctx context.Context) {
 		a.m.resyncs.WithLabelValues("startup_replay_incomplete").Inc()
 		a.log.Warn("agent: the engine's replay buffer starts after its first batch; blocks stored before it are not in the directory",
 			"from", first, "to", next-1)
+		a.m.rebuilds.WithLabelValues(rebuildPartial).Inc()
+		a.setPartial(true, "the engine's replay buffer starts after its first batch")
 		return
 	}
+	a.m.rebuilds.WithLabelValues(rebuildComplete).Inc()
 	a.m.replays.WithLabelValues("startup").Inc()
 	a.log.Info("agent: rebuilt from the engine's replay buffer at start-up", "from", first, "to", next-1)
+}
+
+// Results of a rebuild (label values of kvdir_agent_rebuilds_total).
+const (
+	rebuildComplete = "complete"
+	rebuildPartial  = "partial"
+)
+
+// rebuild, after a registration that replaced an earlier epoch (the
+// directory dropped the worker's blocks: an expiry, a lapsed lease, a
+// refused batch), republishes the engine's cache by the start-up path: the
+// engine's replay buffer from its first batch. Without it the view would
+// stay empty while the engine serves those prefixes as hits, which emit
+// no event. When the buffer cannot cover the cache (it starts after the
+// engine's first batch, it has a hole, the engine has no replay) the
+// worker is reported partial: kvdir_agent_view_partial, a warning, and
+// view_partial with every heartbeat's load.
+func (a *Agent) rebuild(ctx context.Context) {
+	// The replay re-stores every block from scratch: what is pending is in
+	// it, and the counts start over. The mappings are kept, so that a
+	// partial replay still translates children of older blocks.
+	a.trMu.Lock()
+	a.tr.ForgetHeld()
+	stored := a.tr.Len() > 0
+	a.trMu.Unlock()
+	a.pending, a.pendingBlocks = nil, 0
+	if a.pull != nil || a.cfg.ReplayEndpoint == "" {
+		if !stored {
+			// No store seen yet: the view the directory dropped was empty.
+			a.m.rebuilds.WithLabelValues(rebuildComplete).Inc()
+			return
+		}
+		a.m.rebuilds.WithLabelValues(rebuildPartial).Inc()
+		a.setPartial(true, "the engine has no replay endpoint; blocks it holds are not in the directory until it stores them again")
+		return
+	}
+	start := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, a.cfg.ReplayTimeout)
+	msgs, err := kvevents.Replay(rctx, a.cfg.ReplayEndpoint, 0)
+	cancel()
+	var first, next uint64
+	if len(msgs) > 0 {
+		first = msgs[0].Seq
+		next = first
+		for _, m := range msgs {
+			if m.Seq != next {
+				break
+			}
+			a.process(ctx, m)
+			next++
+		}
+	}
+	seen := a.haveLive || a.last > 0
+	var why string
+	switch {
+	case err != nil:
+		why = "the engine's replay failed: " + err.Error()
+	case len(msgs) == 0 && seen:
+		why = "the engine's replay buffer is empty"
+	case first > 0:
+		why = "the engine's replay buffer starts after its first batch"
+	case next < uint64(len(msgs))+first:
+		why = "the engine's replay buffer has a hole"
+	case seen && next-1 < a.last:
+		why = "the engine's replay buffer ends before the last batch seen"
+	}
+	if len(msgs) > 0 && (!a.haveLive || next-1 > a.last) {
+		// Live batches up to next-1 were just replayed: drop them.
+		a.haveLive, a.lastLive, a.last = true, max(a.lastLive, next-1), next-1
+	}
+	if why != "" {
+		a.m.rebuilds.WithLabelValues(rebuildPartial).Inc()
+		a.setPartial(true, why)
+		return
+	}
+	a.m.rebuilds.WithLabelValues(rebuildComplete).Inc()
+	a.setPartial(false, "")
+	a.log.Info("agent: rebuilt the worker's view from the engine's replay buffer",
+		"epoch", a.epoch.Load(), "batches", len(msgs), "took", time.Since(start))
+}
+
+// setPartial records whether the directory's view of the worker may miss
+// blocks the engine holds, warning when it does.
+func (a *Agent) setPartial(partial bool, why string) {
+	a.partial.Store(partial)
+	if partial {
+		a.m.partial.Set(1)
+		a.log.Warn("agent: the worker's view in the directory is partial: "+why,
+			"worker", a.cfg.WorkerID, "epoch", a.epoch.Load())
+		return
+	}
+	a.m.partial.Set(0)
 }
 
 // catchUp replays [from, m.Seq) from the engine, then m; if that is
@@ -695,6 +812,12 @@ func (a *Agent) heartbeat(ctx context.Context, ep uint64) time.Duration {
 				a.watchCounters(float64(l.GetPrefixQueries()))
 			}
 		}
+	}
+	if a.partial.Load() {
+		if load == nil {
+			load = &kvdirv1.Load{}
+		}
+		load.ViewPartial = proto.Bool(true)
 	}
 	resp, err := a.dir.Heartbeat(ctx, a.cfg.WorkerID, ep, load)
 	if err != nil {

@@ -86,10 +86,17 @@
 // query counter, read with every heartbeat, once the event stream has been
 // quiet for a second: a restarted engine that serves nothing publishes no
 // event that would tell. A refused batch (GAP,
-// STALE_EPOCH, UNKNOWN_WORKER) or a heartbeat answered known=false also leads
-// to a new registration followed by AllCleared; batches lost that way are not
-// re-sent, so the directory may miss blocks the engine still holds (never the
-// reverse) until the engine stores them again.
+// STALE_EPOCH, UNKNOWN_WORKER) or a heartbeat answered known=false (an
+// expiry, a lease lapsed while the agent was paused) also leads to a new
+// registration followed by AllCleared; the agent then rebuilds the view by
+// the start-up path, replaying the engine's buffer from its first batch.
+// When the buffer cannot cover the cache (it starts after the engine's first
+// batch, has a hole, or the engine has no replay, as with a pull endpoint)
+// the worker is partial: a warning, kvdir_agent_view_partial 1,
+// kvdir_agent_rebuilds_total{result="partial"} and view_partial in every
+// heartbeat's load (kvdirctl workers: ACTIVE(partial)); the directory may
+// then miss blocks the engine still holds (never the reverse) until the
+// engine stores them again.
 //
 // # TensorRT-LLM's pull endpoint
 //

@@ -13,6 +13,8 @@ type metrics struct {
 	reg          *prometheus.Registry
 	gaps         prometheus.Counter
 	replays      *prometheus.CounterVec
+	rebuilds     *prometheus.CounterVec
+	partial      prometheus.Gauge
 	resyncs      *prometheus.CounterVec
 	restarts     prometheus.Counter
 	batches      prometheus.Counter
@@ -66,6 +68,8 @@ func newMetrics(a *Agent) *metrics {
 		reg:          reg,
 		gaps:         prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_agent_gaps_total", Help: "Sequence gaps in the engine's event stream."}),
 		replays:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_agent_replays_total", Help: "Replay requests to the engine, by result."}, []string{"result"}),
+		rebuilds:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_agent_rebuilds_total", Help: "Rebuilds of the worker's view from the engine's replay buffer (at start-up and after every new registration), by result: complete, partial (the buffer could not cover the engine's cache) or startup_empty."}, []string{"result"}),
+		partial:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvdir_agent_view_partial", Help: "1 while the directory's view of the worker may miss blocks the engine holds because the last rebuild could not cover its cache, else 0."}),
 		resyncs:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_agent_resyncs_total", Help: "Times the worker was cleared in the directory and rebuilt, by reason."}, []string{"reason"}),
 		restarts:     prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_agent_engine_restarts_total", Help: "Engine restarts detected (sequence going backwards)."}),
 		batches:      prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_agent_batches_published_total", Help: "Event batches handed to the directory publisher."}),
@@ -81,7 +85,7 @@ func newMetrics(a *Agent) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.gaps, m.replays, m.resyncs, m.restarts, m.batches, m.dropped,
+	for _, c := range []prometheus.Collector{m.gaps, m.replays, m.rebuilds, m.partial, m.resyncs, m.restarts, m.batches, m.dropped,
 		m.registers, m.refusals, m.duplicates, m.decodeErrors, m.malformed, m.heartbeats, m.lag} {
 		f(c)
 	}

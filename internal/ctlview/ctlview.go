@@ -147,23 +147,26 @@ type Worker struct {
 	// DataParallelRank is the engine rank the worker is behind an API
 	// server shared with the other ranks; absent for a worker that is its
 	// own server.
-	DataParallelRank *uint32           `json:"data_parallel_rank,omitempty"`
-	State            string            `json:"state"`
-	Epoch            uint64            `json:"epoch"`
-	AppliedSeq       uint64            `json:"applied_seq"`
-	Blocks           uint64            `json:"blocks"`
-	GPUBlocks        uint64            `json:"gpu_blocks"`
-	CPUBlocks        uint64            `json:"cpu_blocks"`
-	DiskBlocks       uint64            `json:"disk_blocks"`
-	RemoteBlocks     uint64            `json:"remote_blocks"`
-	KVUsage          float64           `json:"kv_usage"`
-	KVBlocks         uint64            `json:"kv_blocks"`
-	Running          uint32            `json:"running"`
-	Waiting          uint32            `json:"waiting"`
-	PrefixQueries    uint64            `json:"prefix_queries"`
-	PrefixHits       uint64            `json:"prefix_hits"`
-	HeartbeatAge     *float64          `json:"heartbeat_age_seconds"`
-	Labels           map[string]string `json:"labels,omitempty"`
+	DataParallelRank *uint32  `json:"data_parallel_rank,omitempty"`
+	State            string   `json:"state"`
+	Epoch            uint64   `json:"epoch"`
+	AppliedSeq       uint64   `json:"applied_seq"`
+	Blocks           uint64   `json:"blocks"`
+	GPUBlocks        uint64   `json:"gpu_blocks"`
+	CPUBlocks        uint64   `json:"cpu_blocks"`
+	DiskBlocks       uint64   `json:"disk_blocks"`
+	RemoteBlocks     uint64   `json:"remote_blocks"`
+	KVUsage          float64  `json:"kv_usage"`
+	KVBlocks         uint64   `json:"kv_blocks"`
+	Running          uint32   `json:"running"`
+	Waiting          uint32   `json:"waiting"`
+	PrefixQueries    uint64   `json:"prefix_queries"`
+	PrefixHits       uint64   `json:"prefix_hits"`
+	HeartbeatAge     *float64 `json:"heartbeat_age_seconds"`
+	// ViewPartial: its agent could not rebuild its view from the engine
+	// at its latest registration, so the index may miss blocks it holds.
+	ViewPartial bool              `json:"view_partial,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
 }
 
 // KVGroup is one KV-cache group of a worker, as its events describe it.

@@ -313,6 +313,11 @@ type Load struct {
 	// Cumulative prefix-cache queries and hits, in tokens.
 	PrefixQueries uint64 `protobuf:"varint,5,opt,name=prefix_queries,json=prefixQueries,proto3" json:"prefix_queries,omitempty"`
 	PrefixHits    uint64 `protobuf:"varint,6,opt,name=prefix_hits,json=prefixHits,proto3" json:"prefix_hits,omitempty"`
+	// Set by an agent that could not rebuild the worker's view from the
+	// engine at its latest registration (the engine's replay buffer no longer
+	// held its whole cache, or it has no replay): the directory may miss
+	// blocks the engine holds until the engine stores them again.
+	ViewPartial   *bool `protobuf:"varint,7,opt,name=view_partial,json=viewPartial,proto3,oneof" json:"view_partial,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -387,6 +392,13 @@ func (x *Load) GetPrefixHits() uint64 {
 		return x.PrefixHits
 	}
 	return 0
+}
+
+func (x *Load) GetViewPartial() bool {
+	if x != nil && x.ViewPartial != nil {
+		return *x.ViewPartial
+	}
+	return false
 }
 
 // Worker is a worker as the directory knows it.
@@ -1412,7 +1424,7 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x15\n" +
-	"\x13_data_parallel_rank\"\xba\x01\n" +
+	"\x13_data_parallel_rank\"\xf3\x01\n" +
 	"\x04Load\x12\x18\n" +
 	"\arunning\x18\x01 \x01(\rR\arunning\x12\x18\n" +
 	"\awaiting\x18\x02 \x01(\rR\awaiting\x12\x19\n" +
@@ -1420,7 +1432,9 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\tkv_blocks\x18\x04 \x01(\x04R\bkvBlocks\x12%\n" +
 	"\x0eprefix_queries\x18\x05 \x01(\x04R\rprefixQueries\x12\x1f\n" +
 	"\vprefix_hits\x18\x06 \x01(\x04R\n" +
-	"prefixHits\"\xa6\x04\n" +
+	"prefixHits\x12&\n" +
+	"\fview_partial\x18\a \x01(\bH\x00R\vviewPartial\x88\x01\x01B\x0f\n" +
+	"\r_view_partial\"\xa6\x04\n" +
 	"\x06Worker\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.kvdir.v1.WorkerSpecR\x04spec\x12+\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x15.kvdir.v1.WorkerStateR\x05state\x12\x14\n" +
@@ -1595,6 +1609,7 @@ func file_kvdir_v1_types_proto_init() {
 		return
 	}
 	file_kvdir_v1_types_proto_msgTypes[0].OneofWrappers = []any{}
+	file_kvdir_v1_types_proto_msgTypes[1].OneofWrappers = []any{}
 	file_kvdir_v1_types_proto_msgTypes[10].OneofWrappers = []any{
 		(*Event_Stored)(nil),
 		(*Event_Removed)(nil),
