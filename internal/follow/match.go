@@ -31,9 +31,9 @@ func (f *Follower) Synced() bool {
 
 // Staleness is how long ago a directory node last sent the replica
 // anything (entries, a snapshot, or the empty batch a node sends every
-// half second on a quiet stream); a replica never reached reports a very
-// large value. An in-sync replica with a live stream stays well under a
-// second.
+// half second on a quiet stream while it hears from the leader); a replica
+// never reached reports a very large value. An in-sync replica streaming
+// from a current node stays well under a second.
 func (f *Follower) Staleness() time.Duration {
 	h := f.heard.Load()
 	if h == 0 {
