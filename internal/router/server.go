@@ -258,6 +258,9 @@ func New(cfg Config) (*Server, error) {
 		s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvdir_router_view_lag_entries",
 			Help: "Log entries the router's local replica of the directory is behind the last commit index a node reported."},
 			func() float64 { return float64(l.Lag()) }))
+		s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvdir_router_view_staleness_seconds",
+			Help: "Seconds since a current directory node last sent the router's local replica anything (entries, a snapshot or a keepalive); very large before the first."},
+			func() float64 { return l.Staleness().Seconds() }))
 	}
 	kind, force, err := engineKind(cfg.EngineKind)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ type viewReplica struct {
 func (r viewReplica) Synced() bool             { return r.v.Synced }
 func (r viewReplica) Staleness() time.Duration { return r.v.Staleness }
 func (r viewReplica) View() follow.View        { return r.v }
+func (r viewReplica) Lag() uint64              { return r.v.LagEntries }
 
 func getView(t *testing.T, s *Server) View {
 	t.Helper()
@@ -45,6 +47,13 @@ func TestViewReportsTheReplica(t *testing.T) {
 		AppliedIndex: 41, CommitIndex: 44, LagEntries: 3, IndexDigest: "0000000000001234", Digest: "0000000000000abc", Snapshots: 1}
 	if v != want {
 		t.Fatalf("view\n got %+v\nwant %+v", v, want)
+	}
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	for _, line := range []string{"kvdir_router_view_lag_entries 3", "kvdir_router_view_staleness_seconds 0.12"} {
+		if !strings.Contains(rec.Body.String(), "\n"+line+"\n") {
+			t.Fatalf("metrics lack %q", line)
+		}
 	}
 	// Past the stale bound the matches are marked stale; past the max the
 	// directory answers them.
