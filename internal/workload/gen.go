@@ -63,7 +63,7 @@ var SessionPresets = map[string]SessionsConfig{
 	},
 	"long-agent": {
 		Sessions: 30, Tenants: 2, SystemTokens: 3000, DocumentTokens: 6000, FirstUserTokens: 300,
-		UserTokens: 150, ToolProb: 0.8, ToolTokens: 5500, OutputTokens: 400, MinTurns: 20, MaxTurns: 40,
+		UserTokens: 150, ToolProb: 0.9, ToolTokens: 5500, OutputTokens: 400, MinTurns: 20, MaxTurns: 40,
 		ThinkTimeSec: 60, SessionRate: 0.05, Jitter: 0.45, MaxInputTokens: 120000, BlockSize: DefaultBlockSize, Seed: 1,
 	},
 	"seed-example": {
