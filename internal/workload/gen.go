@@ -36,7 +36,12 @@ type SessionsConfig struct {
 	Seed            uint64
 }
 
-// SessionPresets are named SessionsConfigs. "seed-example" is the seed
+// SessionPresets are named SessionsConfigs. "system-heavy" is many short
+// sessions (1-3 turns, short user messages) behind 6,000-token system
+// prompts of 3 tenants, so nearly all of a request is its tenant's prefix;
+// "long-agent" is 30 huge agent sessions of 20-40 turns with tool outputs of
+// about 3,000-8,000 tokens, each ending before a turn exceeds 120,000
+// tokens. "seed-example" is the seed
 // document's two-turn example: a 1,200-token system prompt and a 3,000-token
 // document (turn 1: 4,200 tokens), a 700-token answer, then a 200-token
 // follow-up (turn 2: 5,100 tokens, 4,900 of them reusable).
@@ -50,6 +55,16 @@ var SessionPresets = map[string]SessionsConfig{
 		Sessions: 300, Tenants: 8, SystemTokens: 800, DocumentTokens: 0, FirstUserTokens: 300,
 		UserTokens: 200, ToolProb: 0, ToolTokens: 0, OutputTokens: 400, MinTurns: 2, MaxTurns: 8,
 		ThinkTimeSec: 30, SessionRate: 1, Jitter: 0.5, MaxInputTokens: 32000, BlockSize: DefaultBlockSize, Seed: 1,
+	},
+	"system-heavy": {
+		Sessions: 600, Tenants: 3, SystemTokens: 6000, DocumentTokens: 0, FirstUserTokens: 150,
+		UserTokens: 100, ToolProb: 0, ToolTokens: 0, OutputTokens: 200, MinTurns: 1, MaxTurns: 3,
+		ThinkTimeSec: 15, SessionRate: 4, Jitter: 0.5, MaxInputTokens: 32000, BlockSize: DefaultBlockSize, Seed: 1,
+	},
+	"long-agent": {
+		Sessions: 30, Tenants: 2, SystemTokens: 3000, DocumentTokens: 6000, FirstUserTokens: 300,
+		UserTokens: 150, ToolProb: 0.9, ToolTokens: 5500, OutputTokens: 400, MinTurns: 20, MaxTurns: 40,
+		ThinkTimeSec: 60, SessionRate: 0.05, Jitter: 0.45, MaxInputTokens: 120000, BlockSize: DefaultBlockSize, Seed: 1,
 	},
 	"seed-example": {
 		Sessions: 100, Tenants: 1, SystemTokens: 1200, DocumentTokens: 3000, FirstUserTokens: 0,
@@ -109,6 +124,10 @@ const (
 	kindTool
 	kindAnswer
 	kindQuestion
+	kindCorpus      // a corpus document (rag)
+	kindProblem     // a problem statement (rollouts)
+	kindInstruction // a task instruction (mix)
+	kindInput       // a classification input (mix)
 )
 
 func segKey(kind, a, b, c int) uint64 {
@@ -125,15 +144,35 @@ func GenerateSessions(cfg SessionsConfig) ([]Record, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5e5510a5))
-	draw := func(mean int) int {
-		if mean == 0 || cfg.Jitter == 0 {
+	return assign(sessionRequests(cfg), cfg.BlockSize, sessionName), nil
+}
+
+// sessionName names a request's session "s<n>"; requests of no session
+// (session < 0) get none.
+func sessionName(p *pending) string {
+	if p.session < 0 {
+		return ""
+	}
+	return fmt.Sprintf("s%d", p.session)
+}
+
+// drawer returns a function drawing a length uniformly within ±jitter of a
+// mean (at least 1 unless the mean is 0).
+func drawer(rng *rand.Rand, jitter float64) func(mean int) int {
+	return func(mean int) int {
+		if mean == 0 || jitter == 0 {
 			return mean
 		}
-		lo := float64(mean) * (1 - cfg.Jitter)
-		hi := float64(mean) * (1 + cfg.Jitter)
+		lo := float64(mean) * (1 - jitter)
+		hi := float64(mean) * (1 + jitter)
 		return max(1, int(math.Round(lo+rng.Float64()*(hi-lo))))
 	}
+}
+
+// sessionRequests generates the requests of a validated cfg, unsorted.
+func sessionRequests(cfg SessionsConfig) []pending {
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5e5510a5))
+	draw := drawer(rng, cfg.Jitter)
 	var reqs []pending
 	start := 0.0
 	for s := range cfg.Sessions {
@@ -171,7 +210,7 @@ func GenerateSessions(cfg SessionsConfig) ([]Record, error) {
 			ctx = append(ctx, segment{segKey(kindAnswer, s, t, 0), out})
 		}
 	}
-	return assign(reqs, cfg.BlockSize, func(p *pending) string { return fmt.Sprintf("s%d", p.session) }), nil
+	return reqs
 }
 
 // SharedPrefixConfig is inference-perf's shared_prefix shape: Groups groups
@@ -249,6 +288,23 @@ func GenerateSharedPrefix(cfg SharedPrefixConfig) ([]Record, error) {
 	}
 	return assign(reqs, cfg.BlockSize, nil), nil
 }
+
+// badf collects configuration errors, each wrapping ErrBadConfig.
+type badf []error
+
+func (b *badf) check(cond bool, format string, a ...any) {
+	if cond {
+		*b = append(*b, fmt.Errorf("%w: "+format, append([]any{ErrBadConfig}, a...)...))
+	}
+}
+
+func (b badf) err() error { return errors.Join(b...) }
+
+// finitePositive reports whether v is a finite number > 0.
+func finitePositive(v float64) bool { return v > 0 && !math.IsInf(v, 0) }
+
+// finiteNonNegative reports whether v is a finite number >= 0.
+func finiteNonNegative(v float64) bool { return v >= 0 && !math.IsInf(v, 0) }
 
 func total(segs []segment) int {
 	n := 0

@@ -12,7 +12,10 @@ func TestCLI(t *testing.T) {
 		Help: []clitest.HelpCase{
 			{Want: []string{"KVDIR_BENCH_LOG_LEVEL", "KVDIR_BENCH_LOG_FORMAT", "Exit status"}},
 			{Args: []string{"sim"}, Want: []string{"KVDIR_BENCH_TRACE", "KVDIR_BENCH_REPLICAS", "KVDIR_BENCH_POLICIES", "KVDIR_BENCH_LOG_LEVEL"}},
-			{Args: []string{"gen", "sessions"}, Want: []string{"KVDIR_BENCH_PRESET", "KVDIR_BENCH_SESSIONS"}},
+			{Args: []string{"gen", "sessions"}, Want: []string{"KVDIR_BENCH_PRESET", "KVDIR_BENCH_SESSIONS", "system-heavy", "long-agent"}},
+			{Args: []string{"gen", "rag"}, Want: []string{"KVDIR_BENCH_ZIPF_S", "in the order retrieved", "--follow-ups"}},
+			{Args: []string{"gen", "rollouts"}, Want: []string{"KVDIR_BENCH_SIBLINGS", "--second-round"}},
+			{Args: []string{"gen", "mix"}, Want: []string{"KVDIR_BENCH_CLASSIFY_FRACTION", "chat"}},
 		},
 		Usage: []clitest.UsageCase{
 			{Args: []string{"sim", "--nope"}, Want: "unknown flag: --nope", Command: "kvbench sim"},

@@ -31,6 +31,12 @@ blocks; equal prefixes get equal ids.
 Presets (--preset) set every parameter; flags given explicitly override them:
   agent         ` + describe(workload.SessionPresets["agent"]) + `
   chat          ` + describe(workload.SessionPresets["chat"]) + `
+  system-heavy  many short sessions behind long shared system prompts, so nearly every
+                token of a request is its tenant's prefix:
+                ` + describe(workload.SessionPresets["system-heavy"]) + `
+  long-agent    few huge agent sessions with tool outputs of about 3,000-8,000 tokens, each
+                ending before a turn exceeds ` + fmt.Sprint(workload.SessionPresets["long-agent"].MaxInputTokens) + ` tokens:
+                ` + describe(workload.SessionPresets["long-agent"]) + `
   seed-example  the seed document's two-turn example: 1,200-token system prompt + 3,000-token
                 document (turn 1: 4,200 tokens), 700-token answer, 200-token follow-up
                 (turn 2: 5,100 tokens, 4,900 reusable)`,
@@ -49,7 +55,7 @@ Presets (--preset) set every parameter; flags given explicitly override them:
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&preset, "preset", "agent", "parameter preset: agent, chat or seed-example")
+	f.StringVar(&preset, "preset", "agent", "parameter preset: agent, chat, system-heavy, long-agent or seed-example")
 	f.StringVarP(&out, "out", "o", "-", "output file (- for standard output)")
 	f.IntVar(&cfg.Sessions, "sessions", cfg.Sessions, "sessions to generate")
 	f.IntVar(&cfg.Tenants, "tenants", cfg.Tenants, "tenants; a tenant's sessions share its system prompt")

@@ -2,6 +2,9 @@
 //
 //	kvbench gen sessions      agent/chat sessions as a Mooncake-format trace
 //	kvbench gen shared-prefix groups sharing a system prompt (inference-perf's shared_prefix)
+//	kvbench gen rag           questions over a shared corpus of Zipf-popular documents
+//	kvbench gen rollouts      RL rollouts: bursts of siblings with one prompt, a second round each
+//	kvbench gen mix           short classification prompts interleaved with long chats
 //	kvbench sim               discrete-event simulation of a trace under each policy
 //	kvbench replay            the same trace through real processes (directory, enginesims, agents, routers or HAProxy)
 //	kvbench demo              the main job: a bundled agent-session trace under round-robin, session-hash and kvdir
@@ -74,7 +77,7 @@ Exit status: 0 on success, 1 when a run fails, 2 on a usage error.`,
 		Use:   "gen",
 		Short: "Generate a trace (Mooncake format, JSON Lines)",
 	}
-	gen.AddCommand(newGenSessions(), newGenSharedPrefix())
+	gen.AddCommand(newGenSessions(), newGenSharedPrefix(), newGenRAG(), newGenRollouts(), newGenMix())
 	root.AddCommand(gen, newSim(log), newReplay(log), newDemo(log), newDev(), newReport())
 	root.AddCommand(newIndex(log), newDirectory(log), newFollow(log), newAgent(log), newRouter(log), newLeaderKill(log), newDocs(log))
 	return root

@@ -76,6 +76,39 @@ func TestGenThenSim(t *testing.T) {
 	}
 }
 
+// TestGenFamilies runs every generator subcommand with small sizes and
+// reads the traces back.
+func TestGenFamilies(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args    []string
+		records int
+	}{
+		{[]string{"rag", "--users", "30", "--follow-ups", "0"}, 30},
+		{[]string{"rollouts", "--groups", "3", "--siblings", "4"}, 24},
+		{[]string{"rollouts", "--groups", "3", "--siblings", "4", "--second-round=false"}, 12},
+		{[]string{"mix", "--chat-sessions", "5", "--classify-fraction", "0"}, -1},
+		{[]string{"sessions", "--preset", "system-heavy", "--sessions", "10"}, -1},
+		{[]string{"sessions", "--preset", "long-agent", "--sessions", "2"}, -1},
+	} {
+		trace := filepath.Join(dir, "t.jsonl")
+		if err := run(t, append(append([]string{"gen"}, c.args...), "-o", trace)...); err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		recs, err := workload.ReadFile(trace, 512)
+		if err != nil || len(recs) == 0 || (c.records >= 0 && len(recs) != c.records) {
+			t.Fatalf("%v: %d records (want %d), err %v", c.args, len(recs), c.records, err)
+		}
+		if c.args[0] == "mix" {
+			for _, r := range recs {
+				if r.SessionID == "" {
+					t.Fatalf("%v: a classification request at fraction 0", c.args)
+				}
+			}
+		}
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "t.jsonl")
@@ -96,6 +129,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"sim", "--trace", trace, "--router-view-jitter", "-1ms"}, "must be >= 0"},
 		{[]string{"gen", "sessions", "--preset", "nope"}, "unknown preset"},
 		{[]string{"gen", "shared-prefix", "--rate", "0"}, "rate"},
+		{[]string{"gen", "rag", "--docs-per-request", "500"}, "documents per request 500"},
+		{[]string{"gen", "rollouts", "--siblings", "0"}, "siblings 0"},
+		{[]string{"gen", "mix", "--classify-fraction", "1"}, "classify fraction 1"},
 		{[]string{"dev", "--engines", "0"}, "at least 1"},
 	}
 	for _, c := range cases {
