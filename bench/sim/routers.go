@@ -160,6 +160,7 @@ func (s *state) candidate(rt *router, r *replica, now time.Duration) placement.C
 			depth = max(depth, commonPrefix(s.chain, x.chain))
 		}
 	}
+	l.Busy = r.prefilling.Value(now)
 	return placement.Candidate{Worker: r.id, MatchedBlocks: depth, Load: l}
 }
 

@@ -251,6 +251,9 @@ type replica struct {
 	// router still counts them.
 	intents []*intent
 	res     map[string]*intent // requests in flight here
+	// busy is how busy its prefill pipeline has been (every router's
+	// placements counted at once: the routers' shared accounting).
+	prefilling *placement.BusyMeter
 
 	peakQueue   int
 	queue       []int // largest waiting count per interval
@@ -277,6 +280,8 @@ type intent struct {
 	router   int      // the router that placed it
 	chain    []uint64 // speculative entry; nil without one
 	uncached int      // prefill tokens counted as queued until the first token
+	matched  int      // tokens the chosen replica held for it at placement
+	usage    float64  // the chosen replica's KV usage then
 	placed   time.Duration
 	started  time.Duration // first token, or never
 	finished time.Duration // or never
@@ -340,7 +345,7 @@ func Run(ctx context.Context, recs []workload.Record, ideal []int, cfg Config) (
 	}
 	quiet := slog.New(slog.DiscardHandler)
 	for i := range cfg.Replicas {
-		r := &replica{idx: i, id: fmt.Sprintf("r%d", i), res: make(map[string]*intent)}
+		r := &replica{idx: i, id: fmt.Sprintf("r%d", i), res: make(map[string]*intent), prefilling: placement.NewBusyMeter(0)}
 		r.tr = agent.NewTranslator(cfg.Model, max(agent.DefaultMapCapacity, 4*cfg.KVBlocks), quiet)
 		r.eng, err = simengine.New(simengine.Config{
 			Profile: cfg.Profile, BlockSize: cfg.BlockSize, CapacityBlocks: cfg.KVBlocks,
@@ -415,6 +420,7 @@ func (s *state) finishStep(r *replica) {
 		}
 		if x := r.res[t.RequestID]; x != nil && x.started == never {
 			x.started = now
+			r.prefilling.Add(now, -1)
 		}
 	}
 	for _, f := range res.Finished {
@@ -426,6 +432,9 @@ func (s *state) finishStep(r *replica) {
 		}
 		q.finished = now
 		s.done[q.rec] = true
+		if o, ok := s.routers[q.router].pol.(placement.CacheObserver); ok {
+			o.ObserveCache(placement.CacheOutcome{MatchedTokens: q.matched, KVUsage: q.usage, CachedTokens: f.CachedTokens})
+		}
 		s.samples = append(s.samples, report.Sample{
 			Replica: r.idx, PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
 			IdealCached: s.ideal[q.rec], OutputTokens: len(f.Output),
@@ -500,6 +509,7 @@ func (s *state) arrive(i int) error {
 	}
 	x := &intent{
 		rec: i, router: rt.idx, uncached: max(len(s.tokens)-d.PredictedCachedTokens, 0),
+		matched: min(s.cands[d.Index].MatchedBlocks*s.cfg.BlockSize, len(s.tokens)-1), usage: s.cands[d.Index].Load.KVUsage,
 		placed: now, started: never, finished: never, dropped: never,
 	}
 	if s.cfg.SpeculativeTTL > 0 {
@@ -507,6 +517,7 @@ func (s *state) arrive(i int) error {
 	}
 	r.res[id] = x
 	r.intents = append(r.intents, x)
+	r.prefilling.Add(now, 1)
 	s.recordQueue(r, now, r.eng.Stats().Waiting)
 	if !r.busy {
 		r.step = r.eng.Step(now)

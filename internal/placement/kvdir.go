@@ -13,7 +13,7 @@ import (
 // token (docs/architecture.md, section 4). For each candidate w, with P = PromptTokens:
 //
 //	matched(w)  = min(MatchedBlocks·BlockSize, P−1)
-//	cached(w)   = round(matched(w) · Retain(KVUsage))
+//	cached(w)   = round(matched(w) · survive(KVUsage))
 //	new(w)      = P − cached(w)
 //	prefill(w)  = Prefill.Millis(new(w), cached(w))
 //	rate        = Prefill.Millis(R, 0) / R, with R = max(P, ChunkTokens)
@@ -23,8 +23,10 @@ import (
 //	wait(w)     = queue(w) + interf(w)
 //	ttft(w)     = wait(w) + prefill(w)
 //	n(w)        = Waiting(w) + QueuedPrefillTokens(w) / P
-//	extra(w)    = max(n(w), mean over candidates of n) · (prefill(w) − min over candidates of prefill)
-//	cost(w)     = ttft(w) + extra(w)
+//	b(w)        = u/(1−u), u = min(Busy(w), 0.9)
+//	extra(w)    = max(n(w), mean over candidates of n, b(w)) · (prefill(w) − min over candidates of prefill)
+//	future(w)   = later · b(w) · service, for a session not seen recently (else 0)
+//	cost(w)     = ttft(w) + extra(w) + future(w)
 //
 // interf is the decode batch riding along with every chunked-prefill step
 // until our prefill is done: each such step costs the chunk plus the decodes'
@@ -34,6 +36,34 @@ import (
 // their sum (as an earlier version did) grows with the square of the queue;
 // at 400 k queued tokens one more token then cost about 2 ms while a cached
 // token saves about 0.25 ms, and kvdir gave up reuse to even out queues.
+//
+// survive is learned (ObserveCache): per band of KV usage, the fraction of
+// matched tokens the engines really served, starting from the prior curve
+// Retain. A fixed curve misjudged busy engines: vLLM's usage counts only
+// blocks that running requests hold, and near 100 % a session's finished
+// prefix mostly survives the wait (the engine stops admitting rather than
+// evicting), so the curve's coin flip made kvdir move sessions off their
+// prefixes and recompute them just when the cluster had no time to spare.
+//
+// b(w) is the mean number of requests in an M/M/1 queue whose server is busy
+// the fraction Busy of the time (the router's own accounting: some request
+// here is waiting for its first token): extra work added to a worker that
+// busy delays that many requests on average, even if its queue is empty at
+// this instant.
+//
+// future(w) prices where a new session's later requests will queue: they
+// carry its prefix and follow it, so a first turn chooses the session's home.
+// later is the expected number of its later requests (requests over
+// distinct session keys recently seen, minus one: memoryless session
+// lengths), service the mean modelled prefill of the placed requests, and
+// b(w)·service the mean wait of a request arriving at w. Without it kvdir sent
+// every new session to the worker already holding its tenant's system
+// prompt, saving that prompt's prefill once and paying in queueing for the
+// session's whole life (kvbench sim, agent sessions, 8 × llama3-70b, a
+// quarter of the trace's rate: two of eight replicas served nothing, the
+// busiest 22 %). A session already seen has a home whose busy fraction
+// already counts it, so comparing busy fractions would only reward moving
+// it on noise; its placement is left to the present costs.
 //
 // The worker with the lowest cost wins; candidates within TieTolerance
 // (relative) of the best are ties, broken uniformly at random.
@@ -70,6 +100,9 @@ type KVDir struct {
 
 	mu  sync.Mutex
 	rng *rand.Rand
+	fut future
+	// surv is read on every Pick and written by ObserveCache.
+	surv survival
 }
 
 // NewKVDir returns a kvdir policy configured by opts (Profile, Seed,
@@ -101,9 +134,10 @@ func NewKVDir(opts Options) (*KVDir, error) {
 // Name returns "kvdir".
 func (p *KVDir) Name() string { return "kvdir" }
 
-// Retain is the probability that a worker's matched blocks are still cached
-// when the request runs, given its KV-cache usage u: 1 below 90 % usage,
-// falling linearly to 0.5 at 100 %.
+// Retain is the prior probability that a worker's matched blocks are still
+// cached when the request runs, given its KV-cache usage u: 1 below 90 %
+// usage, falling linearly to 0.5 at 100 %. The policy starts from it and
+// learns the real curve from outcomes (KVDir.ObserveCache).
 //
 // vLLM evicts only free (unreferenced) blocks, least recently used first, and
 // only when it needs room: below about 90 % usage the free pool absorbs the
@@ -121,10 +155,22 @@ func Retain(u float64) float64 {
 	return 1 - 5*(u-0.9)
 }
 
+// ObserveCache teaches the policy what became of a placement's expected hit
+// (see CacheOutcome): the eviction-survival discount follows what the
+// engines really served instead of the prior curve Retain.
+func (p *KVDir) ObserveCache(o CacheOutcome) {
+	p.mu.Lock()
+	p.surv.observe(o)
+	p.mu.Unlock()
+}
+
 // Score returns cand's cost breakdown for req.
 func (p *KVDir) Score(req Request, cand Candidate) Score {
 	var s Score
-	p.score(&s, req, &cand, p.prof.Prefill.Millis(req.PromptTokens, 0), p.rate(req))
+	p.mu.Lock()
+	surv := p.surv
+	p.mu.Unlock()
+	p.score(&s, req, &cand, p.prof.Prefill.Millis(req.PromptTokens, 0), p.rate(req), &surv)
 	return s
 }
 
@@ -141,8 +187,8 @@ func (p *KVDir) rate(req Request) float64 {
 }
 
 // score fills s for c; cold is the request's prefill without cache.
-func (p *KVDir) score(s *Score, req Request, c *Candidate, cold, rate float64) {
-	s.Worker, s.MatchedTokens, s.Retain = c.Worker, matchedTokens(req, c), Retain(c.Load.KVUsage)
+func (p *KVDir) score(s *Score, req Request, c *Candidate, cold, rate float64, surv *survival) {
+	s.Worker, s.MatchedTokens, s.Retain = c.Worker, matchedTokens(req, c), surv.retain(c.Load.KVUsage)
 	cached := int(math.Round(float64(s.MatchedTokens) * s.Retain))
 	s.CachedTokens = float64(cached)
 	newTok := req.PromptTokens - cached
@@ -163,7 +209,7 @@ func (p *KVDir) score(s *Score, req Request, c *Candidate, cold, rate float64) {
 // addExtra charges s with the delay its extra prefill (over minPrefill)
 // imposes on the requests waiting on its worker.
 func addExtra(s *Score, req Request, c *Candidate, minPrefill, mean float64) {
-	n := max(queuedRequests(req, c), mean)
+	n := max(queuedRequests(req, c), mean, backlog(c.Load.Busy))
 	if n > 0 && s.PrefillMs > minPrefill {
 		s.ExtraMs = n * (s.PrefillMs - minPrefill)
 		s.TotalMs += s.ExtraMs
@@ -181,9 +227,13 @@ func (p *KVDir) Pick(req Request, cands []Candidate) (Decision, error) {
 	}
 	scores := make([]Score, len(cands))
 	cold, rate := p.prof.Prefill.Millis(req.PromptTokens, 0), p.rate(req)
+	p.mu.Lock()
+	surv := p.surv
+	later, service, fresh := p.fut.observe(req.SessionKey)
+	p.mu.Unlock()
 	minPrefill := math.Inf(1)
 	for i := range cands {
-		p.score(&scores[i], req, &cands[i], cold, rate)
+		p.score(&scores[i], req, &cands[i], cold, rate, &surv)
 		minPrefill = min(minPrefill, scores[i].PrefillMs)
 	}
 	var mean float64
@@ -194,6 +244,9 @@ func (p *KVDir) Pick(req Request, cands []Candidate) (Decision, error) {
 	best := math.Inf(1)
 	for i := range cands {
 		addExtra(&scores[i], req, &cands[i], minPrefill, mean)
+		if fresh {
+			addFuture(&scores[i], &cands[i], later, service)
+		}
 		best = min(best, scores[i].TotalMs)
 	}
 	limit := best * (1 + p.tol)
@@ -212,6 +265,9 @@ func (p *KVDir) Pick(req Request, cands []Candidate) (Decision, error) {
 	for i := range scores {
 		if scores[i].TotalMs <= limit {
 			if k == 0 {
+				p.mu.Lock()
+				p.fut.served(scores[i].PrefillMs)
+				p.mu.Unlock()
 				return Decision{Worker: cands[i].Worker, Index: i, PredictedCachedTokens: int(scores[i].CachedTokens), Scores: scores}, nil
 			}
 			k--

@@ -32,6 +32,9 @@ type Load struct {
 	KVUsage             float64 // KV-cache usage, 0..1 (vllm:kv_cache_usage_perc)
 	QueuedPrefillTokens int     // uncached prompt tokens routed here and not yet started (router accounting)
 	InFlight            int     // requests this router sent and has not seen finish
+	// Busy is the fraction of the recent past during which a request routed
+	// here was waiting for its first token (router accounting, [BusyMeter]).
+	Busy float64
 }
 
 // Candidate is one worker that may take the request.
@@ -62,6 +65,7 @@ type Score struct {
 	PrefillMs      float64 // our prefill with the expected cache
 	ColdPrefillMs  float64 // our prefill with no cache
 	ExtraMs        float64 // delay our recomputation (prefill beyond the best candidate's) imposes on the requests waiting there
+	FutureMs       float64 // expected queueing of the session's later requests, which follow their prefix here
 	TotalMs        float64 // cost: expected time to first token (WaitMs + PrefillMs) plus ExtraMs
 }
 

@@ -53,6 +53,7 @@ type WorkerScore struct {
 	KVUsage             float64 `json:"kv_usage"`
 	InFlight            int     `json:"in_flight"`
 	QueuedPrefillTokens int     `json:"queued_prefill_tokens"`
+	Busy                float64 `json:"busy"` // fraction of the recent past a request sent there awaited its first byte
 	Retain              float64 `json:"retain"`
 	CachedTokens        float64 `json:"cached_tokens"`
 	QueueMs             float64 `json:"queue_ms"`
@@ -60,7 +61,8 @@ type WorkerScore struct {
 	WaitMs              float64 `json:"wait_ms"`
 	PrefillMs           float64 `json:"prefill_ms"`
 	ColdPrefillMs       float64 `json:"cold_prefill_ms"`
-	ExtraMs             float64 `json:"extra_ms"` // delay its recomputation imposes on the requests waiting there
+	ExtraMs             float64 `json:"extra_ms"`  // delay its recomputation imposes on the requests waiting there
+	FutureMs            float64 `json:"future_ms"` // a new session's later requests' expected queueing there
 	TotalMs             float64 `json:"total_ms"`
 
 	// PeerSpeculativeBlocks are the blocks other routers placed there
@@ -129,7 +131,7 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 			BlockSize: d.bs[i], DirectoryBlocks: d.dir[i], SpeculativeBlocks: s.speculativeBlocks(d, i),
 			MatchedTokens: min(c.MatchedBlocks*d.blockSize, max(d.tokens-1, 0)),
 			Running:       c.Load.Running, Waiting: c.Load.Waiting, KVUsage: c.Load.KVUsage, InFlight: c.Load.InFlight,
-			QueuedPrefillTokens: c.Load.QueuedPrefillTokens, CacheMismatch: s.mismatch.state(c.Worker)}
+			QueuedPrefillTokens: c.Load.QueuedPrefillTokens, Busy: c.Load.Busy, CacheMismatch: s.mismatch.state(c.Worker)}
 		if d.peerSpec != nil {
 			ws.PeerSpeculativeBlocks, ws.PeerQueuedPrefillTokens, ws.PeerInFlight = s.peerSpeculativeBlocks(d, i), d.peerQueued[i], d.peerInFlight[i]
 		}
@@ -137,6 +139,7 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 			sc := d.pick.Scores[i]
 			ws.Retain, ws.CachedTokens, ws.QueueMs, ws.InterferenceMs = sc.Retain, sc.CachedTokens, sc.QueueMs, sc.InterferenceMs
 			ws.WaitMs, ws.PrefillMs, ws.ColdPrefillMs, ws.ExtraMs, ws.TotalMs = sc.WaitMs, sc.PrefillMs, sc.ColdPrefillMs, sc.ExtraMs, sc.TotalMs
+			ws.FutureMs = sc.FutureMs
 		}
 		e.Workers[i] = ws
 	}

@@ -39,6 +39,7 @@ type worker struct {
 	// The router's own accounting.
 	inFlight      atomic.Int64 // requests sent and not finished
 	queuedPrefill atomic.Int64 // uncached prompt tokens sent and not yet past their first byte
+	busy          busyMeter    // how much of the recent past a request sent here awaited its first byte
 	downUntil     atomic.Int64 // unix nanos: excluded after a connection failure until then
 
 	spec *specSet // speculative entries: chains this router placed here recently
@@ -79,6 +80,7 @@ func (w *worker) load() placement.Load {
 		KVUsage:             loadFloat(&w.kvUsage),
 		QueuedPrefillTokens: int(w.queuedPrefill.Load()),
 		InFlight:            int(w.inFlight.Load()),
+		Busy:                w.busy.value(),
 	}
 }
 
@@ -234,4 +236,33 @@ func (p *pool) close() {
 		close(w.stop)
 	}
 	p.store(map[string]*worker{})
+}
+
+// busyMeter is placement.BusyMeter on the wall clock, safe for concurrent
+// use; the zero value is ready.
+type busyMeter struct {
+	mu    sync.Mutex
+	start time.Time
+	m     placement.BusyMeter
+}
+
+func (b *busyMeter) since(now time.Time) time.Duration {
+	if b.start.IsZero() {
+		b.start = now
+	}
+	return now.Sub(b.start)
+}
+
+// add records delta more (or fewer) requests awaiting their first byte.
+func (b *busyMeter) add(delta int) {
+	b.mu.Lock()
+	b.m.Add(b.since(time.Now()), delta)
+	b.mu.Unlock()
+}
+
+// value returns the busy fraction now.
+func (b *busyMeter) value() float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.m.Value(b.since(time.Now()))
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/cachecheck"
+	"github.com/kvdir/kvdir/internal/placement"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -69,6 +70,7 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
 		uncached := int64(max(d.tokens-d.pick.PredictedCachedTokens, 0))
 		wk.inFlight.Add(1)
 		wk.queuedPrefill.Add(uncached)
+		wk.busy.add(1)
 		s.metrics.inflight.WithLabelValues(wk.id).Inc()
 		done := func() {
 			wk.inFlight.Add(-1)
@@ -84,6 +86,7 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
 		resp, err := s.send(r.Context(), r.Header, req, wk)
 		if err != nil {
 			wk.queuedPrefill.Add(-uncached)
+			wk.busy.add(-1)
 			wk.spec.add(d.chain, time.Now())
 			it.withdraw()
 			done()
@@ -201,6 +204,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 			if first {
 				first = false
 				wk.queuedPrefill.Add(-uncached)
+				wk.busy.add(-1)
 				wk.spec.add(d.chain, time.Now())
 				it.prefilled()
 				s.metrics.ttft.WithLabelValues(wk.id).Observe(time.Since(sent).Seconds())
@@ -222,6 +226,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 	}
 	if first {
 		wk.queuedPrefill.Add(-uncached)
+		wk.busy.add(-1)
 		wk.spec.add(d.chain, time.Now())
 	}
 	outcome := OutcomeOK
@@ -242,6 +247,11 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 	cached, known := u.result()
 	if known {
 		s.metrics.engineCached.WithLabelValues(wk.id).Add(float64(cached))
+		if o, ok := s.policy.(placement.CacheObserver); ok && outcome == OutcomeOK && d.fallback == "" {
+			c := &d.cands[d.pick.Index]
+			o.ObserveCache(placement.CacheOutcome{
+				MatchedTokens: min(c.MatchedBlocks*d.bs[d.pick.Index], d.tokens-1), KVUsage: c.Load.KVUsage, CachedTokens: cached})
+		}
 	}
 	// A turn placed with the directory's answer and reported by the engine
 	// compares a prediction with the truth: the misconfiguration check
