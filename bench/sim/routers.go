@@ -160,7 +160,10 @@ func (s *state) candidate(rt *router, r *replica, now time.Duration) placement.C
 			depth = max(depth, commonPrefix(s.chain, x.chain))
 		}
 	}
-	l.Busy = r.prefilling.Value(now)
+	l.Busy = r.own[rt.idx].Value(now)
+	if s.cfg.SharedIntents {
+		l.Busy = placement.CombineBusy(l.Busy, r.peers[rt.idx].Value(now))
+	}
 	return placement.Candidate{Worker: r.id, MatchedBlocks: depth, Load: l}
 }
 
@@ -244,4 +247,20 @@ func (s *state) apply(v *view, r *replica, p *published) error {
 		}
 	}
 	return nil
+}
+
+// pending records, at now, delta more requests router k placed on r that
+// await their first token: in k's own busy meter, and (with SharedIntents)
+// in every other router's meter of its peers' placements. The other routers
+// learn of it at once: IntentLag is not applied to the busy fraction.
+func (s *state) pending(r *replica, k int, now time.Duration, delta int) {
+	r.own[k].Add(now, delta)
+	if !s.cfg.SharedIntents {
+		return
+	}
+	for j := range r.peers {
+		if j != k {
+			r.peers[j].Add(now, delta)
+		}
+	}
 }

@@ -251,9 +251,9 @@ type replica struct {
 	// router still counts them.
 	intents []*intent
 	res     map[string]*intent // requests in flight here
-	// busy is how busy its prefill pipeline has been (every router's
-	// placements counted at once: the routers' shared accounting).
-	prefilling *placement.BusyMeter
+	// own[k] measures how busy router k's placements here kept the
+	// prefill pipeline, peers[k] (with SharedIntents) the other routers'.
+	own, peers []placement.BusyMeter
 
 	peakQueue   int
 	queue       []int // largest waiting count per interval
@@ -345,7 +345,8 @@ func Run(ctx context.Context, recs []workload.Record, ideal []int, cfg Config) (
 	}
 	quiet := slog.New(slog.DiscardHandler)
 	for i := range cfg.Replicas {
-		r := &replica{idx: i, id: fmt.Sprintf("r%d", i), res: make(map[string]*intent), prefilling: placement.NewBusyMeter(0)}
+		r := &replica{idx: i, id: fmt.Sprintf("r%d", i), res: make(map[string]*intent),
+			own: make([]placement.BusyMeter, cfg.Routers), peers: make([]placement.BusyMeter, cfg.Routers)}
 		r.tr = agent.NewTranslator(cfg.Model, max(agent.DefaultMapCapacity, 4*cfg.KVBlocks), quiet)
 		r.eng, err = simengine.New(simengine.Config{
 			Profile: cfg.Profile, BlockSize: cfg.BlockSize, CapacityBlocks: cfg.KVBlocks,
@@ -420,7 +421,7 @@ func (s *state) finishStep(r *replica) {
 		}
 		if x := r.res[t.RequestID]; x != nil && x.started == never {
 			x.started = now
-			r.prefilling.Add(now, -1)
+			s.pending(r, x.router, now, -1)
 		}
 	}
 	for _, f := range res.Finished {
@@ -517,7 +518,7 @@ func (s *state) arrive(i int) error {
 	}
 	r.res[id] = x
 	r.intents = append(r.intents, x)
-	r.prefilling.Add(now, 1)
+	s.pending(r, rt.idx, now, 1)
 	s.recordQueue(r, now, r.eng.Stats().Waiting)
 	if !r.busy {
 		r.step = r.eng.Step(now)

@@ -65,3 +65,14 @@ func (m *BusyMeter) Value(now time.Duration) float64 {
 	m.advance(now)
 	return min(max(m.value, 0), 1)
 }
+
+// CombineBusy is the busy fraction of a worker that two independent
+// sources of requests keep busy a and b of the time: the router's own
+// placements and the other routers' (shared intents).
+func CombineBusy(a, b float64) float64 {
+	a, b = min(max(a, 0), 1), min(max(b, 0), 1)
+	return a + b - a*b
+}
+
+// Pending returns the requests awaiting their first token.
+func (m *BusyMeter) Pending() int { return m.pending }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/dirclient"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
@@ -478,6 +479,7 @@ func (sh *sharer) addLoad(d *decision, i int) {
 	l := &d.cands[i].Load
 	l.QueuedPrefillTokens += q
 	l.InFlight += n
+	l.Busy = placement.CombineBusy(l.Busy, sh.peers.busyOf(d.cands[i].Worker))
 }
 
 // peerIntent is another router's intent as this router counts it.
@@ -490,6 +492,7 @@ type peerIntent struct {
 	expires   time.Time
 	queued    int // uncached tokens, while queued
 	inFlight  bool
+	pending   bool // queued: counted in its worker's busy meter
 }
 
 // peerWorker sums the other routers' intents on one worker.
@@ -504,10 +507,35 @@ type peerIntents struct {
 	mu       sync.RWMutex
 	byKey    map[intentKey]*peerIntent
 	byWorker map[string]*peerWorker
+	// busy measures, per worker, how much of the recent past some peer
+	// intent there was queued (kept when the worker's counts reach zero:
+	// the fraction decays).
+	busy map[string]*busyMeter
 }
 
 func newPeerIntents() *peerIntents {
-	return &peerIntents{byKey: map[intentKey]*peerIntent{}, byWorker: map[string]*peerWorker{}}
+	return &peerIntents{byKey: map[intentKey]*peerIntent{}, byWorker: map[string]*peerWorker{}, busy: map[string]*busyMeter{}}
+}
+
+// busyLocked returns worker's meter of peers' queued intents.
+func (pi *peerIntents) busyLocked(worker string) *busyMeter {
+	b := pi.busy[worker]
+	if b == nil {
+		b = &busyMeter{}
+		pi.busy[worker] = b
+	}
+	return b
+}
+
+// busyOf returns how busy the peers' queued intents kept worker.
+func (pi *peerIntents) busyOf(worker string) float64 {
+	pi.mu.RLock()
+	b := pi.busy[worker]
+	pi.mu.RUnlock()
+	if b == nil {
+		return 0
+	}
+	return b.value()
 }
 
 // apply records intents received at now.
@@ -530,7 +558,8 @@ func (pi *peerIntents) apply(intents []*kvdirv1.PlacementIntent, now time.Time) 
 			expires: now.Add(ttl), holdUntil: now.Add(min(max(p.Hold.AsDuration(), 0), ttl))}
 		switch p.State {
 		case kvdirv1.IntentState_INTENT_STATE_QUEUED:
-			e.queued, e.inFlight = int(p.UncachedTokens), true
+			e.queued, e.inFlight, e.pending = int(p.UncachedTokens), true, true
+			pi.busyLocked(e.worker).add(1)
 		case kvdirv1.IntentState_INTENT_STATE_PREFILLED:
 			e.inFlight = true
 		}
@@ -556,6 +585,9 @@ func (pi *peerIntents) apply(intents []*kvdirv1.PlacementIntent, now time.Time) 
 // removeLocked takes e's counts out of its worker and forgets it.
 func (pi *peerIntents) removeLocked(k intentKey, e *peerIntent) {
 	pi.unholdLocked(e)
+	if e.pending {
+		pi.busyLocked(e.worker).add(-1)
+	}
 	if w := pi.byWorker[e.worker]; w != nil {
 		w.queued -= e.queued
 		if e.inFlight {
@@ -606,6 +638,7 @@ func (pi *peerIntents) reset() {
 	defer pi.mu.Unlock()
 	clear(pi.byKey)
 	clear(pi.byWorker)
+	clear(pi.busy)
 }
 
 // matched returns how many leading blocks of chain the intents on worker

@@ -275,3 +275,27 @@ func TestRoutersShareIntents(t *testing.T) {
 		}
 	}
 }
+
+// TestPeerIntentsBusy: a peer's queued intent makes its worker busy for
+// this router's placement, until its first byte.
+func TestPeerIntentsBusy(t *testing.T) {
+	const (
+		Q = kvdirv1.IntentState_INTENT_STATE_QUEUED
+		P = kvdirv1.IntentState_INTENT_STATE_PREFILLED
+	)
+	pi := newPeerIntents()
+	t0 := time.Now()
+	pi.apply([]*kvdirv1.PlacementIntent{testPeerIntent("r2", 1, 1, "a", Q, 500, time.Minute, time.Minute, 1, 2, 3)}, t0)
+	testkit.Eventually(t, 5*time.Second, "worker a counted busy", func() (bool, string) { v := pi.busyOf("a"); return v > 0, fmt.Sprint("busy ", v) })
+	if pi.busyOf("b") != 0 {
+		t.Fatal("another worker counted busy")
+	}
+	pending := func() int { pi.mu.RLock(); defer pi.mu.RUnlock(); return pi.busy["a"].m.Pending() }
+	if pending() != 1 {
+		t.Fatalf("pending %d, want 1", pending())
+	}
+	pi.apply([]*kvdirv1.PlacementIntent{testPeerIntent("r2", 1, 2, "a", P, 500, time.Minute, time.Minute, 1, 2, 3)}, t0)
+	if pending() != 0 {
+		t.Fatalf("after the first byte: pending %d, want 0", pending())
+	}
+}
