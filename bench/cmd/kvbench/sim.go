@@ -263,6 +263,7 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 // writeReport writes the JSON, the Markdown table and the charts, and prints
 // the table.
 func writeReport(rep *report.Report, out string, charts bool, log *slog.Logger) error {
+	rep.RelateToPooled()
 	if err := rep.Validate(); err != nil {
 		log.Warn("result fails its own checks (written anyway)", "err", err)
 	}
