@@ -161,7 +161,7 @@ func Chart(r *Result, path string) error {
 	p.X.Label.Text = "request rate (req/s)"
 	p.Y.Label.Text = "p90 time to first token (s, log scale)"
 	p.Y.Scale = plot.LogScale{}
-	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Y.Tick.Marker = ticks125{}
 	p.Add(plotter.NewGrid())
 	p.Legend.Top = true
 	p.Legend.Left = true
@@ -203,6 +203,29 @@ func Chart(r *Result, path string) error {
 	}
 	return nil
 }
+
+// ticks125 marks a log axis at 1, 2 and 5 times the powers of ten, labelled
+// (LogTicks labels only the powers, often one or none on a TTFT range).
+type ticks125 struct{}
+
+// Ticks returns the marks within [lo, hi].
+func (ticks125) Ticks(lo, hi float64) []plot.Tick {
+	var out []plot.Tick
+	if !(lo > 0) || !(hi >= lo) {
+		return out
+	}
+	for e := math.Floor(math.Log10(lo)); e <= math.Ceil(math.Log10(hi)); e++ {
+		for _, m := range []float64{1, 2, 5} {
+			v := m * math.Pow(10, e)
+			if v >= lo && v <= hi {
+				out = append(out, plot.Tick{Value: v, Label: strconvG(v)})
+			}
+		}
+	}
+	return out
+}
+
+func strconvG(v float64) string { return fmt.Sprintf("%g", v) }
 
 // WriteFiles writes base.json, base.md and, with charts, base-p90.png, and
 // returns the files written.
