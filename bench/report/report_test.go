@@ -193,6 +193,15 @@ func TestMarkdownAndCharts(t *testing.T) {
 		!strings.Contains(out, "pooled LRU cache of that size would hit 33.3 %") {
 		t.Fatalf("table:\n%s", out)
 	}
+	// A result without the bound renders as before it existed.
+	r.PooledHitRate = 0
+	buf.Reset()
+	if err := Markdown(&buf, r); err != nil {
+		t.Fatal(err)
+	}
+	if out := buf.String(); strings.Contains(out, "pooled") || !strings.Contains(out, "| kvdir | 16.7 % | 0.417 | 300 ms |") {
+		t.Fatalf("table without the bound:\n%s", out)
+	}
 	files, err := Charts(r, t.TempDir()+"/x")
 	if err != nil {
 		t.Fatal(err)
