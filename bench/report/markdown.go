@@ -12,20 +12,35 @@ import (
 )
 
 // Markdown writes r as a Markdown section: the settings, then one table row
-// per policy in r's order.
+// per policy in r's order. The pooled bound and each policy's reuse against
+// it are shown when r has the bound (results written before it existed
+// render as they did).
 func Markdown(w io.Writer, r *Report) error {
 	var b strings.Builder
+	pooled := r.PooledHitRate > 0
 	fmt.Fprintf(&b, "`%s`\n\n", CommandLine(r.Command))
 	fmt.Fprintf(&b, "Mode %s; trace `%s` (%d requests over %.1f min, ideal hit rate %.1f %%, hot working set %s tokens); "+
-		"%d replicas of `%s`, %d KV blocks of %d tokens each (cluster KV %s tokens = %.2fx the working set); seed %d.\n\n",
+		"%d replicas of `%s`, %d KV blocks of %d tokens each (cluster KV %s tokens = %.2fx the working set",
 		r.Mode, r.Trace, r.TraceStats.Requests, r.TraceStats.DurationSec/60, 100*r.TraceStats.IdealHitRate,
 		human(float64(r.TraceStats.HotWorkingSetTokens)), r.Replicas, r.Profile, r.KVBlocks, r.BlockSize,
-		human(float64(r.ClusterKVTokens)), r.KVToWorkingSet, r.Seed)
-	b.WriteString("| policy | hit rate | reuse captured | TTFT p50 | TTFT p90 | TTFT p99 | e2e p90 | throughput (tok/s) | prefill tokens | max share | peak queue | rejected |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		human(float64(r.ClusterKVTokens)), r.KVToWorkingSet)
+	if pooled {
+		fmt.Fprintf(&b, "; one pooled LRU cache of that size would hit %.1f %%", 100*r.PooledHitRate)
+	}
+	fmt.Fprintf(&b, "); seed %d.\n\n", r.Seed)
+	head, rule := "| policy | hit rate | reuse captured |", "|---|---:|---:|"
+	if pooled {
+		head, rule = head+" vs pooled |", rule+"---:|"
+	}
+	b.WriteString(head + " TTFT p50 | TTFT p90 | TTFT p99 | e2e p90 | throughput (tok/s) | prefill tokens | max share | peak queue | rejected |\n")
+	b.WriteString(rule + "---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.Policies {
-		fmt.Fprintf(&b, "| %s | %.1f %% | %.3f | %s | %s | %s | %s | %s | %s | %.3f | %d | %d |\n",
-			p.Name, 100*p.HitRate, p.ReuseCaptured, secs(p.TTFTP50Ms), secs(p.TTFTP90Ms), secs(p.TTFTP99Ms),
+		fmt.Fprintf(&b, "| %s | %.1f %% | %.3f |", p.Name, 100*p.HitRate, p.ReuseCaptured)
+		if pooled {
+			fmt.Fprintf(&b, " %.3f |", p.ReuseVsPooled)
+		}
+		fmt.Fprintf(&b, " %s | %s | %s | %s | %s | %s | %.3f | %d | %d |\n",
+			secs(p.TTFTP50Ms), secs(p.TTFTP90Ms), secs(p.TTFTP99Ms),
 			secs(p.E2EP90Ms), human(p.ThroughputTokensPerSec), human(float64(p.PrefillTokensComputed)),
 			p.MaxReplicaShare, p.MaxPeakQueue, p.Rejected)
 	}
@@ -81,6 +96,9 @@ func (r *Report) Figures() []benchjson.Figure {
 		}
 		add("hit_rate", "fraction", p.HitRate, "prompt tokens served from the engines' prefix caches")
 		add("reuse_captured", "fraction", p.ReuseCaptured, "hit tokens / what one unlimited cache would have hit")
+		if r.PooledHitRate > 0 {
+			add("reuse_vs_pooled", "fraction", p.ReuseVsPooled, "hit rate / what one LRU cache of the cluster's KV would have hit")
+		}
 		add("ttft_p50_ms", "ms", p.TTFTP50Ms, "time to first token, p50")
 		add("ttft_p90_ms", "ms", p.TTFTP90Ms, "time to first token, p90")
 		add("ttft_p99_ms", "ms", p.TTFTP99Ms, "time to first token, p99")

@@ -47,8 +47,14 @@ type Report struct {
 	// ClusterKVTokens is Replicas × KVBlocks × BlockSize.
 	ClusterKVTokens int64 `json:"cluster_kv_tokens"`
 	// KVToWorkingSet is ClusterKVTokens / TraceStats.HotWorkingSetTokens.
-	KVToWorkingSet float64  `json:"kv_to_working_set"`
-	Policies       []Policy `json:"policies"`
+	KVToWorkingSet float64 `json:"kv_to_working_set"`
+	// PooledHitTokens is what one LRU prefix cache of ClusterKVTokens would
+	// hit serving the whole trace in order, compute ignored
+	// (workload.PooledHits): the cluster's KV pooled into one cache.
+	// PooledHitRate is that over TraceStats.InputTokens.
+	PooledHitTokens int64    `json:"pooled_hit_tokens"`
+	PooledHitRate   float64  `json:"pooled_hit_rate"`
+	Policies        []Policy `json:"policies"`
 }
 
 // TraceStats describes the trace a report ran.
@@ -80,6 +86,10 @@ type Policy struct {
 	HitRate float64 `json:"hit_rate"`
 	// ReuseCaptured is HitTokens / the ideal hit tokens of the same requests.
 	ReuseCaptured float64 `json:"reuse_captured"`
+	// ReuseVsPooled is HitRate / the report's PooledHitRate: the share of
+	// what one pooled cache of the cluster's KV would hit (0 when the
+	// bound is unknown; it can exceed 1, LRU not being optimal).
+	ReuseVsPooled float64 `json:"reuse_vs_pooled"`
 	TTFTP50Ms     float64 `json:"ttft_p50_ms"`
 	TTFTP90Ms     float64 `json:"ttft_p90_ms"`
 	TTFTP99Ms     float64 `json:"ttft_p99_ms"`
@@ -207,6 +217,14 @@ func (p *Policy) Finish() {
 	p.MaxPeakQueue = 0
 	for _, r := range p.Replicas {
 		p.MaxPeakQueue = max(p.MaxPeakQueue, r.PeakQueue)
+	}
+}
+
+// RelateToPooled sets every policy's ReuseVsPooled from the report's
+// PooledHitRate.
+func (r *Report) RelateToPooled() {
+	for i := range r.Policies {
+		r.Policies[i].ReuseVsPooled = ratio(r.Policies[i].HitRate, r.PooledHitRate)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/benchjson"
+	"github.com/kvdir/kvdir/internal/workload"
 )
 
 func sample(rep, prompt, cached, ideal int, arrive, first, finish time.Duration) Sample {
@@ -62,9 +63,37 @@ func testReport(t *testing.T) *Report {
 	p.Finish()
 	q := p
 	q.Name = "round-robin"
-	return &Report{Tool: "sim", Mode: "sim", Command: []string{"kvbench", "sim", "--trace=t.jsonl"}, Machine: benchjson.ThisMachine(),
+	r := &Report{Tool: "sim", Mode: "sim", Command: []string{"kvbench", "sim", "--trace=t.jsonl"}, Machine: benchjson.ThisMachine(),
 		Started: time.Date(2026, 11, 30, 5, 0, 0, 0, time.UTC), Trace: "t.jsonl", Replicas: 2,
-		Profile: "llama3-70b", KVBlocks: 100, BlockSize: 16, Policies: []Policy{p, q}}
+		Profile: "llama3-70b", KVBlocks: 100, BlockSize: 16, Policies: []Policy{p, q},
+		PooledHitTokens: 1000, PooledHitRate: p.HitRate * 2}
+	r.RelateToPooled()
+	return r
+}
+
+// TestForTracePooled: the report of a trace carries the bound of one LRU
+// cache of the cluster's KV, which an unlimited cluster raises to the ideal.
+func TestForTracePooled(t *testing.T) {
+	recs := []workload.Record{
+		{Timestamp: 0, InputLength: 1024, OutputLength: 1, HashIDs: []int64{1, 2}},
+		{Timestamp: 10, InputLength: 1024, OutputLength: 1, HashIDs: []int64{3, 4}},
+		{Timestamp: 20, InputLength: 1024, OutputLength: 1, HashIDs: []int64{1, 2}},
+	}
+	ideal := workload.IdealHits(recs, 512, 16)
+	big := ForTrace("sim", "t", recs, ideal, 512, 16, 2, "llama3-8b", 1000, 1)
+	if big.PooledHitTokens != big.TraceStats.IdealHitTokens || big.PooledHitTokens != 1008 || big.PooledHitRate != 1008.0/3072 {
+		t.Fatalf("unlimited: pooled %d (%v), ideal %d", big.PooledHitTokens, big.PooledHitRate, big.TraceStats.IdealHitTokens)
+	}
+	// 2 × 32 blocks of 16 tokens hold one prompt: the second evicts the first.
+	small := ForTrace("sim", "t", recs, ideal, 512, 16, 2, "llama3-8b", 32, 1)
+	if small.PooledHitTokens != 0 {
+		t.Fatalf("one prompt of KV: pooled %d, want 0", small.PooledHitTokens)
+	}
+	small.Policies = []Policy{{Name: "x", HitRate: 0.2}}
+	small.RelateToPooled()
+	if small.Policies[0].ReuseVsPooled != 0 {
+		t.Fatalf("no bound: reuse_vs_pooled %v", small.Policies[0].ReuseVsPooled)
+	}
 }
 
 // TestSchema checks the JSON field names of the fixed report schema.
@@ -81,17 +110,21 @@ func TestSchema(t *testing.T) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"trace", "replicas", "profile", "kv_blocks", "policies"} {
+	for _, k := range []string{"trace", "replicas", "profile", "kv_blocks", "policies", "pooled_hit_rate", "pooled_hit_tokens",
+		"cluster_kv_tokens", "kv_to_working_set", "trace_stats"} {
 		if _, ok := m[k]; !ok {
 			t.Fatalf("report has no %q", k)
 		}
 	}
 	pol := m["policies"].([]any)[0].(map[string]any)
-	for _, k := range []string{"name", "requests", "hit_rate", "reuse_captured", "ttft_p50_ms", "ttft_p90_ms",
+	for _, k := range []string{"name", "requests", "hit_rate", "reuse_captured", "reuse_vs_pooled", "ttft_p50_ms", "ttft_p90_ms",
 		"ttft_p99_ms", "e2e_p90_ms", "throughput_tokens_per_sec", "prefill_tokens_computed", "max_replica_share"} {
 		if _, ok := pol[k]; !ok {
 			t.Fatalf("policy has no %q", k)
 		}
+	}
+	if pol["reuse_vs_pooled"].(float64) != 0.5 || m["pooled_hit_rate"].(float64) != r.PooledHitRate {
+		t.Fatalf("reuse_vs_pooled %v, pooled_hit_rate %v", pol["reuse_vs_pooled"], m["pooled_hit_rate"])
 	}
 	if pol["max_peak_queue"].(float64) != 2 {
 		t.Fatalf("max_peak_queue %v, want 2", pol["max_peak_queue"])
@@ -156,8 +189,18 @@ func TestMarkdownAndCharts(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := buf.String()
-	if !strings.Contains(out, "| kvdir | 16.7 % |") || !strings.Contains(out, "| round-robin |") {
+	if !strings.Contains(out, "| kvdir | 16.7 % | 0.417 | 0.500 |") || !strings.Contains(out, "| round-robin |") ||
+		!strings.Contains(out, "pooled LRU cache of that size would hit 33.3 %") {
 		t.Fatalf("table:\n%s", out)
+	}
+	// A result without the bound renders as before it existed.
+	r.PooledHitRate = 0
+	buf.Reset()
+	if err := Markdown(&buf, r); err != nil {
+		t.Fatal(err)
+	}
+	if out := buf.String(); strings.Contains(out, "pooled") || !strings.Contains(out, "| kvdir | 16.7 % | 0.417 | 300 ms |") {
+		t.Fatalf("table without the bound:\n%s", out)
 	}
 	files, err := Charts(r, t.TempDir()+"/x")
 	if err != nil {

@@ -158,6 +158,10 @@ type Config struct {
 	QueueInterval time.Duration
 	// Logger receives progress; nil discards.
 	Logger *slog.Logger
+	// Observe, if set, receives every request's sample at the end of a
+	// successful run (in finishing order; rejected requests included), for
+	// measures the Policy does not hold.
+	Observe func([]report.Sample)
 }
 
 // ErrBadConfig is wrapped by configuration errors.
@@ -568,6 +572,9 @@ func (s *state) result(wall time.Duration) (report.Policy, error) {
 	}
 	p.Finish()
 	p.WallSec = wall.Seconds()
+	if s.cfg.Observe != nil {
+		s.cfg.Observe(s.samples)
+	}
 	return p, nil
 }
 

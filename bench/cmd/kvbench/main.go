@@ -6,6 +6,8 @@
 //	kvbench gen rollouts      RL rollouts: bursts of siblings with one prompt, a second round each
 //	kvbench gen mix           short classification prompts interleaved with long chats
 //	kvbench sim               discrete-event simulation of a trace under each policy
+//	kvbench sweep             each policy's capacity: the highest request rate meeting a p90 TTFT objective
+//	kvbench eval              the capacity sweep over the evaluation set (bench/testdata/evalset.json)
 //	kvbench replay            the same trace through real processes (directory, enginesims, agents, routers or HAProxy)
 //	kvbench demo              the main job: a bundled agent-session trace under round-robin, session-hash and kvdir
 //	kvbench dev               a local fleet (directory, enginesims with agents, router) until Ctrl-C
@@ -78,7 +80,7 @@ Exit status: 0 on success, 1 when a run fails, 2 on a usage error.`,
 		Short: "Generate a trace (Mooncake format, JSON Lines)",
 	}
 	gen.AddCommand(newGenSessions(), newGenSharedPrefix(), newGenRAG(), newGenRollouts(), newGenMix())
-	root.AddCommand(gen, newSim(log), newReplay(log), newDemo(log), newDev(), newReport())
+	root.AddCommand(gen, newSim(log), newSweep(log), newEval(log), newReplay(log), newDemo(log), newDev(), newReport())
 	root.AddCommand(newIndex(log), newDirectory(log), newFollow(log), newAgent(log), newRouter(log), newLeaderKill(log), newDocs(log))
 	return root
 }

@@ -15,29 +15,19 @@ import (
 	"github.com/kvdir/kvdir/bench/report"
 	"github.com/kvdir/kvdir/bench/sim"
 	"github.com/kvdir/kvdir/internal/cli"
-	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/simengine"
-	"github.com/kvdir/kvdir/internal/workload"
 )
 
 type simFlags struct {
-	trace, profile, policies, out string
-	replicas, kvBlocks            int
-	traceBlockSize, blockSize     int
-	maxBatched, maxRunning        int
-	timeScale                     float64
-	seed                          int64
-	eventLag, specTTL             time.Duration
-	parallel                      int
-	noCharts                      bool
-	specFixed                     bool
-	routers                       int
-	balance                       string
-	routerViewLag, viewJitter     time.Duration
-	sharedIntents                 bool
-	intentLag                     time.Duration
-	onePolicy                     bool
+	clusterFlags
+	timeScale                 float64
+	routers                   int
+	balance                   string
+	routerViewLag, viewJitter time.Duration
+	sharedIntents             bool
+	intentLag                 time.Duration
+	onePolicy                 bool
 }
 
 func newSim(log *slog.Logger) *cobra.Command {
@@ -74,21 +64,8 @@ H200 (see docs/benchmarks.md):
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.trace, "trace", "", "trace file, Mooncake format (JSON Lines); required")
-	fl.IntVar(&f.replicas, "replicas", 8, "engine replicas")
-	fl.StringVar(&f.profile, "profile", "llama3-70b", "engine timing profile: a built-in name ("+strings.Join(costmodel.ProfileNames(), ", ")+") or a JSON file")
-	fl.IntVar(&f.kvBlocks, "kv-blocks", 0, "KV-cache blocks per replica (0: what the profile's model leaves on one H200)")
-	fl.StringVar(&f.policies, "policies", "round-robin,session-hash,kvdir", "comma-separated policies, or all ("+strings.Join(placement.Names(), ", ")+")")
+	f.register(fl, "round-robin,session-hash,kvdir", 1)
 	fl.Float64Var(&f.timeScale, "time-scale", 1, "multiply the trace's timestamps by this (0.5: twice the request rate)")
-	fl.Int64Var(&f.seed, "seed", 1, "seed of the policies' random choices and the engines")
-	fl.StringVarP(&f.out, "out", "o", "", "result JSON file (.md and charts are written next to it); empty: print the table only")
-	fl.IntVar(&f.traceBlockSize, "trace-block-size", workload.DefaultBlockSize, "tokens per hash id in the trace")
-	fl.IntVar(&f.blockSize, "block-size", simengine.DefaultBlockSize, "engine KV block size in tokens")
-	fl.IntVar(&f.maxBatched, "max-batched-tokens", simengine.DefaultMaxBatchedTokens, "engine token budget per step (chunked prefill)")
-	fl.IntVar(&f.maxRunning, "max-running", simengine.DefaultMaxRunning, "engine's most running requests")
-	fl.DurationVar(&f.eventLag, "event-lag", 0, "delay before a step's KV events reach the directory view (0: visible right after the step)")
-	fl.DurationVar(&f.specTTL, "speculative-ttl", sim.DefaultSpeculativeTTL, "how long a placement counts as holding its prefix (negative: off)")
-	fl.BoolVar(&f.specFixed, "speculative-fixed-ttl", false, "what-if: end a speculative entry the TTL after the placement (default, as the router: hold it until the request's first token, then for the TTL)")
 	fl.IntVar(&f.routers, "routers", 1, "routers placing the requests, each with its own policy instance, directory view, speculative entries and accounting")
 	fl.StringVar(&f.balance, "balance", sim.BalanceRoundRobin, "how the load balancer spreads requests over the routers: "+sim.BalanceRoundRobin+", "+sim.BalanceRandom+" (seeded) or "+sim.BalanceSession+" (a session's requests to one router, by a hash of its key)")
 	fl.DurationVar(&f.routerViewLag, "router-view-lag", 0, "delay of each router's directory view after the directory (added to --event-lag)")
@@ -96,8 +73,6 @@ H200 (see docs/benchmarks.md):
 	fl.BoolVar(&f.sharedIntents, "shared-intents", false, "each router counts the other routers' placements (speculative entries, in-flight requests, queued prefill) as its own")
 	fl.DurationVar(&f.intentLag, "intent-lag", 0, "with --shared-intents: how long a placement, its first token and its end take to reach the other routers")
 	fl.BoolVar(&f.onePolicy, "one-policy-instance", false, "what-if: every router calls one policy instance (one random stream for tie breaks, one sticky map), as no real routers do; isolates the routers' views")
-	fl.IntVar(&f.parallel, "parallel", 1, "policies simulated at the same time")
-	fl.BoolVar(&f.noCharts, "no-charts", false, "do not write PNG charts")
 	return cmd
 }
 
@@ -145,12 +120,6 @@ func contains(list []string, s string) bool {
 }
 
 func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
-	if f.trace == "" {
-		return cli.Usagef("--trace is required")
-	}
-	if f.parallel < 1 {
-		return cli.Usagef("--parallel %d, want >= 1", f.parallel)
-	}
 	switch {
 	case f.routers < 1:
 		return cli.Usagef("--routers %d, want >= 1", f.routers)
@@ -161,31 +130,12 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	case f.intentLag > 0 && !f.sharedIntents:
 		return cli.Usagef("--intent-lag needs --shared-intents")
 	}
-	prof, err := costmodel.ResolveProfile(f.profile)
+	c, err := f.load(log)
 	if err != nil {
 		return err
 	}
-	pols, err := parsePolicies(f.policies)
-	if err != nil {
-		return err
-	}
-	if f.kvBlocks == 0 {
-		a, ok := sim.DefaultKVBlocks(prof.Name, f.blockSize)
-		if !ok {
-			return fmt.Errorf("profile %q has no default KV size; set --kv-blocks", prof.Name)
-		}
-		f.kvBlocks = a.Blocks
-		log.Info("kv blocks from the H200 arithmetic", "arithmetic", a.String())
-	}
-	recs, err := workload.ReadFile(f.trace, f.traceBlockSize)
-	if err != nil {
-		return err
-	}
-	if len(recs) == 0 {
-		return fmt.Errorf("%s: no records", f.trace)
-	}
-	workload.SortByTime(recs)
-	ideal := workload.IdealHits(recs, f.traceBlockSize, f.blockSize)
+	prof, pols, recs, ideal := c.prof, c.pols, c.recs, c.ideal
+	f.kvBlocks = c.kvBlocks
 	rep := report.ForTrace("sim", f.trace, recs, ideal, f.traceBlockSize, f.blockSize, f.replicas, prof.Name, f.kvBlocks, f.timeScale)
 	rep.Command, rep.Seed = argvOf(cmd, nil), f.seed
 	rep.Settings = map[string]any{
@@ -213,7 +163,8 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	ts := rep.TraceStats
 	log.Info("trace", "file", f.trace, "requests", ts.Requests, "minutes", fmt.Sprintf("%.1f", ts.DurationSec/60),
 		"ideal_hit_rate", fmt.Sprintf("%.3f", rep.TraceStats.IdealHitRate), "hot_working_set_tokens", ts.HotWorkingSetTokens,
-		"cluster_kv_tokens", rep.ClusterKVTokens, "kv_to_working_set", fmt.Sprintf("%.2f", rep.KVToWorkingSet))
+		"cluster_kv_tokens", rep.ClusterKVTokens, "kv_to_working_set", fmt.Sprintf("%.2f", rep.KVToWorkingSet),
+		"pooled_hit_rate", fmt.Sprintf("%.3f", rep.PooledHitRate))
 
 	results := make([]report.Policy, len(pols))
 	errs := make([]error, len(pols))
@@ -225,14 +176,11 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			cfg := sim.Config{
-				Policy: name, Profile: prof, Replicas: f.replicas, KVBlocks: f.kvBlocks, BlockSize: f.blockSize,
-				MaxBatchedTokens: f.maxBatched, MaxRunning: f.maxRunning, TraceBlockSize: f.traceBlockSize,
-				TimeScale: f.timeScale, EventLag: f.eventLag, SpeculativeTTL: f.specTTL, Seed: f.seed, Logger: log,
-				SpeculativeFixedTTL: f.specFixed, Routers: f.routers, Balance: f.balance,
-				RouterViewLag: f.routerViewLag, RouterViewJitter: f.viewJitter,
-				SharedIntents: f.sharedIntents, IntentLag: f.intentLag,
-			}
+			cfg := f.simConfig(c, log)
+			cfg.Policy, cfg.TimeScale = name, f.timeScale
+			cfg.Routers, cfg.Balance = f.routers, f.balance
+			cfg.RouterViewLag, cfg.RouterViewJitter = f.routerViewLag, f.viewJitter
+			cfg.SharedIntents, cfg.IntentLag = f.sharedIntents, f.intentLag
 			if f.onePolicy {
 				pol, err := placement.New(name, placement.Options{Seed: f.seed, Profile: prof, ChunkTokens: f.maxBatched})
 				if err != nil {
@@ -263,6 +211,7 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 // writeReport writes the JSON, the Markdown table and the charts, and prints
 // the table.
 func writeReport(rep *report.Report, out string, charts bool, log *slog.Logger) error {
+	rep.RelateToPooled()
 	if err := rep.Validate(); err != nil {
 		log.Warn("result fails its own checks (written anyway)", "err", err)
 	}
