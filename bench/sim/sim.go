@@ -65,6 +65,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/bench/report"
+	"github.com/kvdir/kvdir/internal/admission"
 	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/costmodel"
@@ -86,6 +87,11 @@ const (
 	// DefaultQueueSamples is the number of intervals of the queue-depth
 	// series when Config.QueueInterval is 0.
 	DefaultQueueSamples = 300
+	// DefaultAdmissionQueue and DefaultAdmissionMaxWait are the router's
+	// defaults of late binding (router.DefaultAdmissionQueue and
+	// DefaultAdmissionMaxWait).
+	DefaultAdmissionQueue   = 1024
+	DefaultAdmissionMaxWait = 30 * time.Second
 	// DefaultChainPrefixBlocks is how many leading chain hashes a request
 	// carries for hashing policies when it has no session key.
 	DefaultChainPrefixBlocks = 4
@@ -153,6 +159,19 @@ type Config struct {
 	Model string
 	// Seed seeds the policy's random choices and the engines.
 	Seed int64
+	// LateBinding holds a request at the router while every replica is
+	// past its knee (admission.Knee, with MaxBatchedTokens as the chunk),
+	// in a queue of at most AdmissionQueue requests, each for at most
+	// AdmissionMaxWait; it is placed, by the policy on the loads of that
+	// moment, at the first step end at which a replica is below its knee.
+	// A request the queue refuses (full, or waited too long) is counted as
+	// rejected. New requests queue behind held ones, and a session's
+	// request never overtakes its earlier one (the router's rule).
+	LateBinding bool
+	// AdmissionQueue bounds the held requests (0: DefaultAdmissionQueue).
+	AdmissionQueue int
+	// AdmissionMaxWait bounds a request's wait (0: DefaultAdmissionMaxWait).
+	AdmissionMaxWait time.Duration
 	// QueueInterval is the width of a queue-depth sample (0: the trace's
 	// span / DefaultQueueSamples, at least one second).
 	QueueInterval time.Duration
@@ -195,7 +214,15 @@ func (c *Config) fill(recs []workload.Record) error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.AdmissionQueue == 0 {
+		c.AdmissionQueue = DefaultAdmissionQueue
+	}
+	if c.AdmissionMaxWait == 0 {
+		c.AdmissionMaxWait = DefaultAdmissionMaxWait
+	}
 	switch {
+	case c.AdmissionQueue < 0 || c.AdmissionMaxWait < 0:
+		return fmt.Errorf("%w: admission queue %d and max wait %v, want >= 0", ErrBadConfig, c.AdmissionQueue, c.AdmissionMaxWait)
 	case c.Replicas < 1:
 		return fmt.Errorf("%w: replicas %d, want >= 1", ErrBadConfig, c.Replicas)
 	case c.KVBlocks < 1:
@@ -312,6 +339,13 @@ type state struct {
 	hasher  *blockhash.Hasher
 	balance *rand.Rand // BalanceRandom's choices
 
+	// held are the requests late binding holds (nil without it); knee is
+	// its rule.
+	held *admission.Queue[heldReq]
+	knee admission.Knee
+	// nheld and nrefused count the requests held and those refused.
+	nheld, nrefused int
+
 	samples []report.Sample
 	done    []bool // per record: finished or rejected
 	err     error  // a broken invariant seen while finishing a step
@@ -343,6 +377,10 @@ func Run(ctx context.Context, recs []workload.Record, ideal []int, cfg Config) (
 		samples: make([]report.Sample, 0, len(recs)),
 		done:    make([]bool, len(recs)),
 		balance: rand.New(rand.NewPCG(uint64(cfg.Seed), balanceStream)),
+	}
+	if cfg.LateBinding {
+		s.held = admission.NewQueue[heldReq](cfg.AdmissionQueue, cfg.AdmissionMaxWait)
+		s.knee = admission.NewKnee(cfg.Profile, cfg.MaxBatchedTokens)
 	}
 	if err := s.newRouters(); err != nil {
 		return report.Policy{}, err
@@ -404,6 +442,9 @@ func (s *state) loop(ctx context.Context) error {
 			continue
 		}
 		if step == nil {
+			if s.held != nil && s.held.Len() > 0 {
+				return fmt.Errorf("sim: %d requests held with every engine idle", s.held.Len())
+			}
 			return nil
 		}
 		s.finishStep(step)
@@ -443,12 +484,18 @@ func (s *state) finishStep(r *replica) {
 		s.samples = append(s.samples, report.Sample{
 			Replica: r.idx, PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
 			IdealCached: s.ideal[q.rec], OutputTokens: len(f.Output),
-			Arrival: f.Arrival, FirstToken: f.FirstToken, Finish: f.Finish,
+			Arrival: s.arrival(q.rec), FirstToken: f.FirstToken, Finish: f.Finish,
 		})
 	}
 	st := r.eng.Stats()
 	r.load.Running, r.load.Waiting, r.load.KVUsage = st.Running, st.Waiting, st.KVUsage
 	s.recordQueue(r, now, st.Waiting)
+	if s.held != nil && s.held.Len() > 0 {
+		if err := s.release(now); err != nil {
+			s.err = err
+			return
+		}
+	}
 	if r.eng.Busy() {
 		r.step = r.eng.Step(now)
 		r.busy = !r.step.Idle
@@ -467,15 +514,93 @@ func (s *state) recordQueue(r *replica, now time.Duration, waiting int) {
 }
 
 // arrive places record i, through the router the balancer picks, and
-// submits it.
+// submits it; with late binding it may hold it instead.
 func (s *state) arrive(i int) error {
 	now := s.arrival(i)
-	rec := &s.recs[i]
 	if err := s.flush(now); err != nil {
 		return err
 	}
 	s.expire(now)
 	rt := s.pickRouter(i)
+	if err := s.prepare(i, rt, now); err != nil {
+		return err
+	}
+	if s.held != nil {
+		s.rejectExpired(now)
+		key := SessionKey(&s.recs[i])
+		if s.held.Len() > 0 || s.held.Busy(key) || s.knee.AllPast(s.cands, len(s.tokens)) {
+			if _, err := s.held.Push(now, key, heldReq{rec: i, rt: rt}); err != nil {
+				s.reject(i, now) // queue full: the router's 429
+			} else {
+				s.nheld++
+			}
+			return nil
+		}
+	}
+	return s.commit(i, rt, now)
+}
+
+// heldReq is a request late binding holds, and the router holding it.
+type heldReq struct {
+	rec int
+	rt  *router
+}
+
+// release places, at the step end now, the held requests that some
+// replica below its knee can take, oldest first (the router's wake-up).
+func (s *state) release(now time.Duration) error {
+	s.rejectExpired(now)
+	if s.held.Len() == 0 {
+		return nil
+	}
+	if err := s.flush(now); err != nil {
+		return err
+	}
+	s.expire(now)
+	for {
+		var perr error
+		e := s.held.Next(now, func(e *admission.Entry[heldReq]) bool {
+			if perr = s.prepare(e.Value.rec, e.Value.rt, now); perr != nil {
+				return true
+			}
+			return !s.knee.AllPast(s.cands, len(s.tokens))
+		})
+		if perr != nil {
+			return perr
+		}
+		if e == nil {
+			return nil
+		}
+		// s.tokens, s.chain and s.cands are e's, from the fits call.
+		err := s.commit(e.Value.rec, e.Value.rt, now)
+		s.held.Done(e)
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// rejectExpired counts as rejected the held requests that waited
+// AdmissionMaxWait (the router's 503).
+func (s *state) rejectExpired(now time.Duration) {
+	for _, e := range s.held.Expired(now) {
+		s.reject(e.Value.rec, now)
+	}
+}
+
+// reject counts record i as refused at now.
+func (s *state) reject(i int, now time.Duration) {
+	s.done[i] = true
+	s.nrefused++
+	r := &s.recs[i]
+	n := min(r.InputLength, len(r.HashIDs)*s.cfg.TraceBlockSize) // workload.Prompt's length
+	s.samples = append(s.samples, report.Sample{PromptTokens: n, Rejected: true, Arrival: s.arrival(i), FirstToken: now, Finish: now})
+}
+
+// prepare renders and hashes record i and fills s.cands as router rt sees
+// the replicas at now.
+func (s *state) prepare(i int, rt *router, now time.Duration) error {
+	rec := &s.recs[i]
 	s.tokens = workload.Prompt(s.tokens[:0], rec, s.cfg.TraceBlockSize)
 	s.chain = s.hasher.Chain(s.chain[:0], s.tokens, nil)
 	var err error
@@ -492,6 +617,12 @@ func (s *state) arrive(i int) error {
 			s.cands[k].MatchedBlocks = max(s.cands[k].MatchedBlocks, m.Blocks)
 		}
 	}
+	return nil
+}
+
+// commit places record i, prepared, with rt's policy at now and submits it.
+func (s *state) commit(i int, rt *router, now time.Duration) error {
+	rec := &s.recs[i]
 	req := placement.Request{
 		SessionKey: SessionKey(rec), PromptTokens: len(s.tokens), BlockSize: s.cfg.BlockSize,
 		ChainPrefix: s.chain[:min(len(s.chain), DefaultChainPrefixBlocks)],
@@ -507,7 +638,7 @@ func (s *state) arrive(i int) error {
 	case errors.Is(err, simengine.ErrTooLong):
 		s.done[i] = true
 		s.samples = append(s.samples, report.Sample{Replica: r.idx, PromptTokens: len(s.tokens), Rejected: true,
-			Arrival: now, FirstToken: now, Finish: now})
+			Arrival: s.arrival(i), FirstToken: now, Finish: now})
 		return nil
 	case err != nil:
 		return fmt.Errorf("sim: request %d: %w", i, err)
@@ -570,6 +701,7 @@ func (s *state) result(wall time.Duration) (report.Policy, error) {
 			p.DirectoryProblems[k] += v
 		}
 	}
+	p.Held, p.AdmissionRejected = s.nheld, s.nrefused
 	p.Finish()
 	p.WallSec = wall.Seconds()
 	if s.cfg.Observe != nil {
