@@ -79,9 +79,10 @@ type Policy struct {
 	Requests int `json:"requests"`
 	Rejected int `json:"rejected"`
 	// Held counts the requests late binding held at the router before
-	// placing them; AdmissionRejected those of Rejected its queue refused
-	// (full, or held too long).
+	// placing them (PeakHeld: the most at once); AdmissionRejected those
+	// of Rejected its queue refused (full, or held too long).
 	Held              int `json:"held,omitempty"`
+	PeakHeld          int `json:"peak_held,omitempty"`
 	AdmissionRejected int `json:"admission_rejected,omitempty"`
 	// PromptTokens and HitTokens are summed over completed requests, HitTokens
 	// from the engines' own accounting (cached tokens at first scheduling).

@@ -44,6 +44,10 @@
 //     reproduce bench/results/sim-demo.json from it exactly. The engines'
 //     gauges are the same for every router (scrape intervals are not
 //     modelled).
+//   - Late binding (Config.LateBinding): the router's admission queue,
+//     with its rule (internal/admission): while every replica is past its
+//     knee a request waits at its router and is placed at the first step
+//     end, or arrival, at which a replica is below the knee for it.
 //   - Not modelled: network and proxy latency, tokenization time, metric
 //     scrape intervals, directory outages.
 //
@@ -345,6 +349,7 @@ type state struct {
 	knee admission.Knee
 	// nheld and nrefused count the requests held and those refused.
 	nheld, nrefused int
+	peakHeld        int // most requests held at once
 
 	samples []report.Sample
 	done    []bool // per record: finished or rejected
@@ -531,10 +536,13 @@ func (s *state) arrive(i int) error {
 		if s.held.Len() > 0 || s.held.Busy(key) || s.knee.AllPast(s.cands, len(s.tokens)) {
 			if _, err := s.held.Push(now, key, heldReq{rec: i, rt: rt}); err != nil {
 				s.reject(i, now) // queue full: the router's 429
-			} else {
-				s.nheld++
+				return nil
 			}
-			return nil
+			s.nheld++
+			s.peakHeld = max(s.peakHeld, s.held.Len())
+			// As the router wakes its queue on a push: a replica may be
+			// below its knee for this request though not for those ahead.
+			return s.release(now)
 		}
 	}
 	return s.commit(i, rt, now)
@@ -701,7 +709,7 @@ func (s *state) result(wall time.Duration) (report.Policy, error) {
 			p.DirectoryProblems[k] += v
 		}
 	}
-	p.Held, p.AdmissionRejected = s.nheld, s.nrefused
+	p.Held, p.PeakHeld, p.AdmissionRejected = s.nheld, s.peakHeld, s.nrefused
 	p.Finish()
 	p.WallSec = wall.Seconds()
 	if s.cfg.Observe != nil {
