@@ -24,11 +24,12 @@ import (
 // them (first come, first placed), and a session's request never overtakes
 // its earlier one.
 const (
-	// DefaultAdmissionQueue bounds the held requests. Each holds its body
-	// (typically tens of kB, at most --max-body-bytes) and a goroutine;
-	// 1024 is about two minutes of the busiest agent trace's arrivals at
-	// 8 replicas, far more than a max wait's worth, so the bound only
-	// stops a flood and max wait is what normally ends a wait.
+	// DefaultAdmissionQueue bounds the held requests. Max wait, not this
+	// bound, is meant to end waits: the queue holds at most a max wait's
+	// worth of arrivals, so 1024 refuses nothing below 34 requests/s
+	// (1024 / 30 s; the Mooncake trace arrives at 3.9/s) and only stops a
+	// flood. A held request costs its body (tens of kB for a 10k-token
+	// prompt) and a goroutine.
 	DefaultAdmissionQueue = 1024
 	// DefaultAdmissionMaxWait bounds a request's wait at the router: the
 	// time after which a client is better told to come back (503 with

@@ -52,6 +52,13 @@ accounting. --shared-intents makes each router also count the others' placements
 (speculative entries, requests in flight, queued uncached prefill), --intent-lag after
 they happen.
 
+--late-binding holds a request at the router while every replica is past its knee
+(internal/admission: its queued prefill exceeds two steps of --max-batched-tokens) and
+places it at the first step end at which one drops below it, as the router's
+--admission-queue does; past --admission-queue held requests or --admission-max-wait a
+request is refused and counted as rejected. Held, peak_held and admission_rejected in the
+JSON count them; time to first token counts from arrival.
+
 Writes --out (JSON), the same name with .md (Markdown table) and, unless --no-charts,
 PNG charts next to it: -ttft-cdf.png, -replica-hit-rate.png, -queue-depth.png.
 
