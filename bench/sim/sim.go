@@ -565,27 +565,64 @@ func (s *state) release(now time.Duration) error {
 		return err
 	}
 	s.expire(now)
-	for {
-		var perr error
-		e := s.held.Next(now, func(e *admission.Entry[heldReq]) bool {
-			if perr = s.prepare(e.Value.rec, e.Value.rt, now); perr != nil {
+	// The knee needs only the loads, the same for every request of a
+	// router: computed once per router and grant, not per request scanned.
+	loads := make(map[int][]placement.Load, len(s.routers))
+	fits := func(e *admission.Entry[heldReq]) bool {
+		rt := e.Value.rt
+		ls, ok := loads[rt.idx]
+		if !ok {
+			ls = make([]placement.Load, len(s.reps))
+			for k, r := range s.reps {
+				ls[k] = s.kneeLoad(rt, r, now)
+			}
+			loads[rt.idx] = ls
+		}
+		n := s.promptLen(e.Value.rec)
+		for _, l := range ls {
+			if !s.knee.Past(l, n) {
 				return true
 			}
-			return !s.knee.AllPast(s.cands, len(s.tokens))
-		})
-		if perr != nil {
-			return perr
 		}
+		return false
+	}
+	for {
+		clear(loads)
+		e := s.held.Next(now, fits)
 		if e == nil {
 			return nil
 		}
-		// s.tokens, s.chain and s.cands are e's, from the fits call.
-		err := s.commit(e.Value.rec, e.Value.rt, now)
+		err := s.prepare(e.Value.rec, e.Value.rt, now)
+		if err == nil {
+			err = s.commit(e.Value.rec, e.Value.rt, now)
+		}
 		s.held.Done(e)
 		if err != nil {
 			return err
 		}
 	}
+}
+
+// kneeLoad is replica r's load as router rt sees it at now, as far as the
+// knee needs it: the engine's gauges and the uncached prefill queued by
+// the placements rt knows of (candidate's accounting, without the
+// speculative depth, which needs the request's chain).
+func (s *state) kneeLoad(rt *router, r *replica, now time.Duration) placement.Load {
+	l := r.load
+	l.QueuedPrefillTokens = 0
+	for _, x := range r.intents {
+		lag, ok := s.intentLag(rt, x)
+		if ok && seen(x.placed, lag, now) && !seen(x.finished, lag, now) && !seen(x.started, lag, now) {
+			l.QueuedPrefillTokens += x.uncached
+		}
+	}
+	return l
+}
+
+// promptLen is the length of record i's prompt (workload.Prompt's).
+func (s *state) promptLen(i int) int {
+	r := &s.recs[i]
+	return min(r.InputLength, len(r.HashIDs)*s.cfg.TraceBlockSize)
 }
 
 // rejectExpired counts as rejected the held requests that waited
@@ -600,9 +637,7 @@ func (s *state) rejectExpired(now time.Duration) {
 func (s *state) reject(i int, now time.Duration) {
 	s.done[i] = true
 	s.nrefused++
-	r := &s.recs[i]
-	n := min(r.InputLength, len(r.HashIDs)*s.cfg.TraceBlockSize) // workload.Prompt's length
-	s.samples = append(s.samples, report.Sample{PromptTokens: n, Rejected: true, Arrival: s.arrival(i), FirstToken: now, Finish: now})
+	s.samples = append(s.samples, report.Sample{PromptTokens: s.promptLen(i), Rejected: true, Arrival: s.arrival(i), FirstToken: now, Finish: now})
 }
 
 // prepare renders and hashes record i and fills s.cands as router rt sees
