@@ -78,6 +78,12 @@ type Policy struct {
 	// refused by the engine (e.g. longer than a replica's KV cache).
 	Requests int `json:"requests"`
 	Rejected int `json:"rejected"`
+	// Held counts the requests late binding held at the router before
+	// placing them (PeakHeld: the most at once); AdmissionRejected those
+	// of Rejected its queue refused (full, or held too long).
+	Held              int `json:"held,omitempty"`
+	PeakHeld          int `json:"peak_held,omitempty"`
+	AdmissionRejected int `json:"admission_rejected,omitempty"`
 	// PromptTokens and HitTokens are summed over completed requests, HitTokens
 	// from the engines' own accounting (cached tokens at first scheduling).
 	PromptTokens int64 `json:"prompt_tokens"`

@@ -44,6 +44,10 @@
 //     reproduce bench/results/sim-demo.json from it exactly. The engines'
 //     gauges are the same for every router (scrape intervals are not
 //     modelled).
+//   - Late binding (Config.LateBinding): the router's admission queue,
+//     with its rule (internal/admission): while every replica is past its
+//     knee a request waits at its router and is placed at the first step
+//     end, or arrival, at which a replica is below the knee for it.
 //   - Not modelled: network and proxy latency, tokenization time, metric
 //     scrape intervals, directory outages.
 //
@@ -65,6 +69,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/bench/report"
+	"github.com/kvdir/kvdir/internal/admission"
 	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/costmodel"
@@ -86,6 +91,11 @@ const (
 	// DefaultQueueSamples is the number of intervals of the queue-depth
 	// series when Config.QueueInterval is 0.
 	DefaultQueueSamples = 300
+	// DefaultAdmissionQueue and DefaultAdmissionMaxWait are the router's
+	// defaults of late binding (router.DefaultAdmissionQueue and
+	// DefaultAdmissionMaxWait).
+	DefaultAdmissionQueue   = 1024
+	DefaultAdmissionMaxWait = 30 * time.Second
 	// DefaultChainPrefixBlocks is how many leading chain hashes a request
 	// carries for hashing policies when it has no session key.
 	DefaultChainPrefixBlocks = 4
@@ -153,6 +163,19 @@ type Config struct {
 	Model string
 	// Seed seeds the policy's random choices and the engines.
 	Seed int64
+	// LateBinding holds a request at the router while every replica is
+	// past its knee (admission.Knee, with MaxBatchedTokens as the chunk),
+	// in a queue of at most AdmissionQueue requests, each for at most
+	// AdmissionMaxWait; it is placed, by the policy on the loads of that
+	// moment, at the first step end at which a replica is below its knee.
+	// A request the queue refuses (full, or waited too long) is counted as
+	// rejected. New requests queue behind held ones, and a session's
+	// request never overtakes its earlier one (the router's rule).
+	LateBinding bool
+	// AdmissionQueue bounds the held requests (0: DefaultAdmissionQueue).
+	AdmissionQueue int
+	// AdmissionMaxWait bounds a request's wait (0: DefaultAdmissionMaxWait).
+	AdmissionMaxWait time.Duration
 	// QueueInterval is the width of a queue-depth sample (0: the trace's
 	// span / DefaultQueueSamples, at least one second).
 	QueueInterval time.Duration
@@ -195,7 +218,15 @@ func (c *Config) fill(recs []workload.Record) error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.AdmissionQueue == 0 {
+		c.AdmissionQueue = DefaultAdmissionQueue
+	}
+	if c.AdmissionMaxWait == 0 {
+		c.AdmissionMaxWait = DefaultAdmissionMaxWait
+	}
 	switch {
+	case c.AdmissionQueue < 0 || c.AdmissionMaxWait < 0:
+		return fmt.Errorf("%w: admission queue %d and max wait %v, want >= 0", ErrBadConfig, c.AdmissionQueue, c.AdmissionMaxWait)
 	case c.Replicas < 1:
 		return fmt.Errorf("%w: replicas %d, want >= 1", ErrBadConfig, c.Replicas)
 	case c.KVBlocks < 1:
@@ -312,6 +343,14 @@ type state struct {
 	hasher  *blockhash.Hasher
 	balance *rand.Rand // BalanceRandom's choices
 
+	// held are the requests late binding holds (nil without it); knee is
+	// its rule.
+	held *admission.Queue[heldReq]
+	knee admission.Knee
+	// nheld and nrefused count the requests held and those refused.
+	nheld, nrefused int
+	peakHeld        int // most requests held at once
+
 	samples []report.Sample
 	done    []bool // per record: finished or rejected
 	err     error  // a broken invariant seen while finishing a step
@@ -343,6 +382,10 @@ func Run(ctx context.Context, recs []workload.Record, ideal []int, cfg Config) (
 		samples: make([]report.Sample, 0, len(recs)),
 		done:    make([]bool, len(recs)),
 		balance: rand.New(rand.NewPCG(uint64(cfg.Seed), balanceStream)),
+	}
+	if cfg.LateBinding {
+		s.held = admission.NewQueue[heldReq](cfg.AdmissionQueue, cfg.AdmissionMaxWait)
+		s.knee = admission.NewKnee(cfg.Profile, cfg.MaxBatchedTokens)
 	}
 	if err := s.newRouters(); err != nil {
 		return report.Policy{}, err
@@ -404,6 +447,9 @@ func (s *state) loop(ctx context.Context) error {
 			continue
 		}
 		if step == nil {
+			if s.held != nil && s.held.Len() > 0 {
+				return fmt.Errorf("sim: %d requests held with every engine idle", s.held.Len())
+			}
 			return nil
 		}
 		s.finishStep(step)
@@ -443,12 +489,18 @@ func (s *state) finishStep(r *replica) {
 		s.samples = append(s.samples, report.Sample{
 			Replica: r.idx, PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
 			IdealCached: s.ideal[q.rec], OutputTokens: len(f.Output),
-			Arrival: f.Arrival, FirstToken: f.FirstToken, Finish: f.Finish,
+			Arrival: s.arrival(q.rec), FirstToken: f.FirstToken, Finish: f.Finish,
 		})
 	}
 	st := r.eng.Stats()
 	r.load.Running, r.load.Waiting, r.load.KVUsage = st.Running, st.Waiting, st.KVUsage
 	s.recordQueue(r, now, st.Waiting)
+	if s.held != nil && s.held.Len() > 0 {
+		if err := s.release(now); err != nil {
+			s.err = err
+			return
+		}
+	}
 	if r.eng.Busy() {
 		r.step = r.eng.Step(now)
 		r.busy = !r.step.Idle
@@ -467,15 +519,131 @@ func (s *state) recordQueue(r *replica, now time.Duration, waiting int) {
 }
 
 // arrive places record i, through the router the balancer picks, and
-// submits it.
+// submits it; with late binding it may hold it instead.
 func (s *state) arrive(i int) error {
 	now := s.arrival(i)
-	rec := &s.recs[i]
 	if err := s.flush(now); err != nil {
 		return err
 	}
 	s.expire(now)
 	rt := s.pickRouter(i)
+	if err := s.prepare(i, rt, now); err != nil {
+		return err
+	}
+	if s.held != nil {
+		s.rejectExpired(now)
+		key := SessionKey(&s.recs[i])
+		if s.held.Len() > 0 || s.held.Busy(key) || s.knee.AllPast(s.cands, len(s.tokens)) {
+			if _, err := s.held.Push(now, key, heldReq{rec: i, rt: rt}); err != nil {
+				s.reject(i, now) // queue full: the router's 429
+				return nil
+			}
+			s.nheld++
+			s.peakHeld = max(s.peakHeld, s.held.Len())
+			// As the router wakes its queue on a push: a replica may be
+			// below its knee for this request though not for those ahead.
+			return s.release(now)
+		}
+	}
+	return s.commit(i, rt, now)
+}
+
+// heldReq is a request late binding holds, and the router holding it.
+type heldReq struct {
+	rec int
+	rt  *router
+}
+
+// release places, at the step end now, the held requests that some
+// replica below its knee can take, oldest first (the router's wake-up).
+func (s *state) release(now time.Duration) error {
+	s.rejectExpired(now)
+	if s.held.Len() == 0 {
+		return nil
+	}
+	if err := s.flush(now); err != nil {
+		return err
+	}
+	s.expire(now)
+	// The knee needs only the loads, the same for every request of a
+	// router: computed once per router and grant, not per request scanned.
+	loads := make(map[int][]placement.Load, len(s.routers))
+	fits := func(e *admission.Entry[heldReq]) bool {
+		rt := e.Value.rt
+		ls, ok := loads[rt.idx]
+		if !ok {
+			ls = make([]placement.Load, len(s.reps))
+			for k, r := range s.reps {
+				ls[k] = s.kneeLoad(rt, r, now)
+			}
+			loads[rt.idx] = ls
+		}
+		n := s.promptLen(e.Value.rec)
+		for _, l := range ls {
+			if !s.knee.Past(l, n) {
+				return true
+			}
+		}
+		return false
+	}
+	for {
+		clear(loads)
+		e := s.held.Next(now, fits)
+		if e == nil {
+			return nil
+		}
+		err := s.prepare(e.Value.rec, e.Value.rt, now)
+		if err == nil {
+			err = s.commit(e.Value.rec, e.Value.rt, now)
+		}
+		s.held.Done(e)
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// kneeLoad is replica r's load as router rt sees it at now, as far as the
+// knee needs it: the engine's gauges and the uncached prefill queued by
+// the placements rt knows of (candidate's accounting, without the
+// speculative depth, which needs the request's chain).
+func (s *state) kneeLoad(rt *router, r *replica, now time.Duration) placement.Load {
+	l := r.load
+	l.QueuedPrefillTokens = 0
+	for _, x := range r.intents {
+		lag, ok := s.intentLag(rt, x)
+		if ok && seen(x.placed, lag, now) && !seen(x.finished, lag, now) && !seen(x.started, lag, now) {
+			l.QueuedPrefillTokens += x.uncached
+		}
+	}
+	return l
+}
+
+// promptLen is the length of record i's prompt (workload.Prompt's).
+func (s *state) promptLen(i int) int {
+	r := &s.recs[i]
+	return min(r.InputLength, len(r.HashIDs)*s.cfg.TraceBlockSize)
+}
+
+// rejectExpired counts as rejected the held requests that waited
+// AdmissionMaxWait (the router's 503).
+func (s *state) rejectExpired(now time.Duration) {
+	for _, e := range s.held.Expired(now) {
+		s.reject(e.Value.rec, now)
+	}
+}
+
+// reject counts record i as refused at now.
+func (s *state) reject(i int, now time.Duration) {
+	s.done[i] = true
+	s.nrefused++
+	s.samples = append(s.samples, report.Sample{PromptTokens: s.promptLen(i), Rejected: true, Arrival: s.arrival(i), FirstToken: now, Finish: now})
+}
+
+// prepare renders and hashes record i and fills s.cands as router rt sees
+// the replicas at now.
+func (s *state) prepare(i int, rt *router, now time.Duration) error {
+	rec := &s.recs[i]
 	s.tokens = workload.Prompt(s.tokens[:0], rec, s.cfg.TraceBlockSize)
 	s.chain = s.hasher.Chain(s.chain[:0], s.tokens, nil)
 	var err error
@@ -492,6 +660,12 @@ func (s *state) arrive(i int) error {
 			s.cands[k].MatchedBlocks = max(s.cands[k].MatchedBlocks, m.Blocks)
 		}
 	}
+	return nil
+}
+
+// commit places record i, prepared, with rt's policy at now and submits it.
+func (s *state) commit(i int, rt *router, now time.Duration) error {
+	rec := &s.recs[i]
 	req := placement.Request{
 		SessionKey: SessionKey(rec), PromptTokens: len(s.tokens), BlockSize: s.cfg.BlockSize,
 		ChainPrefix: s.chain[:min(len(s.chain), DefaultChainPrefixBlocks)],
@@ -507,7 +681,7 @@ func (s *state) arrive(i int) error {
 	case errors.Is(err, simengine.ErrTooLong):
 		s.done[i] = true
 		s.samples = append(s.samples, report.Sample{Replica: r.idx, PromptTokens: len(s.tokens), Rejected: true,
-			Arrival: now, FirstToken: now, Finish: now})
+			Arrival: s.arrival(i), FirstToken: now, Finish: now})
 		return nil
 	case err != nil:
 		return fmt.Errorf("sim: request %d: %w", i, err)
@@ -570,6 +744,7 @@ func (s *state) result(wall time.Duration) (report.Policy, error) {
 			p.DirectoryProblems[k] += v
 		}
 	}
+	p.Held, p.PeakHeld, p.AdmissionRejected = s.nheld, s.peakHeld, s.nrefused
 	p.Finish()
 	p.WallSec = wall.Seconds()
 	if s.cfg.Observe != nil {

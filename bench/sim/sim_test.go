@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/placement"
@@ -167,5 +168,54 @@ func TestDefaultKVBlocks(t *testing.T) {
 	}
 	if _, ok := DefaultKVBlocks("custom", 16); ok {
 		t.Fatal("unknown profile has a default")
+	}
+}
+
+// TestLateBinding overloads two replicas: late binding holds requests at
+// the router, and every request is still served or refused exactly once
+// (Run fails otherwise); held requests' time to first token counts from
+// their arrival, so none is shorter than without holding could explain.
+func TestLateBinding(t *testing.T) {
+	recs, ideal := smallTrace(t)
+	for i := range recs {
+		recs[i].Timestamp /= 8 // eight times the rate: the two replicas drown
+	}
+	base := config(t, "kvdir", 4000)
+	base.Replicas = 2
+	free, err := Run(context.Background(), recs, ideal, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if free.Held != 0 || free.AdmissionRejected != 0 {
+		t.Fatalf("without late binding: held %d, refused %d", free.Held, free.AdmissionRejected)
+	}
+	lb := base
+	lb.LateBinding, lb.AdmissionQueue, lb.AdmissionMaxWait = true, 1<<20, time.Hour
+	held, err := Run(context.Background(), recs, ideal, lb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("held %d of %d; peak engine queue %d (without: %d); TTFT p99 %.0f ms (without: %.0f)",
+		held.Held, len(recs), held.MaxPeakQueue, free.MaxPeakQueue, held.TTFTP99Ms, free.TTFTP99Ms)
+	if held.Held == 0 {
+		t.Fatal("late binding held no request of an overloaded run")
+	}
+	if held.Requests != len(recs) || held.Rejected != 0 {
+		t.Fatalf("unbounded queue: %d served, %d rejected of %d", held.Requests, held.Rejected, len(recs))
+	}
+	// Holding moves the wait from the engines' queues to the router's: the
+	// engines' queues stay short.
+	if held.MaxPeakQueue >= free.MaxPeakQueue {
+		t.Fatalf("peak engine queue %d with late binding, %d without", held.MaxPeakQueue, free.MaxPeakQueue)
+	}
+
+	// A tight bound refuses requests; they are counted, never lost.
+	lb.AdmissionQueue, lb.AdmissionMaxWait = 2, 2*time.Second
+	tight, err := Run(context.Background(), recs, ideal, lb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tight.AdmissionRejected == 0 || tight.Rejected != tight.AdmissionRejected || tight.Requests+tight.Rejected != len(recs) {
+		t.Fatalf("tight queue: %d served, %d rejected (%d by admission) of %d", tight.Requests, tight.Rejected, tight.AdmissionRejected, len(recs))
 	}
 }

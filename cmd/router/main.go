@@ -25,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/admission"
 	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/dirclient"
@@ -53,6 +54,7 @@ type options struct {
 	followLog                                      bool
 	directory                                      []string
 	hashBalance, seed                              int
+	chunkTokens                                    int
 	sessionCacheSessions, sessionCacheBytes        int
 	shutdownTimeout                                time.Duration
 	log                                            *slog.Logger
@@ -124,6 +126,10 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.DurationVar(&c.DownFor, "down-for", c.DownFor, "how long a worker that refused a connection is avoided")
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "KV block size assumed for workers whose block size is neither learned from their events (through the directory) nor registered")
 	fs.IntVar(&o.seed, "seed", o.seed, "seed of the policies' random choices (0: from the clock)")
+	p.Group("Late binding (admission queue)")
+	fs.IntVar(&c.AdmissionQueue, "admission-queue", c.AdmissionQueue, "most requests held at the router while every worker is past its knee (its queued prefill exceeds two engine steps of --chunk-tokens), to be placed on fresh loads as soon as one drops below it; more are refused with 429 and Retry-After. 0 places every request at once (no late binding)")
+	fs.DurationVar(&c.AdmissionMaxWait, "admission-max-wait", c.AdmissionMaxWait, "longest `DURATION` a request is held; then it is refused with 503 and Retry-After (the queue's drain estimate)")
+	fs.IntVar(&o.chunkTokens, "chunk-tokens", 2048, "the engines' prefill token budget per step (vLLM --max-num-batched-tokens): kvdir's decode-interference term and the knee of late binding")
 	p.Group("Tokenization")
 	fs.StringVar(&o.tokenizer, "tokenizer", o.tokenizer, "prompt rendering: chatml-cl100k (built in, as enginesim) or remote (POST to --tokenize-url)")
 	fs.StringVar(&o.tokenizeURL, "tokenize-url", o.tokenizeURL, "engine /tokenize `URL` for --tokenizer remote, e.g. http://vllm:8000/tokenize")
@@ -222,7 +228,11 @@ func configure(o *options) (router.Config, error) {
 	if hbf == 0 {
 		hbf = -1
 	}
-	popts := placement.Options{Seed: seed, Profile: prof, HashBalanceFactor: hbf}
+	if o.chunkTokens < 1 {
+		return cfg, cli.Usagef("--chunk-tokens %d, want >= 1", o.chunkTokens)
+	}
+	popts := placement.Options{Seed: seed, Profile: prof, HashBalanceFactor: hbf, ChunkTokens: o.chunkTokens}
+	cfg.AdmissionKnee = admission.NewKnee(prof, o.chunkTokens)
 	if cfg.Policy, err = placement.New(o.policy, popts); err != nil {
 		return cfg, cli.Usagef("--policy: %w", err)
 	}

@@ -15,22 +15,24 @@ const DefaultSessionInterval = 250 * time.Millisecond
 // its default.
 func DefaultConfig() Config {
 	return Config{
-		SessionHeader:   DefaultSessionHeader,
-		MaxBodyBytes:    DefaultMaxBodyBytes,
-		BodyTimeout:     DefaultBodyTimeout,
-		MaxPromptBytes:  DefaultMaxPromptBytes,
-		MaxPromptTokens: DefaultMaxPromptTokens,
-		MatchTimeout:    DefaultMatchTimeout,
-		ScrapeInterval:  DefaultScrapeInterval,
-		ModelsInterval:  DefaultModelsInterval,
-		SpecTTL:         DefaultSpecTTL,
-		MaxAttempts:     DefaultMaxAttempts,
-		DownFor:         DefaultDownFor,
-		BlockSize:       DefaultBlockSize,
-		ConnectTimeout:  DefaultConnectTimeout,
-		SessionInterval: DefaultSessionInterval,
-		ShareIntents:    true,
-		Explain:         ExplainOpen,
+		SessionHeader:    DefaultSessionHeader,
+		MaxBodyBytes:     DefaultMaxBodyBytes,
+		BodyTimeout:      DefaultBodyTimeout,
+		MaxPromptBytes:   DefaultMaxPromptBytes,
+		MaxPromptTokens:  DefaultMaxPromptTokens,
+		MatchTimeout:     DefaultMatchTimeout,
+		ScrapeInterval:   DefaultScrapeInterval,
+		ModelsInterval:   DefaultModelsInterval,
+		SpecTTL:          DefaultSpecTTL,
+		MaxAttempts:      DefaultMaxAttempts,
+		DownFor:          DefaultDownFor,
+		BlockSize:        DefaultBlockSize,
+		ConnectTimeout:   DefaultConnectTimeout,
+		SessionInterval:  DefaultSessionInterval,
+		ShareIntents:     true,
+		AdmissionQueue:   DefaultAdmissionQueue,
+		AdmissionMaxWait: DefaultAdmissionMaxWait,
+		Explain:          ExplainOpen,
 	}
 }
 
@@ -78,6 +80,9 @@ func (c Config) Validate() error {
 	}
 	if _, _, err := engineKind(c.EngineKind); err != nil {
 		return err
+	}
+	if c.AdmissionQueue < 0 || c.AdmissionMaxWait < 0 {
+		return fmt.Errorf("router: --admission-queue %d and --admission-max-wait %v must not be negative (0: off, and the default wait)", c.AdmissionQueue, c.AdmissionMaxWait)
 	}
 	if c.MaxBodyBytes < 0 || c.MaxAttempts < 0 || c.BlockSize < 0 || c.MaxPromptBytes < 0 || c.MaxPromptTokens < 0 {
 		return fmt.Errorf("router: negative size (max body %d, max prompt bytes %d, max prompt tokens %d, max attempts %d, block size %d; 0 means the default)",

@@ -45,6 +45,8 @@ func TestDefaultConfigValidate(t *testing.T) {
 		{"negative attempts", func(c *Config) { c.MaxAttempts = -1 }, "negative size"},
 		{"negative match timeout", func(c *Config) { c.MatchTimeout = -time.Millisecond }, "match timeout"},
 		{"local replica without directory", func(c *Config) { c.Local = noReplica{} }, "needs the directory it follows"},
+		{"negative admission queue", func(c *Config) { c.AdmissionQueue = -1 }, "--admission-queue"},
+		{"negative admission wait", func(c *Config) { c.AdmissionMaxWait = -time.Second }, "--admission-max-wait"},
 		{"max stale below stale after", func(c *Config) { c.LocalStaleAfter, c.LocalMaxStale = 5*time.Second, time.Second }, "--follow-max-stale"},
 	} {
 		cfg := d

@@ -23,6 +23,13 @@
 //     the first response byte is excluded and the request is placed again;
 //     after the first byte, the engine's response reaches the client as is.
 //
+// With late binding (Config.AdmissionQueue), a request arriving while
+// every candidate worker is past its knee (internal/admission) waits at the
+// router, in a bounded queue kept in order per session, and is placed
+// between steps 1 and 4 again, on the loads of that moment, as soon as a
+// worker drops below its knee; past the queue's bounds the answer is 429
+// or 503 with Retry-After.
+//
 // When the directory cannot answer in time (timeout, error, no leader, not
 // yet synchronised), the request is placed by bounded-load consistent
 // hashing on the session key, or on the prompt's first blocks, and still

@@ -50,9 +50,25 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	var exclude []string
+	var ticket *admitTicket // granted by the admission queue: released once placed
+	defer func() { ticket.release() }()
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
 		d, aerr := s.decide(r.Context(), req, exclude)
+		if aerr == nil && attempt == 1 && s.adm != nil {
+			// Late binding: wait while every worker is past its knee,
+			// then decide again on the loads of that moment.
+			var cancelled bool
+			ticket, aerr, cancelled = s.adm.admit(r.Context(), req, d)
+			if cancelled {
+				s.metrics.requests.WithLabelValues("none", s.policy.Name(), OutcomeCancelled).Inc()
+				return
+			}
+			if ticket != nil {
+				start = time.Now()
+				d, aerr = s.decide(r.Context(), req, exclude)
+			}
+		}
 		if aerr != nil {
 			outcome := OutcomeRejected
 			if aerr.status >= 500 {
@@ -72,9 +88,11 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
 		wk.queuedPrefill.Add(uncached)
 		wk.busy.add(1)
 		s.metrics.inflight.WithLabelValues(wk.id).Inc()
+		ticket.release() // accounted: the next held request sees this one
 		done := func() {
 			wk.inFlight.Add(-1)
 			s.metrics.inflight.WithLabelValues(wk.id).Dec()
+			s.adm.wake()
 		}
 		sent := time.Now()
 		// The chosen worker will hold the prompt's blocks once it has run the
@@ -207,6 +225,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 				wk.busy.add(-1)
 				wk.spec.add(d.chain, time.Now())
 				it.prefilled()
+				s.adm.wake()
 				s.metrics.ttft.WithLabelValues(wk.id).Observe(time.Since(sent).Seconds())
 			}
 			u.feed((*buf)[:n])

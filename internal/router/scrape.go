@@ -35,6 +35,7 @@ type scraper struct {
 	kind      enginemetrics.Kind
 	force     bool
 	onFailure func(w *worker, reason string) // every failed scrape
+	onLoad    func(w *worker)                // every successful scrape
 	onError   func(w *worker, err error)     // the failure that makes w down
 	// reads, when set, shares each read among the workers at one address
 	// (the data-parallel ranks behind one API server).
@@ -116,6 +117,9 @@ func (s *scraper) once(ctx context.Context, w *worker) {
 		w.setModel(l.Model)
 	}
 	w.scrapeAt.Store(time.Now().UnixNano())
+	if s.onLoad != nil {
+		s.onLoad(w)
+	}
 }
 
 // fetch reads w's /metrics: the engine's load, or that of w's rank.

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvdir/kvdir/internal/admission"
 	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/openai"
 	"github.com/kvdir/kvdir/internal/placement"
@@ -144,6 +145,17 @@ type Config struct {
 	// placements as this router's own (intents.go). DefaultConfig sets it;
 	// a zero Config leaves it off.
 	ShareIntents bool
+	// AdmissionQueue, when positive, enables late binding (admission.go):
+	// while every worker is past its knee, requests wait at the router, at
+	// most AdmissionQueue of them (more are refused with 429) and for at
+	// most AdmissionMaxWait each (then 503). DefaultConfig sets
+	// DefaultAdmissionQueue and DefaultAdmissionMaxWait; a zero Config
+	// leaves late binding off.
+	AdmissionQueue   int
+	AdmissionMaxWait time.Duration
+	// AdmissionKnee is the knee rule (zero: admission.NewKnee of the
+	// default profile and a 2048-token chunk).
+	AdmissionKnee admission.Knee
 	// RouterID names the router to the directory and the other routers;
 	// unique among them (default DefaultRouterID: host name and pid).
 	RouterID string
@@ -176,6 +188,7 @@ func (c *Config) setDefaults() error {
 	def(&c.ConnectTimeout, DefaultConnectTimeout)
 	def(&c.BodyTimeout, DefaultBodyTimeout)
 	def(&c.SessionInterval, DefaultSessionInterval)
+	def(&c.AdmissionMaxWait, DefaultAdmissionMaxWait)
 	if c.SessionHeader == "" {
 		c.SessionHeader = DefaultSessionHeader
 	}
@@ -216,7 +229,8 @@ type Server struct {
 	modelPoll *modelPoller // nil when disabled
 	metrics   *metrics
 	rec       *recorder
-	share     *sharer // nil without a directory, or with neither intents nor a local replica
+	adm       *admitter // nil without late binding
+	share     *sharer   // nil without a directory, or with neither intents nor a local replica
 	mismatch  *mismatchChecker
 	transport *http.Transport
 	bufs      sync.Pool
@@ -269,6 +283,7 @@ func New(cfg Config) (*Server, error) {
 	s.scraper = &scraper{client: &http.Client{Transport: s.transport}, interval: cfg.ScrapeInterval, failures: 3, noStatsHold: DefaultNoStatsHold,
 		kind: kind, force: force, reads: newSharedReads(cfg.ScrapeInterval / 2),
 		onFailure: func(w *worker, reason string) { s.metrics.scrapeFailures.WithLabelValues(w.id, reason).Inc() },
+		onLoad:    func(*worker) { s.adm.wake() },
 		onError: func(w *worker, err error) {
 			s.log.Warn("router: engine metrics unreachable or unreadable; avoiding the worker", "worker", w.id,
 				"reason", scrapeReason(err), "err", err)
@@ -287,6 +302,9 @@ func New(cfg Config) (*Server, error) {
 			s.share = newSharer(s)
 			s.metrics.reg.MustRegister(newPeerCollector(s.share))
 		}
+	}
+	if cfg.AdmissionQueue > 0 {
+		s.adm = newAdmitter(s)
 	}
 	s.mismatch = newMismatchChecker(s.metrics.reg, getter, s.baseContext, s.log)
 	s.mux = http.NewServeMux()

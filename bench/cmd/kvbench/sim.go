@@ -28,6 +28,9 @@ type simFlags struct {
 	sharedIntents             bool
 	intentLag                 time.Duration
 	onePolicy                 bool
+	lateBinding               bool
+	admissionQueue            int
+	admissionMaxWait          time.Duration
 }
 
 func newSim(log *slog.Logger) *cobra.Command {
@@ -48,6 +51,13 @@ directory, spread by --router-view-jitter) and its own speculative entries and
 accounting. --shared-intents makes each router also count the others' placements
 (speculative entries, requests in flight, queued uncached prefill), --intent-lag after
 they happen.
+
+--late-binding holds a request at the router while every replica is past its knee
+(internal/admission: its queued prefill exceeds two steps of --max-batched-tokens) and
+places it at the first step end at which one drops below it, as the router's
+--admission-queue does; past --admission-queue held requests or --admission-max-wait a
+request is refused and counted as rejected. Held, peak_held and admission_rejected in the
+JSON count them; time to first token counts from arrival.
 
 Writes --out (JSON), the same name with .md (Markdown table) and, unless --no-charts,
 PNG charts next to it: -ttft-cdf.png, -replica-hit-rate.png, -queue-depth.png.
@@ -73,6 +83,9 @@ H200 (see docs/benchmarks.md):
 	fl.BoolVar(&f.sharedIntents, "shared-intents", false, "each router counts the other routers' placements (speculative entries, in-flight requests, queued prefill) as its own")
 	fl.DurationVar(&f.intentLag, "intent-lag", 0, "with --shared-intents: how long a placement, its first token and its end take to reach the other routers")
 	fl.BoolVar(&f.onePolicy, "one-policy-instance", false, "what-if: every router calls one policy instance (one random stream for tie breaks, one sticky map), as no real routers do; isolates the routers' views")
+	fl.BoolVar(&f.lateBinding, "late-binding", false, "hold a request at the router while every replica is past its knee (its queued prefill exceeds two steps of --max-batched-tokens) and place it at the first step end a replica drops below it, as the router's --admission-queue does; refused requests count as rejected")
+	fl.IntVar(&f.admissionQueue, "admission-queue", sim.DefaultAdmissionQueue, "with --late-binding: most requests held (more are rejected, the router's 429)")
+	fl.DurationVar(&f.admissionMaxWait, "admission-max-wait", sim.DefaultAdmissionMaxWait, "with --late-binding: longest a request is held (then rejected, the router's 503)")
 	return cmd
 }
 
@@ -129,6 +142,8 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 		return cli.Usagef("--router-view-lag, --router-view-jitter and --intent-lag must be >= 0")
 	case f.intentLag > 0 && !f.sharedIntents:
 		return cli.Usagef("--intent-lag needs --shared-intents")
+	case f.admissionQueue < 1 || f.admissionMaxWait <= 0:
+		return cli.Usagef("--admission-queue %d and --admission-max-wait %v must be positive", f.admissionQueue, f.admissionMaxWait)
 	}
 	c, err := f.load(log)
 	if err != nil {
@@ -146,6 +161,11 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 		"max_running":           f.maxRunning,
 		"trace_block_size":      f.traceBlockSize,
 		"session_key":           "session_id, else \"h\" + first hash id",
+	}
+	if f.lateBinding {
+		rep.Settings["late_binding"] = true
+		rep.Settings["admission_queue"] = f.admissionQueue
+		rep.Settings["admission_max_wait_ms"] = f.admissionMaxWait.Milliseconds()
 	}
 	if f.routers > 1 || f.routerViewLag > 0 || f.viewJitter > 0 || f.sharedIntents {
 		lags := sim.ViewLags(sim.Config{Routers: f.routers, RouterViewLag: f.routerViewLag, RouterViewJitter: f.viewJitter, Seed: f.seed})
@@ -181,6 +201,7 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 			cfg.Routers, cfg.Balance = f.routers, f.balance
 			cfg.RouterViewLag, cfg.RouterViewJitter = f.routerViewLag, f.viewJitter
 			cfg.SharedIntents, cfg.IntentLag = f.sharedIntents, f.intentLag
+			cfg.LateBinding, cfg.AdmissionQueue, cfg.AdmissionMaxWait = f.lateBinding, f.admissionQueue, f.admissionMaxWait
 			if f.onePolicy {
 				pol, err := placement.New(name, placement.Options{Seed: f.seed, Profile: prof, ChunkTokens: f.maxBatched})
 				if err != nil {
