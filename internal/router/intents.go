@@ -17,8 +17,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
-	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/dirclient"
+	"github.com/kvdir/kvdir/internal/placement"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
