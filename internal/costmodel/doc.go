@@ -25,7 +25,8 @@
 // which the calibrator subtracts per the decode model. The engine's own
 // vllm:request_prefill_time_seconds is a histogram: its sums cannot be
 // attributed to request shapes (new and cached tokens per request), so it
-// cannot separate the four coefficients, and it is not used.
+// cannot separate the four coefficients (nor does the engine simulator,
+// cmd/enginesim, export it), and it is not used.
 //
 // Production and simulation share it: the kvdir placement policy (package
 // placement, used by the router and kvdirctl) predicts time to first token

@@ -93,6 +93,10 @@ type Options struct {
 	// Profile is the timing model for kvdir (default
 	// costmodel.DefaultProfileName).
 	Profile costmodel.Profile
+	// LiveProfile, if set, overrides Profile: kvdir reads its current
+	// profile at every Pick and Score (a costmodel.Calibrator, fitted online
+	// to the engines' measured prefills).
+	LiveProfile ProfileSource
 	// HashBalanceFactor is session-hash's bound in percent of the average
 	// in-flight load (default 150; at least 100; negative disables the bound).
 	HashBalanceFactor int
@@ -108,6 +112,13 @@ type Options struct {
 	// DecodeContext is the assumed context length of each running sequence
 	// for the decode-interference term (default 4096).
 	DecodeContext int
+}
+
+// ProfileSource is a timing model that changes as it learns, such as a
+// costmodel.Calibrator. Profile must be cheap, safe for concurrent use and
+// always return a valid profile.
+type ProfileSource interface {
+	Profile() costmodel.Profile
 }
 
 // ErrNoCandidates is returned by Pick when there is no candidate.
