@@ -66,8 +66,8 @@ func TestCalibratorStartsAtPrior(t *testing.T) {
 			t.Fatalf("observation of %v ms accepted", ms)
 		}
 	}
-	if err := c.Observe(Observation{NewTokens: 100, Millis: 1, DecodeSeqs: 64, DecodeContext: 64 * 8192}); err == nil {
-		t.Fatal("observation smaller than its decode interference accepted")
+	if err := c.Observe(Observation{NewTokens: 100, Millis: 1, DecodeSeqs: -1}); err == nil {
+		t.Fatal("observation with a negative decode batch accepted")
 	}
 	if got, want := c.Profile(), mustProfile(t, "llama3-8b"); !reflect.DeepEqual(got, want) {
 		t.Fatalf("rejected observations moved the profile to %+v", got)
@@ -223,5 +223,63 @@ func TestCalibratorConcurrent(t *testing.T) {
 	}
 	if worst, _ := PrefillError(c.Profile(), truth); worst > 0.10 {
 		t.Fatalf("grid error %.1f%% after 800 concurrent observations", worst*100)
+	}
+}
+
+// TestCalibratorDecodes: observations taken while the engine decodes hold
+// the decodes' cost too; the calibrator fits it instead of charging it to
+// the prefill, and its decode model moves toward the truth.
+func TestCalibratorDecodes(t *testing.T) {
+	truth := mustProfile(t, "llama3-70b")
+	prior := mustProfile(t, "llama3-8b")
+	rng := rand.New(rand.NewPCG(11, 1))
+	c := newTestCalibrator(t, "llama3-8b", CalibratorConfig{})
+	for range 600 {
+		nt, p := calibShape(rng)
+		o := Observation{NewTokens: nt, PrefixTokens: p}
+		ms := truth.Prefill.Millis(nt, p)
+		if rng.IntN(4) > 0 {
+			o.DecodeSeqs = 1 + rng.IntN(64)
+			o.DecodeContext = o.DecodeSeqs * (2048 + rng.IntN(14336))
+			steps := (nt + DefaultCalibChunkTokens - 1) / DefaultCalibChunkTokens
+			ms += truth.Decode.Floor/2 + (float64(steps)+0.5)*truth.Decode.Extra(o.DecodeSeqs, o.DecodeContext)
+		}
+		o.Millis = ms * math.Exp(0.05*rng.NormFloat64())
+		if err := c.Observe(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := c.Profile()
+	worst, mean := PrefillError(got, truth)
+	if worst > 0.10 {
+		t.Errorf("prefill grid error %.1f%% with decodes riding along", worst*100)
+	}
+	extra := func(p Profile) float64 { return p.Decode.Extra(32, 32*4096) }
+	if e, e0, et := extra(got), extra(prior), extra(truth); math.Abs(e-et) > 0.25*et {
+		t.Errorf("decode extra %.2f ms (prior %.2f, truth %.2f)", e, e0, et)
+	}
+	t.Logf("prefill max %.1f%%, mean %.1f%%; decode floor %.1f ms (truth %.1f), extra(32 x 4k) %.2f ms (truth %.2f); scales %.3f",
+		worst*100, mean*100, got.Decode.Floor, truth.Decode.Floor, extra(got), extra(truth), c.Stats().Scales)
+}
+
+func BenchmarkCalibratorObserve(b *testing.B) {
+	truth, _ := ProfileByName("llama3-70b")
+	prior, _ := ProfileByName("llama3-8b")
+	c, err := NewCalibrator(prior, CalibratorConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 1))
+	obs := make([]Observation, 4096)
+	for i := range obs {
+		nt, p := calibShape(rng)
+		obs[i] = Observation{NewTokens: nt, PrefixTokens: p, Millis: measure(rng, truth, nt, p, 0.05), DecodeSeqs: rng.IntN(8), DecodeContext: 20000}
+	}
+	for i := range obs[:1024] {
+		_ = c.Observe(obs[i])
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		_ = c.Observe(obs[i%len(obs)])
 	}
 }
