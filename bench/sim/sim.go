@@ -44,6 +44,11 @@
 //     reproduce bench/results/sim-demo.json from it exactly. The engines'
 //     gauges are the same for every router (scrape intervals are not
 //     modelled).
+//   - Cost model: the policy prices with Config.PolicyProfile (default:
+//     the engines' Profile); with Calibrate, each router fits it online
+//     (costmodel.Calibrator) to the requests it placed on a worker with
+//     nothing queued, as the HTTP router does, and the result's Calibration
+//     says how close the fit came to the engines' profile.
 //   - Not modelled: network and proxy latency, tokenization time, metric
 //     scrape intervals, directory outages.
 //
@@ -99,10 +104,21 @@ type Config struct {
 	// With several Routers they all call this one instance, so its state
 	// and random choices are shared as no real routers' are (tests use that
 	// to compare the routers' views alone).
-	Impl     placement.Policy
-	Profile  costmodel.Profile // engine timing model, also given to the policy
-	Replicas int               // engines
-	KVBlocks int               // KV-cache blocks per engine
+	Impl    placement.Policy
+	Profile costmodel.Profile // engine timing model, also given to the policy
+	// PolicyProfile, if named, is the policy's profile instead of Profile
+	// (a what-if: the router's cost model is wrong, e.g. another model's).
+	// With Calibrate it is the calibration's prior.
+	PolicyProfile costmodel.Profile
+	// Calibrate gives each router's policy a costmodel.Calibrator, with the
+	// policy's profile as its prior, fed the observation the router sees
+	// when each request it placed ends: prompt and cached tokens, and the
+	// time to first token, if the worker had nothing queued at placement
+	// (engine Waiting and the router's queued prefill tokens both 0), with
+	// the engine's running count then as the decode batch riding along.
+	Calibrate bool
+	Replicas  int // engines
+	KVBlocks  int // KV-cache blocks per engine
 	// BlockSize, MaxBatchedTokens and MaxRunning configure every engine
 	// (zero: the engine's defaults, 16, 8192, 256).
 	BlockSize        int
@@ -185,6 +201,9 @@ func (c *Config) fill(recs []workload.Record) error {
 	}
 	if c.Model == "" {
 		c.Model = c.Profile.Name
+	}
+	if c.PolicyProfile.Name == "" {
+		c.PolicyProfile = c.Profile
 	}
 	if c.Routers == 0 {
 		c.Routers = 1
@@ -292,6 +311,10 @@ type intent struct {
 	// dropped is when the placing router dropped the speculative entry
 	// (at the first placement after its expiry), or never.
 	dropped time.Duration
+	// clean is whether the worker had nothing queued at placement, as the
+	// placing router saw it, and running its running sequences then.
+	clean   bool
+	running int
 }
 
 // seen reports whether what happened at t has reached, at now, a router
@@ -319,6 +342,10 @@ type state struct {
 	chain   []uint64
 	matches []radix.WorkerMatch
 	cands   []placement.Candidate
+
+	start   time.Duration       // first arrival
+	calib   *report.Calibration // with Config.Calibrate
+	checked bool                // the calibration checkpoint was taken
 }
 
 // Run simulates recs (in arrival order, see workload.SortByTime) under
@@ -365,6 +392,7 @@ func Run(ctx context.Context, recs []workload.Record, ideal []int, cfg Config) (
 	for _, v := range s.views {
 		v.next = make([]int, cfg.Replicas)
 	}
+	s.start = s.arrival(0)
 	if err := s.loop(ctx); err != nil {
 		return report.Policy{}, err
 	}
@@ -440,6 +468,7 @@ func (s *state) finishStep(r *replica) {
 		if o, ok := s.routers[q.router].pol.(placement.CacheObserver); ok {
 			o.ObserveCache(placement.CacheOutcome{MatchedTokens: q.matched, KVUsage: q.usage, CachedTokens: f.CachedTokens})
 		}
+		s.observe(q, &f, now)
 		s.samples = append(s.samples, report.Sample{
 			Replica: r.idx, PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
 			IdealCached: s.ideal[q.rec], OutputTokens: len(f.Output),
@@ -516,6 +545,8 @@ func (s *state) arrive(i int) error {
 		rec: i, router: rt.idx, uncached: max(len(s.tokens)-d.PredictedCachedTokens, 0),
 		matched: min(s.cands[d.Index].MatchedBlocks*s.cfg.BlockSize, len(s.tokens)-1), usage: s.cands[d.Index].Load.KVUsage,
 		placed: now, started: never, finished: never, dropped: never,
+		clean:   s.cands[d.Index].Load.Waiting == 0 && s.cands[d.Index].Load.QueuedPrefillTokens == 0,
+		running: s.cands[d.Index].Load.Running,
 	}
 	if s.cfg.SpeculativeTTL > 0 {
 		x.chain = append([]uint64(nil), s.chain...)
@@ -571,6 +602,7 @@ func (s *state) result(wall time.Duration) (report.Policy, error) {
 		}
 	}
 	p.Finish()
+	p.Calibration = s.calibration(false)
 	p.WallSec = wall.Seconds()
 	if s.cfg.Observe != nil {
 		s.cfg.Observe(s.samples)

@@ -151,7 +151,7 @@ func NewKVDir(opts Options) (*KVDir, error) {
 		p.chunk = 2048
 	}
 	if p.context <= 0 {
-		p.context = 4096
+		p.context = DefaultDecodeContext
 	}
 	return p, nil
 }

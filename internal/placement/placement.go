@@ -110,9 +110,13 @@ type Options struct {
 	// by kvdir's decode-interference term (default 2048).
 	ChunkTokens int
 	// DecodeContext is the assumed context length of each running sequence
-	// for the decode-interference term (default 4096).
+	// for the decode-interference term (default DefaultDecodeContext).
 	DecodeContext int
 }
+
+// DefaultDecodeContext is kvdir's default assumed context length of each
+// running sequence, in tokens (Options.DecodeContext).
+const DefaultDecodeContext = 4096
 
 // ProfileSource is a timing model that changes as it learns, such as a
 // costmodel.Calibrator. Profile must be cheap, safe for concurrent use and

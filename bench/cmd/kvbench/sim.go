@@ -15,6 +15,7 @@ import (
 	"github.com/kvdir/kvdir/bench/report"
 	"github.com/kvdir/kvdir/bench/sim"
 	"github.com/kvdir/kvdir/internal/cli"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/simengine"
 )
@@ -28,6 +29,8 @@ type simFlags struct {
 	sharedIntents             bool
 	intentLag                 time.Duration
 	onePolicy                 bool
+	calibrate                 bool
+	priorProfile              string
 }
 
 func newSim(log *slog.Logger) *cobra.Command {
@@ -48,6 +51,13 @@ directory, spread by --router-view-jitter) and its own speculative entries and
 accounting. --shared-intents makes each router also count the others' placements
 (speculative entries, requests in flight, queued uncached prefill), --intent-lag after
 they happen.
+
+--prior-profile gives the policy another cost model than the engines run (--profile):
+the router's hand-given profile is wrong. --calibrate makes each router fit its profile
+online (costmodel.Calibrator, the prior its starting point) to the requests it placed on
+a worker with nothing queued, as the HTTP router's --calibrate does; the result's
+"calibration" field holds the fitted profile's prefill error against --profile over a
+grid of shapes, 2 minutes of virtual time after the first arrival and at the end.
 
 Writes --out (JSON), the same name with .md (Markdown table) and, unless --no-charts,
 PNG charts next to it: -ttft-cdf.png, -replica-hit-rate.png, -queue-depth.png.
@@ -73,6 +83,8 @@ H200 (see docs/benchmarks.md):
 	fl.BoolVar(&f.sharedIntents, "shared-intents", false, "each router counts the other routers' placements (speculative entries, in-flight requests, queued prefill) as its own")
 	fl.DurationVar(&f.intentLag, "intent-lag", 0, "with --shared-intents: how long a placement, its first token and its end take to reach the other routers")
 	fl.BoolVar(&f.onePolicy, "one-policy-instance", false, "what-if: every router calls one policy instance (one random stream for tie breaks, one sticky map), as no real routers do; isolates the routers' views")
+	fl.BoolVar(&f.calibrate, "calibrate", false, "fit the policy's cost model online to the observed prefills, from its profile as the prior")
+	fl.StringVar(&f.priorProfile, "prior-profile", "", "the policy's profile, a built-in name or a JSON file (empty: --profile); with --calibrate, the prior")
 	return cmd
 }
 
@@ -136,6 +148,12 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	}
 	prof, pols, recs, ideal := c.prof, c.pols, c.recs, c.ideal
 	f.kvBlocks = c.kvBlocks
+	polProf := prof
+	if f.priorProfile != "" {
+		if polProf, err = costmodel.ResolveProfile(f.priorProfile); err != nil {
+			return err
+		}
+	}
 	rep := report.ForTrace("sim", f.trace, recs, ideal, f.traceBlockSize, f.blockSize, f.replicas, prof.Name, f.kvBlocks, f.timeScale)
 	rep.Command, rep.Seed = argvOf(cmd, nil), f.seed
 	rep.Settings = map[string]any{
@@ -146,6 +164,10 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 		"max_running":           f.maxRunning,
 		"trace_block_size":      f.traceBlockSize,
 		"session_key":           "session_id, else \"h\" + first hash id",
+	}
+	if f.calibrate || f.priorProfile != "" {
+		rep.Settings["calibrate"] = f.calibrate
+		rep.Settings["policy_profile"] = polProf.Name
 	}
 	if f.routers > 1 || f.routerViewLag > 0 || f.viewJitter > 0 || f.sharedIntents {
 		lags := sim.ViewLags(sim.Config{Routers: f.routers, RouterViewLag: f.routerViewLag, RouterViewJitter: f.viewJitter, Seed: f.seed})
@@ -181,8 +203,13 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 			cfg.Routers, cfg.Balance = f.routers, f.balance
 			cfg.RouterViewLag, cfg.RouterViewJitter = f.routerViewLag, f.viewJitter
 			cfg.SharedIntents, cfg.IntentLag = f.sharedIntents, f.intentLag
+			cfg.PolicyProfile, cfg.Calibrate = polProf, f.calibrate
 			if f.onePolicy {
-				pol, err := placement.New(name, placement.Options{Seed: f.seed, Profile: prof, ChunkTokens: f.maxBatched})
+				if f.calibrate {
+					errs[i] = cli.Usagef("--calibrate needs a policy instance per router (drop --one-policy-instance)")
+					return
+				}
+				pol, err := placement.New(name, placement.Options{Seed: f.seed, Profile: polProf, ChunkTokens: f.maxBatched})
 				if err != nil {
 					errs[i] = fmt.Errorf("policy %s: %w", name, err)
 					return
@@ -195,6 +222,13 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 				return
 			}
 			results[i] = p
+			if c := p.Calibration; c != nil {
+				log.Info("calibration", "policy", name, "prior", c.Prior, "engine", c.Engine,
+					"prior_error_max", fmt.Sprintf("%.3f", c.PriorErrorMax), "checkpoint_s", fmt.Sprintf("%.0f", c.CheckpointSec),
+					"checkpoint_observations", c.CheckpointObservations, "checkpoint_error_max", fmt.Sprintf("%.3f", c.CheckpointErrorMax),
+					"checkpoint_error_mean", fmt.Sprintf("%.3f", c.CheckpointErrorMean), "observations", c.Observations, "skipped", c.Skipped,
+					"final_error_max", fmt.Sprintf("%.3f", c.FinalErrorMax), "scales", fmt.Sprintf("%.3f", c.Scales))
+			}
 			log.Info("policy done", "policy", name, "wall_s", fmt.Sprintf("%.1f", p.WallSec),
 				"hit_rate", fmt.Sprintf("%.3f", p.HitRate), "reuse_captured", fmt.Sprintf("%.3f", p.ReuseCaptured),
 				"ttft_p90_s", fmt.Sprintf("%.2f", p.TTFTP90Ms/1000), "max_share", fmt.Sprintf("%.3f", p.MaxReplicaShare))
