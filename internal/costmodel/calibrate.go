@@ -54,11 +54,16 @@ type CalibratorConfig struct {
 	// (default DefaultCalibTieWeight; negative: no tie).
 	TieWeight float64
 	// HuberK is the relative residual beyond which an observation counts
-	// linearly rather than squared (default DefaultCalibHuberK).
+	// less than squared: linearly below the fit, falling off above it
+	// (default DefaultCalibHuberK).
 	HuberK float64
 	// ChunkTokens is the engine's prefill chunk, for the decode interference
-	// subtracted from observations (default DefaultCalibChunkTokens).
+	// in observations (default DefaultCalibChunkTokens).
 	ChunkTokens int
+	// Decode makes Profile's decode model the fitted one too; by default
+	// the decode corrections only keep the decodes' cost out of the
+	// prefill's, and Profile keeps the prior's decode model (see Calibrator).
+	Decode bool
 }
 
 // calTerms is the number of fitted corrections: the four prefill terms,
@@ -85,7 +90,7 @@ type calObs struct {
 // with A..D the prior's: the four terms, which differ by six orders of
 // magnitude as coefficients, are comparable as corrections. θ minimises
 //
-//	Σ_i w_i · huber((y_i − ŷ_i) / ŷ_i)  +  PriorWeight · Σ_k ((θ_k − 1) / θ_k)²
+//	Σ_i w_i · ρ((y_i − ŷ_i) / ŷ_i)  +  PriorWeight · Σ_k ((θ_k − 1) / θ_k)²
 //
 // over the last Window observations: relative residuals (a 10 % miss on a
 // 60 ms prefill counts as much as on a 6 s one), a ridge prior centred on the
@@ -93,11 +98,14 @@ type calObs struct {
 // e.g. a workload of one shape) and relative to the correction, so that 9x
 // and 1/9 are equally far from the prior, and weights that halve every HalfLife
 // observations (exponential forgetting: the fit follows a change of speed,
-// a new driver or a throttled card; a 1.6x slow-down is within 10 % after
-// about 1.7 half-lives, the Huber weights slowing the first ones).
-// Residuals beyond HuberK (relative) count linearly, not squared, so one
-// outlier, such as a request that waited behind a stall the router did not
-// see, moves the fit by at most HuberK's worth. The problem is solved by
+// a new driver or a throttled card: a 1.6x and a 3x slow-down were within
+// 10 % after 1.7 and 2.1 half-lives, a 2x speed-up after one).
+// ρ is robust: a residual beyond HuberK below the fit counts linearly
+// (Huber), and above it with a weight falling as its square, because an
+// observation is far more often slowed by work the router did not see (a
+// stall, a request that arrived during its prefill and shared its steps)
+// than sped up; one 10x outlier moves the fit by under 0.2 %. The
+// problem is solved by
 // iteratively reweighted least squares, warm started from the previous fit,
 // with the non-negativity of θ enforced exactly (a six-variable quadratic
 // programme, solved over its 64 faces).
@@ -110,8 +118,8 @@ type calObs struct {
 //
 //	ms = prefill_ms(new, prefix) + θf·Floor/2 + θx·(steps + 1/2)·Extra(batch, context)
 //
-// and scale the profile's decode model (the floor never below 1 % of the
-// prior's, which keeps it valid). Without them, a prior whose decodes are
+// and, with Decode set, scale the profile's decode model (the floor never
+// below 1 % of the prior's, which keeps it valid). Without them, a prior whose decodes are
 // cheaper than the engines' leaves the difference to the prefill terms, and
 // on busy agent traffic the fitted prefill came out 27 % off (kvbench sim,
 // 8 replicas of llama3-70b from a llama3-8b prior). Early traffic tells the
@@ -120,8 +128,18 @@ type calObs struct {
 // second prior, of strength TieWeight, ties θf to θb (both scale with the
 // model's weights) and θx to θd (both read the KV cache): from llama3-8b to
 // llama3-70b θb is 9.5 and θf 7.2, θd 2.2 and θx 2.4 to 4.7. On the same
-// simulated traffic it brought the error after 2 minutes from 6-57 % to
-// 7-13 % over three seeds.
+// simulated traffic, without it the error two minutes in reached 57 % on
+// one of three seeds. The second tie is weaker (a tenth): the decodes'
+// context per sequence is an estimate, which the extra's correction
+// absorbs.
+//
+// Decode is off by default because the fitted decode model, handed to the
+// kvdir policy, made its placements worse: the fit absorbs the policy's
+// assumed context per sequence (4,096 tokens, where agent sessions run
+// longer), and with it the interference term weighs more. With the true
+// profile as the prior, p90 time to first token went from 1.48, 1.66 and
+// 1.59 s (three seeds, uncalibrated) to 1.63, 1.81 and 1.62 s with the
+// decode model published, and stayed at 1.48, 1.66 and 1.59 s without.
 type Calibrator struct {
 	prior Profile
 	cfg   CalibratorConfig
@@ -231,7 +249,9 @@ func (c *Calibrator) Observe(o Observation) error {
 	prof.Name = c.prior.Name + "+calibrated"
 	th := &c.theta
 	prof.Prefill = PrefillModel{A: pr.A * th[0], B: pr.B * th[1], C: pr.C * th[2], D: pr.D * th[3]}
-	prof.Decode = DecodeModel{Floor: d.Floor * max(th[4], 0.01), PerSeq: d.PerSeq * th[5], PerToken: d.PerToken * th[5]}
+	if c.cfg.Decode {
+		prof.Decode = DecodeModel{Floor: d.Floor * max(th[4], 0.01), PerSeq: d.PerSeq * th[5], PerToken: d.PerToken * th[5]}
+	}
 	if prof.Validate() == nil {
 		c.cur.Store(&prof)
 	}
@@ -247,6 +267,16 @@ func checkObservation(o Observation) error {
 		return fmt.Errorf("%w: %v ms", errObservation, o.Millis)
 	}
 	return nil
+}
+
+// calTies are the ties between corrections: θ[a] is drawn to θ[b] with
+// weight times the TieWeight.
+var calTies = []struct {
+	a, b   int
+	weight float64
+}{
+	{4, 1, 1},   // decode floor to per-token prefill: the model's weights
+	{5, 3, 0.1}, // decodes' extra to the prefix term: KV reads
 }
 
 // Fit parameters: IRLS iterations per observation (each fit starts from the
@@ -280,9 +310,9 @@ func (c *Calibrator) fit(theta [calTerms]float64) [calTerms]float64 {
 			v[i] = l
 		}
 		if tie := c.cfg.TieWeight; tie > 0 {
-			for _, pair := range [][2]int{{4, 1}, {5, 3}} {
-				a, b := pair[0], pair[1]
-				l := tie / math.Pow(max(theta[b], 0.1), 2)
+			for _, t := range calTies {
+				a, b := t.a, t.b
+				l := t.weight * tie / math.Pow(max(theta[b], 0.1), 2)
 				m[a][a] += l
 				m[b][b] += l
 				m[a][b] -= l
@@ -299,8 +329,11 @@ func (c *Calibrator) fit(theta [calTerms]float64) [calTerms]float64 {
 				yhat = 1e-9
 			}
 			w := age[j] / (yhat * yhat)
-			if r := math.Abs(o.y/yhat - 1); r > k {
-				w *= k / r
+			switch r := o.y/yhat - 1; {
+			case r > k:
+				w *= k * k / (r * r)
+			case r < -k:
+				w *= -k / r
 			}
 			for a := range calTerms {
 				if o.x[a] == 0 {
