@@ -133,13 +133,13 @@ type calObs struct {
 // context per sequence is an estimate, which the extra's correction
 // absorbs.
 //
-// Decode is off by default because the fitted decode model, handed to the
-// kvdir policy, made its placements worse: the fit absorbs the policy's
-// assumed context per sequence (4,096 tokens, where agent sessions run
-// longer), and with it the interference term weighs more. With the true
-// profile as the prior, p90 time to first token went from 1.48, 1.66 and
-// 1.59 s (three seeds, uncalibrated) to 1.63, 1.81 and 1.62 s with the
-// decode model published, and stayed at 1.48, 1.66 and 1.59 s without.
+// Decode is off by default: the fitted decode model absorbs the assumed
+// context per sequence of the observations (4,096 tokens, the kvdir
+// policy's assumption; agent sessions run longer), so it is not the
+// engines' decode model, and handed to the kvdir policy it placed no
+// better in simulation (agent sessions, 8 x llama3-70b, the true profile
+// as the prior, three seeds: p90 time to first token the same at the
+// trace's rate, and 17.8 s mean with it or without it at twice the rate).
 type Calibrator struct {
 	prior Profile
 	cfg   CalibratorConfig
