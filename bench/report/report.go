@@ -127,8 +127,37 @@ type Policy struct {
 	// DirectoryProblems counts engine events the agent's translator could
 	// not carry to the directory, by kind (empty when all were carried).
 	DirectoryProblems map[string]uint64 `json:"directory_problems,omitempty"`
+	// Calibration is how well the policy's online-calibrated profile
+	// followed the engines' (sim --calibrate only).
+	Calibration *Calibration `json:"calibration,omitempty"`
 	// WallSec is how long the run took on the wall clock.
 	WallSec float64 `json:"wall_sec"`
+}
+
+// Calibration measures a run's online calibration of the policy's cost
+// model (costmodel.Calibrator) against the engines' true profile: relative
+// prefill error over costmodel.ShapeGrid, at a checkpoint and at the end.
+// With several routers, each calibrates on its own and the errors are the
+// worst router's.
+type Calibration struct {
+	Prior  string `json:"prior"`  // the policy's starting profile
+	Engine string `json:"engine"` // the engines' profile, the truth
+	// PriorErrorMax is the prior's largest relative error on the grid.
+	PriorErrorMax float64 `json:"prior_error_max"`
+	// CheckpointSec is the virtual time after the first arrival at which
+	// the Checkpoint figures were taken (0 if the run ended before it).
+	CheckpointSec          float64 `json:"checkpoint_sec"`
+	CheckpointObservations uint64  `json:"checkpoint_observations"`
+	CheckpointErrorMax     float64 `json:"checkpoint_error_max"`
+	CheckpointErrorMean    float64 `json:"checkpoint_error_mean"`
+	// Observations were fitted, Skipped were not clean (the worker had
+	// work queued at placement) or refused by the calibrator.
+	Observations   uint64  `json:"observations"`
+	Skipped        uint64  `json:"skipped"`
+	FinalErrorMax  float64 `json:"final_error_max"`
+	FinalErrorMean float64 `json:"final_error_mean"`
+	// Scales are router 0's fitted corrections (costmodel.CalibratorStats).
+	Scales []float64 `json:"scales"`
 }
 
 // Replica is one replica's share of a policy's run.

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/radix"
@@ -59,6 +60,7 @@ const (
 type router struct {
 	idx int
 	pol placement.Policy
+	cal *costmodel.Calibrator // with Config.Calibrate
 	// view is its directory replica, shared with the routers of the same lag
 	// (they would hold the same index).
 	view *view
@@ -76,13 +78,24 @@ type view struct {
 func (s *state) newRouters() error {
 	byLag := make(map[time.Duration]*view)
 	for k, lag := range ViewLags(s.cfg) {
+		var cal *costmodel.Calibrator
+		if s.cfg.Calibrate {
+			var err error
+			cal, err = costmodel.NewCalibrator(s.cfg.PolicyProfile, costmodel.CalibratorConfig{ChunkTokens: s.cfg.MaxBatchedTokens})
+			if err != nil {
+				return fmt.Errorf("sim: %w", err)
+			}
+		}
 		pol := s.cfg.Impl
 		if pol == nil {
+			opts := placement.Options{
+				Seed: s.cfg.Seed + int64(k), Profile: s.cfg.PolicyProfile, ChunkTokens: s.cfg.MaxBatchedTokens,
+			}
+			if cal != nil {
+				opts.LiveProfile = cal
+			}
 			var err error
-			pol, err = placement.New(s.cfg.Policy, placement.Options{
-				Seed: s.cfg.Seed + int64(k), Profile: s.cfg.Profile, ChunkTokens: s.cfg.MaxBatchedTokens,
-			})
-			if err != nil {
+			if pol, err = placement.New(s.cfg.Policy, opts); err != nil {
 				return fmt.Errorf("sim: %w", err)
 			}
 		}
@@ -92,7 +105,7 @@ func (s *state) newRouters() error {
 			byLag[lag] = v
 			s.views = append(s.views, v)
 		}
-		s.routers = append(s.routers, &router{idx: k, pol: pol, view: v})
+		s.routers = append(s.routers, &router{idx: k, pol: pol, cal: cal, view: v})
 	}
 	return nil
 }

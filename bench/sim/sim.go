@@ -48,6 +48,11 @@
 //     with its rule (internal/admission): while every replica is past its
 //     knee a request waits at its router and is placed at the first step
 //     end, or arrival, at which a replica is below the knee for it.
+//   - Cost model: the policy prices with Config.PolicyProfile (default:
+//     the engines' Profile); with Calibrate, each router fits it online
+//     (costmodel.Calibrator) to the requests it placed on a worker with
+//     nothing queued, as the HTTP router does, and the result's Calibration
+//     says how close the fit came to the engines' profile.
 //   - Not modelled: network and proxy latency, tokenization time, metric
 //     scrape intervals, directory outages.
 //
@@ -109,10 +114,21 @@ type Config struct {
 	// With several Routers they all call this one instance, so its state
 	// and random choices are shared as no real routers' are (tests use that
 	// to compare the routers' views alone).
-	Impl     placement.Policy
-	Profile  costmodel.Profile // engine timing model, also given to the policy
-	Replicas int               // engines
-	KVBlocks int               // KV-cache blocks per engine
+	Impl    placement.Policy
+	Profile costmodel.Profile // engine timing model, also given to the policy
+	// PolicyProfile, if named, is the policy's profile instead of Profile
+	// (a what-if: the router's cost model is wrong, e.g. another model's).
+	// With Calibrate it is the calibration's prior.
+	PolicyProfile costmodel.Profile
+	// Calibrate gives each router's policy a costmodel.Calibrator, with the
+	// policy's profile as its prior, fed the observation the router sees
+	// when each request it placed ends: prompt and cached tokens, and the
+	// time to first token, if the worker had nothing queued at placement
+	// (engine Waiting and the router's queued prefill tokens both 0), with
+	// the engine's running count then as the decode batch riding along.
+	Calibrate bool
+	Replicas  int // engines
+	KVBlocks  int // KV-cache blocks per engine
 	// BlockSize, MaxBatchedTokens and MaxRunning configure every engine
 	// (zero: the engine's defaults, 16, 8192, 256).
 	BlockSize        int
@@ -208,6 +224,9 @@ func (c *Config) fill(recs []workload.Record) error {
 	}
 	if c.Model == "" {
 		c.Model = c.Profile.Name
+	}
+	if c.PolicyProfile.Name == "" {
+		c.PolicyProfile = c.Profile
 	}
 	if c.Routers == 0 {
 		c.Routers = 1
@@ -323,6 +342,10 @@ type intent struct {
 	// dropped is when the placing router dropped the speculative entry
 	// (at the first placement after its expiry), or never.
 	dropped time.Duration
+	// clean is whether the worker had nothing queued at placement, as the
+	// placing router saw it, and running its running sequences then.
+	clean   bool
+	running int
 }
 
 // seen reports whether what happened at t has reached, at now, a router
@@ -358,6 +381,10 @@ type state struct {
 	chain   []uint64
 	matches []radix.WorkerMatch
 	cands   []placement.Candidate
+
+	start   time.Duration       // first arrival
+	calib   *report.Calibration // with Config.Calibrate
+	checked bool                // the calibration checkpoint was taken
 }
 
 // Run simulates recs (in arrival order, see workload.SortByTime) under
@@ -408,6 +435,7 @@ func Run(ctx context.Context, recs []workload.Record, ideal []int, cfg Config) (
 	for _, v := range s.views {
 		v.next = make([]int, cfg.Replicas)
 	}
+	s.start = s.arrival(0)
 	if err := s.loop(ctx); err != nil {
 		return report.Policy{}, err
 	}
@@ -486,6 +514,7 @@ func (s *state) finishStep(r *replica) {
 		if o, ok := s.routers[q.router].pol.(placement.CacheObserver); ok {
 			o.ObserveCache(placement.CacheOutcome{MatchedTokens: q.matched, KVUsage: q.usage, CachedTokens: f.CachedTokens})
 		}
+		s.observe(q, &f, now)
 		s.samples = append(s.samples, report.Sample{
 			Replica: r.idx, PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
 			IdealCached: s.ideal[q.rec], OutputTokens: len(f.Output),
@@ -690,6 +719,8 @@ func (s *state) commit(i int, rt *router, now time.Duration) error {
 		rec: i, router: rt.idx, uncached: max(len(s.tokens)-d.PredictedCachedTokens, 0),
 		matched: min(s.cands[d.Index].MatchedBlocks*s.cfg.BlockSize, len(s.tokens)-1), usage: s.cands[d.Index].Load.KVUsage,
 		placed: now, started: never, finished: never, dropped: never,
+		clean:   s.cands[d.Index].Load.Waiting == 0 && s.cands[d.Index].Load.QueuedPrefillTokens == 0,
+		running: s.cands[d.Index].Load.Running,
 	}
 	if s.cfg.SpeculativeTTL > 0 {
 		x.chain = append([]uint64(nil), s.chain...)
@@ -746,6 +777,7 @@ func (s *state) result(wall time.Duration) (report.Policy, error) {
 	}
 	p.Held, p.PeakHeld, p.AdmissionRejected = s.nheld, s.peakHeld, s.nrefused
 	p.Finish()
+	p.Calibration = s.calibration(false)
 	p.WallSec = wall.Seconds()
 	if s.cfg.Observe != nil {
 		s.cfg.Observe(s.samples)

@@ -51,7 +51,7 @@ type options struct {
 	addr, workers, policy, fallback                string
 	profile, tokenizer, tokenizeURL, tokenizeModel string
 	token, explainTokenFile                        string
-	followLog                                      bool
+	followLog, calibrate                           bool
 	directory                                      []string
 	hashBalance, seed                              int
 	chunkTokens                                    int
@@ -89,7 +89,7 @@ error.`
 func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Program, *options) {
 	p := &cli.Program{Name: "router", Env: "ROUTER", Summary: summary, Examples: examples, Notes: notes,
 		Usage: "router (--directory HOST:PORT,... | --workers ID=URL,...) [flags]", Getenv: getenv, Stdout: stdout, Stderr: stderr}
-	o := &options{cfg: router.DefaultConfig(), addr: "127.0.0.1:8080", policy: "kvdir", fallback: "session-hash", profile: costmodel.DefaultProfileName,
+	o := &options{cfg: router.DefaultConfig(), addr: "127.0.0.1:8080", policy: "kvdir", fallback: "session-hash", profile: costmodel.DefaultProfileName, calibrate: true,
 		hashBalance: 150, tokenizer: "chatml-cl100k", sessionCacheSessions: 100000, sessionCacheBytes: 256 << 20, shutdownTimeout: 30 * time.Second}
 	c := &o.cfg
 	fs := p.Flags()
@@ -117,6 +117,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.StringVar(&o.policy, "policy", o.policy, "placement policy: "+strings.Join(placement.Names(), ", "))
 	fs.StringVar(&o.fallback, "fallback-policy", o.fallback, "policy used when the directory cannot answer in time")
 	fs.StringVar(&o.profile, "profile", o.profile, "kvdir cost model timing profile: a built-in `name` ("+strings.Join(costmodel.ProfileNames(), ", ")+") or a JSON file")
+	fs.BoolVar(&o.calibrate, "calibrate", o.calibrate, "fit the kvdir cost model online to the engines' measured prefills, with --profile as the prior: streamed responses with usage (cached tokens) placed on a worker with nothing queued; the fit is exported as kvdir_router_model_* metrics and shown by "+router.PathExplain)
 	fs.IntVar(&o.hashBalance, "hash-balance-factor", o.hashBalance, "session-hash load bound, percent of the mean load (HAProxy's hash-balance-factor; 0 disables)")
 	fs.DurationVar(&c.MatchTimeout, "match-timeout", c.MatchTimeout, "directory look-up deadline; past it the fallback policy places the request")
 	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", c.ScrapeInterval, "how often each engine's /metrics is read for its load")
@@ -233,6 +234,13 @@ func configure(o *options) (router.Config, error) {
 	}
 	popts := placement.Options{Seed: seed, Profile: prof, HashBalanceFactor: hbf, ChunkTokens: o.chunkTokens}
 	cfg.AdmissionKnee = admission.NewKnee(prof, o.chunkTokens)
+	if o.calibrate {
+		cal, err := costmodel.NewCalibrator(prof, costmodel.CalibratorConfig{})
+		if err != nil {
+			return cfg, cli.Usagef("--profile: %w", err)
+		}
+		cfg.Calibrator, popts.LiveProfile = cal, cal
+	}
 	if cfg.Policy, err = placement.New(o.policy, popts); err != nil {
 		return cfg, cli.Usagef("--policy: %w", err)
 	}

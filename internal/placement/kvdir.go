@@ -98,6 +98,13 @@ type KVDir struct {
 	chunk   int
 	context int
 
+	live        ProfileSource // if set, read into prof per call (see current)
+	*kvdirState               // shared by the per-call copies
+}
+
+// kvdirState is the policy's mutable state, behind a pointer so that a
+// per-call copy of KVDir (current) shares it.
+type kvdirState struct {
 	mu  sync.Mutex
 	rng *rand.Rand
 	fut future
@@ -105,8 +112,22 @@ type KVDir struct {
 	surv survival
 }
 
-// NewKVDir returns a kvdir policy configured by opts (Profile, Seed,
-// TieTolerance, ChunkTokens, DecodeContext).
+// current returns p with the live profile, if there is one, for one call:
+// a copy, so concurrent calls each price with one consistent profile.
+func (p *KVDir) current() *KVDir {
+	if p.live == nil {
+		return p
+	}
+	q := *p
+	q.prof = p.live.Profile()
+	return &q
+}
+
+// Profile returns the profile the policy prices with now.
+func (p *KVDir) Profile() costmodel.Profile { return p.current().prof }
+
+// NewKVDir returns a kvdir policy configured by opts (Profile or
+// LiveProfile, Seed, TieTolerance, ChunkTokens, DecodeContext).
 func NewKVDir(opts Options) (*KVDir, error) {
 	prof := opts.Profile
 	if prof.Name == "" {
@@ -115,10 +136,14 @@ func NewKVDir(opts Options) (*KVDir, error) {
 			return nil, err
 		}
 	}
+	if opts.LiveProfile != nil {
+		prof = opts.LiveProfile.Profile()
+	}
 	if err := prof.Validate(); err != nil {
 		return nil, fmt.Errorf("placement: %w", err)
 	}
-	p := &KVDir{prof: prof, tol: opts.TieTolerance, chunk: opts.ChunkTokens, context: opts.DecodeContext, rng: newRand(opts.Seed)}
+	p := &KVDir{prof: prof, tol: opts.TieTolerance, chunk: opts.ChunkTokens, context: opts.DecodeContext,
+		live: opts.LiveProfile, kvdirState: &kvdirState{rng: newRand(opts.Seed)}}
 	if p.tol <= 0 {
 		p.tol = 0.01
 	}
@@ -126,7 +151,7 @@ func NewKVDir(opts Options) (*KVDir, error) {
 		p.chunk = 2048
 	}
 	if p.context <= 0 {
-		p.context = 4096
+		p.context = DefaultDecodeContext
 	}
 	return p, nil
 }
@@ -166,6 +191,7 @@ func (p *KVDir) ObserveCache(o CacheOutcome) {
 
 // Score returns cand's cost breakdown for req.
 func (p *KVDir) Score(req Request, cand Candidate) Score {
+	p = p.current()
 	var s Score
 	p.mu.Lock()
 	surv := p.surv
@@ -225,6 +251,7 @@ func (p *KVDir) Pick(req Request, cands []Candidate) (Decision, error) {
 	if req.PromptTokens < 1 {
 		return Decision{}, fmt.Errorf("placement: kvdir: prompt of %d tokens", req.PromptTokens)
 	}
+	p = p.current()
 	scores := make([]Score, len(cands))
 	cold, rate := p.prof.Prefill.Millis(req.PromptTokens, 0), p.rate(req)
 	p.mu.Lock()

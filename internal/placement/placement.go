@@ -93,6 +93,10 @@ type Options struct {
 	// Profile is the timing model for kvdir (default
 	// costmodel.DefaultProfileName).
 	Profile costmodel.Profile
+	// LiveProfile, if set, overrides Profile: kvdir reads its current
+	// profile at every Pick and Score (a costmodel.Calibrator, fitted online
+	// to the engines' measured prefills).
+	LiveProfile ProfileSource
 	// HashBalanceFactor is session-hash's bound in percent of the average
 	// in-flight load (default 150; at least 100; negative disables the bound).
 	HashBalanceFactor int
@@ -106,8 +110,19 @@ type Options struct {
 	// by kvdir's decode-interference term (default 2048).
 	ChunkTokens int
 	// DecodeContext is the assumed context length of each running sequence
-	// for the decode-interference term (default 4096).
+	// for the decode-interference term (default DefaultDecodeContext).
 	DecodeContext int
+}
+
+// DefaultDecodeContext is kvdir's default assumed context length of each
+// running sequence, in tokens (Options.DecodeContext).
+const DefaultDecodeContext = 4096
+
+// ProfileSource is a timing model that changes as it learns, such as a
+// costmodel.Calibrator. Profile must be cheap, safe for concurrent use and
+// always return a valid profile.
+type ProfileSource interface {
+	Profile() costmodel.Profile
 }
 
 // ErrNoCandidates is returned by Pick when there is no candidate.

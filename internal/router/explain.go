@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"net/http"
 	"time"
+
+	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/placement"
 )
 
 // Explanation is the answer of POST /v1/kvdir/explain: how the router would
@@ -23,15 +26,61 @@ type Explanation struct {
 	// MatchSource says what answered the directory look-up: local (the
 	// router's replica of the directory), local-stale (the same, not heard
 	// from the directory within --follow-stale-after), or directory.
-	MatchSource           string        `json:"match_source,omitempty"`
-	Pick                  string        `json:"pick"`
-	PredictedCachedTokens int           `json:"predicted_cached_tokens"`
-	DecisionMicros        float64       `json:"decision_us"`
-	RenderMicros          float64       `json:"render_us"` // render and tokenize (new messages only, for a cached session)
-	HashMicros            float64       `json:"hash_us"`
-	MatchMicros           float64       `json:"match_us"` // directory look-up plus speculative entries
-	ScoreMicros           float64       `json:"score_us"`
-	Workers               []WorkerScore `json:"workers"`
+	MatchSource           string  `json:"match_source,omitempty"`
+	Pick                  string  `json:"pick"`
+	PredictedCachedTokens int     `json:"predicted_cached_tokens"`
+	DecisionMicros        float64 `json:"decision_us"`
+	RenderMicros          float64 `json:"render_us"` // render and tokenize (new messages only, for a cached session)
+	HashMicros            float64 `json:"hash_us"`
+	MatchMicros           float64 `json:"match_us"` // directory look-up plus speculative entries
+	ScoreMicros           float64 `json:"score_us"`
+	// Profile is the cost model the policy priced with (kvdir only): the
+	// calibrated one with --calibrate.
+	Profile *ExplainProfile `json:"profile,omitempty"`
+	Workers []WorkerScore   `json:"workers"`
+}
+
+// ExplainProfile is the cost model in an Explanation, with the names of a
+// profile file (costmodel.LoadProfile).
+type ExplainProfile struct {
+	Name             string  `json:"name"`
+	PrefillA         float64 `json:"a_ms"`
+	PrefillB         float64 `json:"b_ms_per_token"`
+	PrefillC         float64 `json:"c_ms_per_token2"`
+	PrefillD         float64 `json:"d_ms_per_prefix_token"`
+	DecodeFloor      float64 `json:"floor_ms"`
+	DecodePerSeq     float64 `json:"per_seq_ms"`
+	DecodePerToken   float64 `json:"per_context_token_ms"`
+	CalibratedFrom   string  `json:"calibrated_from,omitempty"` // the prior, with --calibrate
+	CalibrationCount uint64  `json:"calibration_observations"`  // observations fitted so far
+}
+
+// profiled is a policy that prices with a cost model (placement.KVDir).
+type profiled interface {
+	Profile() costmodel.Profile
+}
+
+// explainProfile returns the cost model of the policy named policy, if it
+// has one.
+func (s *Server) explainProfile(policy string) *ExplainProfile {
+	var pol placement.Policy
+	switch policy {
+	case s.policy.Name():
+		pol = s.policy
+	case s.fallback.Name():
+		pol = s.fallback
+	}
+	pp, ok := pol.(profiled)
+	if !ok {
+		return nil
+	}
+	p := pp.Profile()
+	e := &ExplainProfile{Name: p.Name, PrefillA: p.Prefill.A, PrefillB: p.Prefill.B, PrefillC: p.Prefill.C, PrefillD: p.Prefill.D,
+		DecodeFloor: p.Decode.Floor, DecodePerSeq: p.Decode.PerSeq, DecodePerToken: p.Decode.PerToken}
+	if c := s.cfg.Calibrator; c != nil {
+		e.CalibratedFrom, e.CalibrationCount = c.Prior().Name, c.Stats().Accepted
+	}
+	return e
 }
 
 // WorkerScore is one candidate in an Explanation. The cost fields are those
@@ -125,7 +174,7 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 		PredictedCachedTokens: d.pick.PredictedCachedTokens, LoRA: d.ns[d.pick.Index].LoRA,
 		DecisionMicros: float64((d.renderDur + d.hashDur + d.matchDur + d.scoreDur).Nanoseconds()) / 1e3,
 		RenderMicros:   us(d.renderDur), HashMicros: us(d.hashDur), MatchMicros: us(d.matchDur), ScoreMicros: us(d.scoreDur),
-		Workers: make([]WorkerScore, len(d.cands))}
+		Profile: s.explainProfile(d.policy), Workers: make([]WorkerScore, len(d.cands))}
 	for i, c := range d.cands {
 		ws := WorkerScore{Worker: c.Worker, Address: d.workers[i].address, MatchedBlocks: c.MatchedBlocks,
 			BlockSize: d.bs[i], DirectoryBlocks: d.dir[i], SpeculativeBlocks: s.speculativeBlocks(d, i),

@@ -292,6 +292,13 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 		}
 		s.rec.add(rec)
 	}
+	if s.calib != nil {
+		var ttft time.Duration
+		if !u.firstToken.IsZero() {
+			ttft = u.firstToken.Sub(sent)
+		}
+		s.calib.observe(d, stream, &u, ttft, outcome)
+	}
 }
 
 // decorate adds the router's headers for decision d; the predicted cached
@@ -316,6 +323,12 @@ type usageScanner struct {
 	over   bool   // plain body exceeded the bound
 	cached int
 	known  bool
+	// prompt is usage.prompt_tokens, if promptKnown.
+	prompt      int
+	promptKnown bool
+	// firstToken is when the stream's first data line with generated text
+	// passed (zero if none did; streams only).
+	firstToken time.Time
 }
 
 const usageScanLimit = 4 << 20
@@ -345,7 +358,13 @@ func (u *usageScanner) feed(p []byte) {
 			u.buf = u.buf[:0]
 		}
 		p = p[i+1:]
-		if bytes.HasPrefix(line, []byte("data:")) && bytes.Contains(line, usageKey) {
+		if !bytes.HasPrefix(line, []byte("data:")) {
+			continue
+		}
+		if u.firstToken.IsZero() && hasToken(line) {
+			u.firstToken = time.Now()
+		}
+		if bytes.Contains(line, usageKey) {
 			u.parse(bytes.TrimSpace(line[len("data:"):]))
 		}
 	}
@@ -354,6 +373,7 @@ func (u *usageScanner) feed(p []byte) {
 func (u *usageScanner) parse(data []byte) {
 	var v struct {
 		Usage *struct {
+			Prompt  *int `json:"prompt_tokens"`
 			Details *struct {
 				Cached int `json:"cached_tokens"`
 			} `json:"prompt_tokens_details"`
@@ -361,6 +381,9 @@ func (u *usageScanner) parse(data []byte) {
 	}
 	if json.Unmarshal(data, &v) == nil && v.Usage != nil && v.Usage.Details != nil {
 		u.cached, u.known = v.Usage.Details.Cached, true
+		if v.Usage.Prompt != nil {
+			u.prompt, u.promptKnown = *v.Usage.Prompt, true
+		}
 	}
 }
 

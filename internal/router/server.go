@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvdir/kvdir/internal/admission"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/openai"
 	"github.com/kvdir/kvdir/internal/placement"
@@ -159,7 +160,12 @@ type Config struct {
 	// RouterID names the router to the directory and the other routers;
 	// unique among them (default DefaultRouterID: host name and pid).
 	RouterID string
-	Logger   *slog.Logger
+	// Calibrator, if set, is fed an observation of each clean streamed
+	// response (calibrate.go) and its fit is exported as metrics; give the
+	// same calibrator to the kvdir policy (placement.Options.LiveProfile)
+	// for the policy to price with it.
+	Calibrator *costmodel.Calibrator
+	Logger     *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -220,6 +226,7 @@ func (c *Config) setDefaults() error {
 // discover workers and scrape their load.
 type Server struct {
 	cfg       Config
+	calib     *calibration // nil without Config.Calibrator
 	policy    placement.Policy
 	fallback  placement.Policy
 	renderer  Renderer
@@ -268,6 +275,9 @@ func New(cfg Config) (*Server, error) {
 	s.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	s.pool = newPool(cfg.SpecTTL, s.startScraper)
 	s.metrics = newMetrics(func() float64 { return float64(len(s.pool.snapshot())) })
+	if cfg.Calibrator != nil {
+		s.calib = newCalibration(cfg.Calibrator, s.metrics.reg)
+	}
 	if l := cfg.Local; l != nil {
 		s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvdir_router_view_lag_entries",
 			Help: "Log entries the router's local replica of the directory is behind the last commit index a node reported."},

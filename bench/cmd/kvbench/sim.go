@@ -15,6 +15,7 @@ import (
 	"github.com/kvdir/kvdir/bench/report"
 	"github.com/kvdir/kvdir/bench/sim"
 	"github.com/kvdir/kvdir/internal/cli"
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/simengine"
 )
@@ -31,6 +32,8 @@ type simFlags struct {
 	lateBinding               bool
 	admissionQueue            int
 	admissionMaxWait          time.Duration
+	calibrate                 bool
+	priorProfile              string
 }
 
 func newSim(log *slog.Logger) *cobra.Command {
@@ -59,6 +62,13 @@ places it at the first step end at which one drops below it, as the router's
 request is refused and counted as rejected. Held, peak_held and admission_rejected in the
 JSON count them; time to first token counts from arrival.
 
+--prior-profile gives the policy another cost model than the engines run (--profile):
+the router's hand-given profile is wrong. --calibrate makes each router fit its profile
+online (costmodel.Calibrator, the prior its starting point) to the requests it placed on
+a worker with nothing queued, as the HTTP router's --calibrate does; the result's
+"calibration" field holds the fitted profile's prefill error against --profile over a
+grid of shapes, 2 minutes of virtual time after the first arrival and at the end.
+
 Writes --out (JSON), the same name with .md (Markdown table) and, unless --no-charts,
 PNG charts next to it: -ttft-cdf.png, -replica-hit-rate.png, -queue-depth.png.
 
@@ -86,6 +96,8 @@ H200 (see docs/benchmarks.md):
 	fl.BoolVar(&f.lateBinding, "late-binding", false, "hold a request at the router while every replica is past its knee (its queued prefill exceeds two steps of --max-batched-tokens) and place it at the first step end a replica drops below it, as the router's --admission-queue does; refused requests count as rejected")
 	fl.IntVar(&f.admissionQueue, "admission-queue", sim.DefaultAdmissionQueue, "with --late-binding: most requests held (more are rejected, the router's 429)")
 	fl.DurationVar(&f.admissionMaxWait, "admission-max-wait", sim.DefaultAdmissionMaxWait, "with --late-binding: longest a request is held (then rejected, the router's 503)")
+	fl.BoolVar(&f.calibrate, "calibrate", false, "fit the policy's cost model online to the observed prefills, from its profile as the prior")
+	fl.StringVar(&f.priorProfile, "prior-profile", "", "the policy's profile, a built-in name or a JSON file (empty: --profile); with --calibrate, the prior")
 	return cmd
 }
 
@@ -151,6 +163,12 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	}
 	prof, pols, recs, ideal := c.prof, c.pols, c.recs, c.ideal
 	f.kvBlocks = c.kvBlocks
+	polProf := prof
+	if f.priorProfile != "" {
+		if polProf, err = costmodel.ResolveProfile(f.priorProfile); err != nil {
+			return err
+		}
+	}
 	rep := report.ForTrace("sim", f.trace, recs, ideal, f.traceBlockSize, f.blockSize, f.replicas, prof.Name, f.kvBlocks, f.timeScale)
 	rep.Command, rep.Seed = argvOf(cmd, nil), f.seed
 	rep.Settings = map[string]any{
@@ -166,6 +184,10 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 		rep.Settings["late_binding"] = true
 		rep.Settings["admission_queue"] = f.admissionQueue
 		rep.Settings["admission_max_wait_ms"] = f.admissionMaxWait.Milliseconds()
+	}
+	if f.calibrate || f.priorProfile != "" {
+		rep.Settings["calibrate"] = f.calibrate
+		rep.Settings["policy_profile"] = polProf.Name
 	}
 	if f.routers > 1 || f.routerViewLag > 0 || f.viewJitter > 0 || f.sharedIntents {
 		lags := sim.ViewLags(sim.Config{Routers: f.routers, RouterViewLag: f.routerViewLag, RouterViewJitter: f.viewJitter, Seed: f.seed})
@@ -202,8 +224,13 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 			cfg.RouterViewLag, cfg.RouterViewJitter = f.routerViewLag, f.viewJitter
 			cfg.SharedIntents, cfg.IntentLag = f.sharedIntents, f.intentLag
 			cfg.LateBinding, cfg.AdmissionQueue, cfg.AdmissionMaxWait = f.lateBinding, f.admissionQueue, f.admissionMaxWait
+			cfg.PolicyProfile, cfg.Calibrate = polProf, f.calibrate
 			if f.onePolicy {
-				pol, err := placement.New(name, placement.Options{Seed: f.seed, Profile: prof, ChunkTokens: f.maxBatched})
+				if f.calibrate {
+					errs[i] = cli.Usagef("--calibrate needs a policy instance per router (drop --one-policy-instance)")
+					return
+				}
+				pol, err := placement.New(name, placement.Options{Seed: f.seed, Profile: polProf, ChunkTokens: f.maxBatched})
 				if err != nil {
 					errs[i] = fmt.Errorf("policy %s: %w", name, err)
 					return
@@ -216,6 +243,13 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 				return
 			}
 			results[i] = p
+			if c := p.Calibration; c != nil {
+				log.Info("calibration", "policy", name, "prior", c.Prior, "engine", c.Engine,
+					"prior_error_max", fmt.Sprintf("%.3f", c.PriorErrorMax), "checkpoint_s", fmt.Sprintf("%.0f", c.CheckpointSec),
+					"checkpoint_observations", c.CheckpointObservations, "checkpoint_error_max", fmt.Sprintf("%.3f", c.CheckpointErrorMax),
+					"checkpoint_error_mean", fmt.Sprintf("%.3f", c.CheckpointErrorMean), "observations", c.Observations, "skipped", c.Skipped,
+					"final_error_max", fmt.Sprintf("%.3f", c.FinalErrorMax), "scales", fmt.Sprintf("%.3f", c.Scales))
+			}
 			log.Info("policy done", "policy", name, "wall_s", fmt.Sprintf("%.1f", p.WallSec),
 				"hit_rate", fmt.Sprintf("%.3f", p.HitRate), "reuse_captured", fmt.Sprintf("%.3f", p.ReuseCaptured),
 				"ttft_p90_s", fmt.Sprintf("%.2f", p.TTFTP90Ms/1000), "max_share", fmt.Sprintf("%.3f", p.MaxReplicaShare))
