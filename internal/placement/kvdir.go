@@ -215,10 +215,10 @@ func (p *KVDir) rate(req Request) float64 {
 // score fills s for c; cold is the request's prefill without cache.
 func (p *KVDir) score(s *Score, req Request, c *Candidate, cold, rate float64, surv *survival) {
 	s.Worker, s.MatchedTokens, s.Retain = c.Worker, matchedTokens(req, c), surv.retain(c.Load.KVUsage)
-	cached := int(math.Round(float64(s.MatchedTokens) * s.Retain))
-	s.CachedTokens = float64(cached)
+	cached, loaded, transfer := p.tieredCache(req, c, int(math.Round(float64(s.MatchedTokens)*s.Retain)))
+	s.CachedTokens, s.LoadedTokens, s.TransferMs = float64(cached), float64(loaded), transfer
 	newTok := req.PromptTokens - cached
-	s.PrefillMs = p.prof.Prefill.Millis(newTok, cached)
+	s.PrefillMs = p.prof.Prefill.Millis(newTok, cached) + transfer // tiers.go
 	s.ColdPrefillMs = cold
 	q := max(c.Load.QueuedPrefillTokens, 0)
 	if q > 0 {
