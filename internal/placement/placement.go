@@ -60,13 +60,14 @@ func (c *Candidate) GPUBlocks() int { return c.MatchedBlocks - c.HostBlocks - c.
 
 // TierSplit splits a directory match into the candidate's tiers: matched
 // leading blocks on any medium, of which the leading gpu are on the GPU and
-// the leading cpu in host memory (the directory's per-medium leading runs).
-// Blocks beyond the GPU run that the CPU run covers load from host memory;
-// the rest, up to matched, from disk or a remote store, which we price at
-// the disk link (the slowest the profile knows).
-func TierSplit(matched, gpu, cpu int) (host, disk int) {
+// the leading fast on the GPU or in host memory (radix.WorkerMatch's
+// GPUOrCPU; from per-medium runs alone, max(gpu, cpu) is a lower bound).
+// Blocks after the GPU run and within fast load from host memory; the
+// rest, up to matched, from disk or a remote store, which we price at the
+// disk link (the slowest the profile knows).
+func TierSplit(matched, gpu, fast int) (host, disk int) {
 	gpu = min(max(gpu, 0), max(matched, 0))
-	host = min(max(cpu-gpu, 0), matched-gpu)
+	host = min(max(fast-gpu, 0), matched-gpu)
 	return host, max(matched-gpu-host, 0)
 }
 
@@ -86,15 +87,15 @@ type Score struct {
 	Retain         float64 // probability the matched blocks survive until the request runs
 	CachedTokens   float64 // expected cached tokens: MatchedTokens·Retain, less the tier tokens it is cheaper to recompute
 	LoadedTokens   float64 // of CachedTokens, those loaded from host memory or disk first
-	TransferMs     float64 // the load's time, included in PrefillMs
+	TransferMs     float64 // the load's time, before the prefill (in TotalMs, not in PrefillMs)
 	QueueMs        float64 // prefill of the work already queued on the worker
 	InterferenceMs float64 // running decodes riding along with the queued and new prefill
 	WaitMs         float64 // QueueMs + InterferenceMs
-	PrefillMs      float64 // our prefill with the expected cache, loads included
+	PrefillMs      float64 // our prefill with the expected cache
 	ColdPrefillMs  float64 // our prefill with no cache
 	ExtraMs        float64 // delay our recomputation (prefill beyond the best candidate's) imposes on the requests waiting there
 	FutureMs       float64 // expected queueing of the session's later requests, which follow their prefix here
-	TotalMs        float64 // cost: expected time to first token (WaitMs + PrefillMs) plus ExtraMs
+	TotalMs        float64 // cost: expected time to first token (WaitMs + TransferMs + PrefillMs) plus ExtraMs
 }
 
 // Decision is a policy's choice.

@@ -10,8 +10,11 @@ import "github.com/kvdir/kvdir/internal/costmodel"
 // connector loads the blocks before the request's prefill starts; the
 // load takes bytes / bandwidth ([costmodel.Profile.TransferMillis]) and
 // the request waits for it. The loaded tokens are then cached like any
-// other, so the prefill is priced as before with them in the prefix, plus
-// the load.
+// other, so the prefill is priced as before with them in the prefix, and
+// the load (Score.TransferMs) is added to the request's time to first
+// token. It is not part of PrefillMs, which the extra term charges to the
+// requests queued behind us: the copy runs on the link while the engine
+// computes other requests, so it delays only the request it loads for.
 //
 // Loading is not always worth it: reading 4,096 tokens of llama3-8b KV
 // from one NVMe drive takes about as long as recomputing them. The engine

@@ -8,18 +8,18 @@ import (
 )
 
 func TestTierSplit(t *testing.T) {
-	for _, c := range []struct{ matched, gpu, cpu, host, disk int }{
-		{10, 10, 0, 0, 0},  // all on the GPU
+	for _, c := range []struct{ matched, gpu, fast, host, disk int }{
+		{10, 10, 10, 0, 0}, // all on the GPU
 		{10, 4, 10, 6, 0},  // GPU run, then host memory
-		{10, 4, 7, 3, 3},   // GPU, host, then disk beyond the CPU run
+		{10, 4, 7, 3, 3},   // GPU, host, then disk beyond the GPU-or-host run
 		{10, 0, 0, 0, 10},  // disk (or remote) only
-		{10, 6, 3, 0, 4},   // the CPU run ends inside the GPU run
+		{10, 6, 3, 0, 4},   // a lower bound of fast inside the GPU run
 		{10, 12, 12, 0, 0}, // runs longer than the match are capped
 		{0, 0, 0, 0, 0},
 	} {
-		h, d := TierSplit(c.matched, c.gpu, c.cpu)
+		h, d := TierSplit(c.matched, c.gpu, c.fast)
 		if h != c.host || d != c.disk {
-			t.Errorf("TierSplit(%d, %d, %d) = %d, %d; want %d, %d", c.matched, c.gpu, c.cpu, h, d, c.host, c.disk)
+			t.Errorf("TierSplit(%d, %d, %d) = %d, %d; want %d, %d", c.matched, c.gpu, c.fast, h, d, c.host, c.disk)
 		}
 	}
 }
@@ -54,8 +54,8 @@ func TestKVDirPrefersHostTierOverRecompute(t *testing.T) {
 	s := d.Scores[1]
 	transfer := prof.TransferMillis(4896, costmodel.TierHost)
 	if math.Abs(s.TransferMs-transfer) > 1e-9 || s.LoadedTokens != 4896 ||
-		math.Abs(s.PrefillMs-(prof.Prefill.Millis(204, 4896)+transfer)) > 1e-9 {
-		t.Fatalf("host score %+v, want transfer %.2f ms in the prefill", s, transfer)
+		math.Abs(s.PrefillMs-prof.Prefill.Millis(204, 4896)) > 1e-9 || math.Abs(s.TotalMs-s.PrefillMs-transfer) > 1e-9 {
+		t.Fatalf("host score %+v, want transfer %.2f ms before the prefill", s, transfer)
 	}
 	if cold := d.Scores[0]; cold.TransferMs != 0 || cold.PrefillMs != cold.ColdPrefillMs {
 		t.Fatalf("cold score %+v", cold)
@@ -113,14 +113,14 @@ func TestKVDirRecomputesWhenTransferIsSlower(t *testing.T) {
 
 	s = p.Score(req, Candidate{Worker: "mixed", MatchedBlocks: 306, HostBlocks: 100, DiskBlocks: 106})
 	want := prof.Prefill.Millis(5100-3200, 3200) + prof.TransferMillis(1600, costmodel.TierHost)
-	if s.CachedTokens != 3200 || s.LoadedTokens != 1600 || math.Abs(s.PrefillMs-want) > 1e-9 {
+	if s.CachedTokens != 3200 || s.LoadedTokens != 1600 || math.Abs(s.PrefillMs+s.TransferMs-want) > 1e-9 {
 		t.Fatalf("mixed score %+v, want GPU and host (3200 cached, 1600 loaded) at %.2f ms", s, want)
 	}
 
 	// With the default disk link, the same disk blocks are worth loading.
 	prof.DiskToGPUGBps = 0
 	p, _ = NewKVDir(Options{Profile: prof})
-	if s := p.Score(req, Candidate{Worker: "disk", MatchedBlocks: 306, DiskBlocks: 306}); s.CachedTokens != 4896 || s.PrefillMs >= cold {
+	if s := p.Score(req, Candidate{Worker: "disk", MatchedBlocks: 306, DiskBlocks: 306}); s.CachedTokens != 4896 || s.PrefillMs+s.TransferMs >= cold {
 		t.Fatalf("default disk link: %+v", s)
 	}
 }
@@ -173,5 +173,24 @@ func TestBaselinesIgnoreTiers(t *testing.T) {
 		if d.Worker != "a" {
 			t.Errorf("%s picked %s, want the longer (offloaded) match", name, d.Worker)
 		}
+	}
+}
+
+// The load delays the request, not the requests queued behind it: the
+// extra term charges only the computation.
+func TestKVDirTransferNotInExtra(t *testing.T) {
+	prof := llama8b(t)
+	p, _ := NewKVDir(Options{Profile: prof})
+	req := Request{PromptTokens: 5100, BlockSize: 16}
+	busy := Load{Waiting: 4}
+	d, err := p.Pick(req, []Candidate{
+		{Worker: "gpu", MatchedBlocks: 306, Load: busy},
+		{Worker: "host", MatchedBlocks: 306, HostBlocks: 306, Load: busy},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := d.Scores[1]; h.ExtraMs != 0 || math.Abs(h.TotalMs-d.Scores[0].TotalMs-h.TransferMs) > 1e-9 {
+		t.Fatalf("host %+v against gpu %+v: want only the transfer between them", h, d.Scores[0])
 	}
 }

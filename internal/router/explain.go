@@ -113,7 +113,7 @@ type WorkerScore struct {
 	Retain              float64 `json:"retain"`
 	CachedTokens        float64 `json:"cached_tokens"`
 	LoadedTokens        float64 `json:"loaded_tokens"`
-	TransferMs          float64 `json:"transfer_ms"` // included in prefill_ms
+	TransferMs          float64 `json:"transfer_ms"` // before the prefill; in total_ms, not in prefill_ms
 	QueueMs             float64 `json:"queue_ms"`
 	InterferenceMs      float64 `json:"interference_ms"`
 	WaitMs              float64 `json:"wait_ms"`

@@ -145,9 +145,14 @@ func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blo
 		d.cands[i].MatchedBlocks = bestTokens / d.blockSize
 		// The tiers: a speculative entry is a placement's prefix, on the
 		// GPU; beyond it and the directory's GPU run, host memory, then
-		// disk (placement.TierSplit).
+		// disk (placement.TierSplit). The answer's per-medium runs bound
+		// the GPU-or-host run from below (a CPU block after a GPU-only one
+		// ends the CPU run), so host blocks after the GPU run are priced
+		// as disk unless the CPU run covers the whole prefix (as a
+		// write-through tier's does).
 		bs := d.bs[i]
-		host, disk := placement.TierSplit(bestTokens/bs, max(bestSpec, bestDir.gpu), bestDir.cpu)
+		gpu := max(bestSpec, bestDir.gpu)
+		host, disk := placement.TierSplit(bestTokens/bs, gpu, max(gpu, bestDir.cpu))
 		d.cands[i].HostBlocks, d.cands[i].DiskBlocks = host*bs/d.blockSize, disk*bs/d.blockSize
 	}
 }
