@@ -405,9 +405,13 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 		}
 		byID := make(map[string]dirMatch, len(resp.GetMatches()))
 		for _, m := range resp.GetMatches() {
-			dm := dirMatch{blocks: int(m.GetBlocks()), gpu: int(m.GetGpuBlocks()), cpu: int(m.GetCpuBlocks())}
+			// A directory that predates gpu_or_cpu_blocks bounds it by the
+			// longer of the GPU and CPU runs; one that reports no medium
+			// at all is counted as GPU-held, as before media were reported.
+			dm := dirMatch{blocks: int(m.GetBlocks()), gpu: int(m.GetGpuBlocks()),
+				fast: int(max(m.GetGpuOrCpuBlocks(), m.GetGpuBlocks(), m.GetCpuBlocks()))}
 			if m.GetGpuBlocks()|m.GetCpuBlocks()|m.GetDiskBlocks()|m.GetRemoteBlocks() == 0 {
-				dm.gpu = dm.blocks // an answer without the per-medium runs: count it as on the GPU, as before they were reported
+				dm.gpu, dm.fast = dm.blocks, dm.blocks
 			}
 			byID[m.GetWorkerId()] = dm
 		}
@@ -417,8 +421,8 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 }
 
 // dirMatch is one worker's answer from the directory: its leading blocks on
-// any medium, on the GPU and in host memory.
-type dirMatch struct{ blocks, gpu, cpu int }
+// any medium, on the GPU, and on the GPU or in host memory.
+type dirMatch struct{ blocks, gpu, fast int }
 
 // String summarises d for logs.
 func (d *decision) String() string {

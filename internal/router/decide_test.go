@@ -23,8 +23,9 @@ type fakeMatcher struct {
 	err    error
 	blocks map[string]uint32
 	// media, if set for a worker, are its leading runs on the GPU, CPU,
-	// disk and remote media (capped at the chain like blocks).
-	media map[string][4]uint32
+	// disk and remote media and on GPU or CPU (capped at the chain like
+	// blocks).
+	media map[string][5]uint32
 }
 
 func (f *fakeMatcher) MatchChain(ctx context.Context, hashes []uint64, bs uint32, _ bool) (*kvdirv1.MatchResponse, error) {
@@ -38,6 +39,7 @@ func (f *fakeMatcher) MatchChain(ctx context.Context, hashes []uint64, bs uint32
 		wm := &kvdirv1.WorkerMatch{WorkerId: id, Blocks: min(b, n)}
 		if m, ok := f.media[id]; ok {
 			wm.GpuBlocks, wm.CpuBlocks, wm.DiskBlocks, wm.RemoteBlocks = min(m[0], n), min(m[1], n), min(m[2], n), min(m[3], n)
+			wm.GpuOrCpuBlocks = min(m[4], n)
 		}
 		resp.Matches = append(resp.Matches, wm)
 	}
@@ -82,11 +84,12 @@ func TestDecisionUsesDirectory(t *testing.T) {
 // TestDecisionFillsTiers checks that the directory's per-medium runs reach
 // the policy as the candidates' tier split, and the explain view shows
 // them with the load's time: a holds the prefix's first two blocks on the
-// GPU and all of it in host memory, b the first three on the GPU and the
-// rest on disk.
+// GPU only and the rest in host memory (its CPU run is 0, its GPU-or-CPU
+// run the whole prefix), b the first three on the GPU and the rest on
+// disk.
 func TestDecisionFillsTiers(t *testing.T) {
 	m := &fakeMatcher{blocks: map[string]uint32{"a": 1000, "b": 1000},
-		media: map[string][4]uint32{"a": {2, 1000, 0, 0}, "b": {3, 0, 1000, 0}}}
+		media: map[string][5]uint32{"a": {2, 0, 0, 0, 1000}, "b": {3, 0, 1000, 0, 3}}}
 	s := decisionServer(t, m)
 	req := longChat(t)
 	d, aerr := s.decide(t.Context(), req, nil)

@@ -144,15 +144,11 @@ func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blo
 	if bestTokens > 0 {
 		d.cands[i].MatchedBlocks = bestTokens / d.blockSize
 		// The tiers: a speculative entry is a placement's prefix, on the
-		// GPU; beyond it and the directory's GPU run, host memory, then
-		// disk (placement.TierSplit). The answer's per-medium runs bound
-		// the GPU-or-host run from below (a CPU block after a GPU-only one
-		// ends the CPU run), so host blocks after the GPU run are priced
-		// as disk unless the CPU run covers the whole prefix (as a
-		// write-through tier's does).
+		// GPU; beyond it and the directory's GPU run, host memory up to
+		// the GPU-or-host run, then disk (placement.TierSplit).
 		bs := d.bs[i]
 		gpu := max(bestSpec, bestDir.gpu)
-		host, disk := placement.TierSplit(bestTokens/bs, gpu, max(gpu, bestDir.cpu))
+		host, disk := placement.TierSplit(bestTokens/bs, gpu, max(gpu, bestDir.fast))
 		d.cands[i].HostBlocks, d.cands[i].DiskBlocks = host*bs/d.blockSize, disk*bs/d.blockSize
 	}
 }
