@@ -248,11 +248,11 @@ func (s *state) apply(v *view, r *replica, p *published) error {
 	for _, ev := range p.evs {
 		switch k := ev.Kind.(type) {
 		case *kvdirv1.Event_Stored:
-			if err := v.index.Insert(r.id, k.Stored.Parent, k.Stored.Hashes, radix.GPU); err != nil && !errors.Is(err, radix.ErrParentMismatch) {
+			if err := v.index.Insert(r.id, k.Stored.Parent, k.Stored.Hashes, mediumOf(k.Stored.Medium)); err != nil && !errors.Is(err, radix.ErrParentMismatch) {
 				return fmt.Errorf("sim: %s: directory insert: %w", r.id, err)
 			}
 		case *kvdirv1.Event_Removed:
-			if err := v.index.Remove(r.id, k.Removed.Hashes, radix.GPU); err != nil {
+			if err := v.index.Remove(r.id, k.Removed.Hashes, mediumOf(k.Removed.Medium)); err != nil {
 				return fmt.Errorf("sim: %s: directory remove: %w", r.id, err)
 			}
 		case *kvdirv1.Event_Cleared:
@@ -276,4 +276,18 @@ func (s *state) pending(r *replica, k int, now time.Duration, delta int) {
 			r.peers[j].Add(now, delta)
 		}
 	}
+}
+
+// mediumOf maps an event's medium to the index's, as the directory does
+// (unspecified is the GPU).
+func mediumOf(m kvdirv1.Medium) radix.Medium {
+	switch m {
+	case kvdirv1.Medium_MEDIUM_CPU:
+		return radix.CPU
+	case kvdirv1.Medium_MEDIUM_DISK:
+		return radix.Disk
+	case kvdirv1.Medium_MEDIUM_REMOTE:
+		return radix.Remote
+	}
+	return radix.GPU
 }

@@ -53,6 +53,12 @@
 //     (costmodel.Calibrator) to the requests it placed on a worker with
 //     nothing queued, as the HTTP router does, and the result's Calibration
 //     says how close the fit came to the engines' profile.
+//   - Offload tier (Config.OffloadBlocks): each engine keeps the blocks its
+//     GPU cache evicts on a bounded tier in host memory (or disk) and loads
+//     a request's prefix back from it, taking the profile's transfer time;
+//     the directory indexes the tier's blocks on their medium, and the
+//     policy gets, per replica, the part of the match beyond the GPU-held
+//     run (Config.Tiers).
 //   - Not modelled: network and proxy latency, tokenization time, metric
 //     scrape intervals, directory outages.
 //
@@ -134,6 +140,18 @@ type Config struct {
 	BlockSize        int
 	MaxBatchedTokens int
 	MaxRunning       int
+	// OffloadBlocks, if positive, gives every engine an offload tier of
+	// that many blocks on OffloadMedium (default "CPU", host memory):
+	// blocks the GPU cache evicts stay there and load back, taking the
+	// profile's transfer time (simengine's offload.go).
+	OffloadBlocks int
+	OffloadMedium string
+	// Tiers is how the policy is told of blocks held beyond a replica's
+	// GPU run: TiersPriced (the default) passes the directory's tier split
+	// (placement.Candidate's HostBlocks and DiskBlocks), TiersAsGPU counts
+	// them as GPU-held (the split left out), TiersGPUOnly leaves them out
+	// of the match.
+	Tiers string
 	// TraceBlockSize is the trace's tokens per hash id (default 512).
 	TraceBlockSize int
 	// TimeScale multiplies the trace's timestamps (default 1; 0.5 sends
@@ -203,6 +221,16 @@ type Config struct {
 	Observe func([]report.Sample)
 }
 
+// Values of Config.Tiers.
+const (
+	TiersPriced  = "priced"
+	TiersAsGPU   = "as-gpu"
+	TiersGPUOnly = "gpu-only"
+)
+
+// TierModes returns the values of Config.Tiers.
+func TierModes() []string { return []string{TiersPriced, TiersAsGPU, TiersGPUOnly} }
+
 // ErrBadConfig is wrapped by configuration errors.
 var ErrBadConfig = errors.New("sim: invalid config")
 
@@ -243,6 +271,12 @@ func (c *Config) fill(recs []workload.Record) error {
 	if c.AdmissionMaxWait == 0 {
 		c.AdmissionMaxWait = DefaultAdmissionMaxWait
 	}
+	if c.Tiers == "" {
+		c.Tiers = TiersPriced
+	}
+	if c.OffloadBlocks > 0 && c.OffloadMedium == "" {
+		c.OffloadMedium = "CPU"
+	}
 	switch {
 	case c.AdmissionQueue < 0 || c.AdmissionMaxWait < 0:
 		return fmt.Errorf("%w: admission queue %d and max wait %v, want >= 0", ErrBadConfig, c.AdmissionQueue, c.AdmissionMaxWait)
@@ -266,6 +300,10 @@ func (c *Config) fill(recs []workload.Record) error {
 		return fmt.Errorf("%w: router view jitter %v, want >= 0", ErrBadConfig, c.RouterViewJitter)
 	case c.IntentLag < 0:
 		return fmt.Errorf("%w: intent lag %v, want >= 0", ErrBadConfig, c.IntentLag)
+	case !slices.Contains(TierModes(), c.Tiers):
+		return fmt.Errorf("%w: tiers %q, want one of %s", ErrBadConfig, c.Tiers, strings.Join(TierModes(), ", "))
+	case c.OffloadBlocks < 0:
+		return fmt.Errorf("%w: offload blocks %d, want >= 0", ErrBadConfig, c.OffloadBlocks)
 	case len(recs) == 0:
 		return fmt.Errorf("%w: empty trace", ErrBadConfig)
 	}
@@ -425,6 +463,7 @@ func Run(ctx context.Context, recs []workload.Record, ideal []int, cfg Config) (
 		r.eng, err = simengine.New(simengine.Config{
 			Profile: cfg.Profile, BlockSize: cfg.BlockSize, CapacityBlocks: cfg.KVBlocks,
 			MaxBatchedTokens: cfg.MaxBatchedTokens, MaxRunning: cfg.MaxRunning, Seed: uint64(cfg.Seed),
+			OffloadMedium: cfg.OffloadMedium, OffloadBlocks: cfg.OffloadBlocks,
 		}, simengine.SinkFunc(func(b simengine.EventBatch) { r.log = append(r.log, published{batch: b}) }))
 		if err != nil {
 			return report.Policy{}, fmt.Errorf("sim: replica %d: %w", i, err)
@@ -686,7 +725,7 @@ func (s *state) prepare(i int, rt *router, now time.Duration) error {
 	}
 	for _, m := range s.matches {
 		if k, ok := s.byName[m.Worker]; ok {
-			s.cands[k].MatchedBlocks = max(s.cands[k].MatchedBlocks, m.Blocks)
+			s.matchTiers(&s.cands[k], &m)
 		}
 	}
 	return nil
@@ -734,6 +773,23 @@ func (s *state) commit(i int, rt *router, now time.Duration) error {
 		r.busy = !r.step.Idle
 	}
 	return nil
+}
+
+// matchTiers merges the directory's match m into c, which holds the
+// speculative entries' blocks (GPU-held: a placement's prefix), as
+// Config.Tiers says.
+func (s *state) matchTiers(c *placement.Candidate, m *radix.WorkerMatch) {
+	spec := c.MatchedBlocks
+	gpu := max(spec, m.Media[radix.GPU])
+	switch s.cfg.Tiers {
+	case TiersGPUOnly:
+		c.MatchedBlocks = gpu
+	case TiersAsGPU:
+		c.MatchedBlocks = max(spec, m.Blocks)
+	default:
+		c.MatchedBlocks = max(spec, m.Blocks)
+		c.HostBlocks, c.DiskBlocks = placement.TierSplit(c.MatchedBlocks, gpu, max(gpu, m.GPUOrCPU))
+	}
 }
 
 // result summarises the run.

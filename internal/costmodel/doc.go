@@ -6,7 +6,9 @@
 // measured on one NVIDIA H200, bf16; [ProfileByName], [ProfileNames],
 // [DefaultProfileName]), the one loader of profiles from JSON files
 // ([LoadProfile], and [ResolveProfile] for a name-or-file flag) and the step
-// pricing ([Profile.StepMillis], [StepCost]).
+// pricing ([Profile.StepMillis], [StepCost]) and the time to load offloaded
+// KV back into GPU memory ([Profile.TransferMillis], over the profile's
+// host and disk link bandwidths).
 //
 // A [Calibrator] fits the prefill coefficients online to measured
 // prefills, with a hand-given profile as its prior: the router and the

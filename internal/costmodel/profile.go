@@ -17,6 +17,12 @@ type Profile struct {
 	Prefill         PrefillModel // prefill cost
 	Decode          DecodeModel  // decode step cost
 	KVBytesPerToken int64        // KV-cache bytes per token (all layers, K and V)
+	// HostToGPUGBps and DiskToGPUGBps are the bandwidths, in GB/s, at which
+	// offloaded KV blocks load back into GPU memory from host memory and
+	// from disk (see [Profile.TransferMillis]); zero selects
+	// DefaultHostToGPUGBps and DefaultDiskToGPUGBps.
+	HostToGPUGBps float64
+	DiskToGPUGBps float64
 }
 
 // DefaultProfileName is the built-in profile used when none is named: the
@@ -100,6 +106,8 @@ func (p Profile) Validate() error {
 		{"decode.floor_ms", p.Decode.Floor},
 		{"decode.per_seq_ms", p.Decode.PerSeq},
 		{"decode.per_context_token_ms", p.Decode.PerToken},
+		{"host_to_gpu_gb_per_s", p.HostToGPUGBps},
+		{"disk_to_gpu_gb_per_s", p.DiskToGPUGBps},
 	}
 	for _, c := range coefs {
 		if math.IsNaN(c.v) || math.IsInf(c.v, 0) || c.v < 0 {
@@ -133,13 +141,17 @@ type profileJSON struct {
 		PerToken *float64 `json:"per_context_token_ms"`
 	} `json:"decode"`
 	KVBytesPerToken *int64 `json:"kv_bytes_per_token"`
+	// Optional: zero or missing selects the defaults.
+	HostToGPUGBps float64 `json:"host_to_gpu_gb_per_s"`
+	DiskToGPUGBps float64 `json:"disk_to_gpu_gb_per_s"`
 }
 
 // maxProfileBytes bounds the size of a profile file.
 const maxProfileBytes = 1 << 20
 
-// LoadProfile reads a profile from JSON. Every field is required and unknown
-// fields are rejected:
+// LoadProfile reads a profile from JSON. Every field is required except the
+// two link bandwidths (missing or 0: DefaultHostToGPUGBps and
+// DefaultDiskToGPUGBps), and unknown fields are rejected:
 //
 //	{
 //	  "name": "llama3-8b-a100",                 // string, non-empty
@@ -154,7 +166,9 @@ const maxProfileBytes = 1 << 20
 //	    "per_seq_ms": 0.01054,                  //   + per_seq·batch
 //	    "per_context_token_ms": 2.96e-5         //   + per_context_token·Σcontext
 //	  },
-//	  "kv_bytes_per_token": 131072              // integer > 0
+//	  "kv_bytes_per_token": 131072,             // integer > 0
+//	  "host_to_gpu_gb_per_s": 50,               // optional: offloaded KV loads from host memory
+//	  "disk_to_gpu_gb_per_s": 6                 // optional: and from disk
 //	}
 //
 // Coefficients are finite and non-negative; the result passes
@@ -206,6 +220,8 @@ func LoadProfile(r io.Reader) (Profile, error) {
 		Prefill:         PrefillModel{A: *pj.Prefill.A, B: *pj.Prefill.B, C: *pj.Prefill.C, D: *pj.Prefill.D},
 		Decode:          DecodeModel{Floor: *pj.Decode.Floor, PerSeq: *pj.Decode.PerSeq, PerToken: *pj.Decode.PerToken},
 		KVBytesPerToken: *pj.KVBytesPerToken,
+		HostToGPUGBps:   pj.HostToGPUGBps,
+		DiskToGPUGBps:   pj.DiskToGPUGBps,
 	}
 	if err := p.Validate(); err != nil {
 		return Profile{}, err

@@ -215,8 +215,8 @@ func (p *KVDir) rate(req Request) float64 {
 // score fills s for c; cold is the request's prefill without cache.
 func (p *KVDir) score(s *Score, req Request, c *Candidate, cold, rate float64, surv *survival) {
 	s.Worker, s.MatchedTokens, s.Retain = c.Worker, matchedTokens(req, c), surv.retain(c.Load.KVUsage)
-	cached := int(math.Round(float64(s.MatchedTokens) * s.Retain))
-	s.CachedTokens = float64(cached)
+	cached, loaded, transfer := p.tieredCache(req, c, int(math.Round(float64(s.MatchedTokens)*s.Retain)))
+	s.CachedTokens, s.LoadedTokens, s.TransferMs = float64(cached), float64(loaded), transfer
 	newTok := req.PromptTokens - cached
 	s.PrefillMs = p.prof.Prefill.Millis(newTok, cached)
 	s.ColdPrefillMs = cold
@@ -229,7 +229,7 @@ func (p *KVDir) score(s *Score, req Request, c *Candidate, cold, rate float64, s
 		s.InterferenceMs = float64(max(steps, 1)) * p.prof.Decode.Extra(r, r*p.context)
 	}
 	s.WaitMs = s.QueueMs + s.InterferenceMs
-	s.TotalMs = s.WaitMs + s.PrefillMs
+	s.TotalMs = s.WaitMs + s.TransferMs + s.PrefillMs // tiers.go: the load delays us, not the queue
 }
 
 // addExtra charges s with the delay its extra prefill (over minPrefill)

@@ -38,10 +38,37 @@ type Load struct {
 }
 
 // Candidate is one worker that may take the request.
+//
+// MatchedBlocks counts the leading blocks held on any medium. HostBlocks and
+// DiskBlocks say how many of them are not in GPU memory and must be loaded
+// before the prefill, as an engine with a KV offloading tier does (vLLM's
+// offloading connector copies them back to the GPU, then computes the
+// rest): the first [Candidate.GPUBlocks] are on the GPU, the next
+// HostBlocks in host memory, the last DiskBlocks on disk or further away.
+// Both zero, every matched block counts as on the GPU. Only kvdir prices
+// the split; the other policies use MatchedBlocks alone.
 type Candidate struct {
 	Worker        string // worker identity, unique within a call
 	MatchedBlocks int    // leading blocks of the request's chain it holds (from the directory)
+	HostBlocks    int    // of MatchedBlocks, blocks after the GPU-held run that load from host memory
+	DiskBlocks    int    // of MatchedBlocks, the blocks after those that load from disk (or slower)
 	Load          Load
+}
+
+// GPUBlocks returns the leading matched blocks already in GPU memory.
+func (c *Candidate) GPUBlocks() int { return c.MatchedBlocks - c.HostBlocks - c.DiskBlocks }
+
+// TierSplit splits a directory match into the candidate's tiers: matched
+// leading blocks on any medium, of which the leading gpu are on the GPU and
+// the leading fast on the GPU or in host memory (radix.WorkerMatch's
+// GPUOrCPU; from per-medium runs alone, max(gpu, cpu) is a lower bound).
+// Blocks after the GPU run and within fast load from host memory; the
+// rest, up to matched, from disk or a remote store, which we price at the
+// disk link (the slowest the profile knows).
+func TierSplit(matched, gpu, fast int) (host, disk int) {
+	gpu = min(max(gpu, 0), max(matched, 0))
+	host = min(max(fast-gpu, 0), matched-gpu)
+	return host, max(matched-gpu-host, 0)
 }
 
 // Request is what a policy knows about the request being placed.
@@ -58,7 +85,9 @@ type Score struct {
 	Worker         string
 	MatchedTokens  int     // min(MatchedBlocks·BlockSize, PromptTokens−1)
 	Retain         float64 // probability the matched blocks survive until the request runs
-	CachedTokens   float64 // expected cached tokens: MatchedTokens·Retain
+	CachedTokens   float64 // expected cached tokens: MatchedTokens·Retain, less the tier tokens it is cheaper to recompute
+	LoadedTokens   float64 // of CachedTokens, those loaded from host memory or disk first
+	TransferMs     float64 // the load's time, before the prefill (in TotalMs, not in PrefillMs)
 	QueueMs        float64 // prefill of the work already queued on the worker
 	InterferenceMs float64 // running decodes riding along with the queued and new prefill
 	WaitMs         float64 // QueueMs + InterferenceMs
@@ -66,7 +95,7 @@ type Score struct {
 	ColdPrefillMs  float64 // our prefill with no cache
 	ExtraMs        float64 // delay our recomputation (prefill beyond the best candidate's) imposes on the requests waiting there
 	FutureMs       float64 // expected queueing of the session's later requests, which follow their prefix here
-	TotalMs        float64 // cost: expected time to first token (WaitMs + PrefillMs) plus ExtraMs
+	TotalMs        float64 // cost: expected time to first token (WaitMs + TransferMs + PrefillMs) plus ExtraMs
 }
 
 // Decision is a policy's choice.
@@ -177,8 +206,10 @@ func validate(req Request, cands []Candidate) error {
 		return fmt.Errorf("placement: invalid request: prompt %d tokens, block size %d", req.PromptTokens, req.BlockSize)
 	}
 	for i := range cands {
-		if cands[i].MatchedBlocks < 0 {
-			return fmt.Errorf("placement: candidate %q: negative matched blocks %d", cands[i].Worker, cands[i].MatchedBlocks)
+		c := &cands[i]
+		if c.MatchedBlocks < 0 || c.HostBlocks < 0 || c.DiskBlocks < 0 || c.GPUBlocks() < 0 {
+			return fmt.Errorf("placement: candidate %q: matched blocks %d (host %d, disk %d): negative, or fewer than the tiers' sum",
+				c.Worker, c.MatchedBlocks, c.HostBlocks, c.DiskBlocks)
 		}
 	}
 	return nil

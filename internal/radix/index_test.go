@@ -69,8 +69,8 @@ func TestMatchStopsAndCountsPerMedium(t *testing.T) {
 	got, err := x.Match(c)
 	must(t, err)
 	want := []WorkerMatch{
-		{Worker: "b", Blocks: 10, Media: [NumMedia]int{3, 10, 0, 0}},
-		{Worker: "a", Blocks: 8, Media: [NumMedia]int{6, 0, 0, 0}},
+		{Worker: "b", Blocks: 10, Media: [NumMedia]int{3, 10, 0, 0}, GPUOrCPU: 10},
+		{Worker: "a", Blocks: 8, Media: [NumMedia]int{6, 0, 0, 0}, GPUOrCPU: 8},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("got %+v, want %+v", got, want)

@@ -17,15 +17,27 @@ type WorkerMatch struct {
 	// Media[m] is the number of consecutive blocks from the chain's start
 	// that the worker holds on medium m.
 	Media [NumMedia]int
+	// GPUOrCPU is the number of consecutive blocks from the chain's start
+	// that the worker holds on the GPU or in host memory (each block on
+	// either): with Media[GPU], it tells a GPU run followed by blocks
+	// offloaded to host memory, which no single medium's run shows.
+	GPUOrCPU int
 }
 
 // matchScratch holds a Match's per-call buffers.
 type matchScratch struct {
-	alive [NumMedia + 1][]uint64 // [0]: any medium; [1+m]: medium m
+	alive [NumMedia + 2][]uint64 // [0]: any medium; [1+m]: medium m; [fastSet]: GPU or CPU
 	pos   []int32                // worker slot -> index in the result, or -1
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(matchScratch) }}
+
+// fastSet is the index of the GPU-or-CPU set in matchScratch.alive and
+// recordDepth.
+const fastSet = NumMedia + 1
+
+// fastMedium reports whether m counts towards WorkerMatch.GPUOrCPU.
+func fastMedium(m int) bool { return m == int(GPU) || m == int(CPU) }
 
 // Match returns, for every worker that holds the chain's first block, how
 // many consecutive blocks of the chain it holds, sorted by Blocks (most
@@ -64,11 +76,15 @@ func (x *Index) MatchInto(dst []WorkerMatch, chain []uint64) ([]WorkerMatch, err
 
 	s, o := x.segs[l.seg()], l.off()
 	any := sc.alive[0]
+	fast := sc.alive[fastSet]
 	for m := 0; m < NumMedia; m++ {
 		if mask := s.masks[m]; mask != nil {
 			copy(sc.alive[1+m], mask[o*w:o*w+w])
 			for k := range any {
 				any[k] |= mask[o*w+k]
+				if fastMedium(m) {
+					fast[k] |= mask[o*w+k]
+				}
 			}
 		}
 	}
@@ -121,13 +137,13 @@ func (x *Index) next(chain []uint64, depth int, s *segment, o int) (*segment, in
 // block). It returns the depth reached, having recorded the depth of every
 // worker that dropped out before it.
 func (x *Index) walk1(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []uint64, s *segment, o int) int {
-	alive := sc.alive[0][0]
+	alive, aliveF := sc.alive[0][0], sc.alive[fastSet][0]
 	var aliveM [NumMedia]uint64
 	for m := range aliveM {
 		aliveM[m] = sc.alive[1+m][0]
 	}
 	defer func() {
-		sc.alive[0][0] = alive
+		sc.alive[0][0], sc.alive[fastSet][0] = alive, aliveF
 		for m := range aliveM {
 			sc.alive[1+m][0] = aliveM[m]
 		}
@@ -142,6 +158,11 @@ func (x *Index) walk1(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []
 			m := present[0]
 			lim := min(len(s.hashes)-(o+1), len(chain)-depth)
 			run, want, mk := s.hashes[o+1:o+1+lim], chain[depth:depth+lim], s.masks[m][o+1:o+1+lim]
+			if aliveF != 0 && !fastMedium(m) && lim > 0 && run[0] == want[0] {
+				// Blocks held on a slow medium only: the GPU-or-CPU run ends.
+				recordDepth(dst, pos, 0, aliveF, depth, fastSet)
+				aliveF = 0
+			}
 			i := 0
 			for ; i < lim && run[i] == want[i]; i++ {
 				mw := mk[i]
@@ -151,6 +172,10 @@ func (x *Index) walk1(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []
 				if gone := aliveM[m] &^ mw; gone != 0 {
 					recordDepth(dst, pos, 0, gone, depth+i, 1+m)
 					aliveM[m] &= mw
+				}
+				if gone := aliveF &^ mw; gone != 0 {
+					recordDepth(dst, pos, 0, gone, depth+i, fastSet)
+					aliveF &= mw
 				}
 				recordDepth(dst, pos, 0, alive&^mw, depth+i, 0)
 				if alive &= mw; alive == 0 {
@@ -181,14 +206,21 @@ func (x *Index) walk1(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []
 			}
 		}
 		s, o = ns, no
-		var held uint64
+		var held, heldF uint64
 		for _, m := range present[:np] {
 			mw := s.masks[m][o]
 			held |= mw
+			if fastMedium(m) {
+				heldF |= mw
+			}
 			if gone := aliveM[m] &^ mw; gone != 0 {
 				recordDepth(dst, pos, 0, gone, depth, 1+m)
 				aliveM[m] &= mw
 			}
+		}
+		if gone := aliveF &^ heldF; gone != 0 {
+			recordDepth(dst, pos, 0, gone, depth, fastSet)
+			aliveF &= heldF
 		}
 		if gone := alive &^ held; gone != 0 {
 			recordDepth(dst, pos, 0, gone, depth, 0)
@@ -203,7 +235,7 @@ func (x *Index) walk1(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []
 // walkN is walk1 for any number of mask words.
 func (x *Index) walkN(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []uint64, s *segment, o int) int {
 	w := x.w
-	anyAlive := sc.alive[0]
+	anyAlive, fastAlive := sc.alive[0], sc.alive[fastSet]
 	depth := 1
 	for ; depth < len(chain); depth++ {
 		ns, no, ok := x.next(chain, depth, s, o)
@@ -213,18 +245,25 @@ func (x *Index) walkN(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []
 		s, o = ns, no
 		alive := false
 		for k := range w {
-			var held uint64
+			var held, heldF uint64
 			for m := range NumMedia {
 				var mw uint64
 				if mask := s.masks[m]; mask != nil {
 					mw = mask[o*w+k]
 				}
 				held |= mw
+				if fastMedium(m) {
+					heldF |= mw
+				}
 				am := sc.alive[1+m]
 				if gone := am[k] &^ mw; gone != 0 {
 					recordDepth(dst, pos, k, gone, depth, 1+m)
 					am[k] &= mw
 				}
+			}
+			if gone := fastAlive[k] &^ heldF; gone != 0 {
+				recordDepth(dst, pos, k, gone, depth, fastSet)
+				fastAlive[k] &= heldF
 			}
 			if gone := anyAlive[k] &^ held; gone != 0 {
 				recordDepth(dst, pos, k, gone, depth, 0)
@@ -240,13 +279,16 @@ func (x *Index) walkN(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []
 }
 
 // recordDepth sets depth for the workers in bits (word k): into Blocks when
-// which is 0, into Media[which-1] otherwise.
+// which is 0, GPUOrCPU when it is fastSet, into Media[which-1] otherwise.
 func recordDepth(dst []WorkerMatch, pos []int32, k int, v uint64, depth, which int) {
 	for ; v != 0; v &= v - 1 {
 		r := &dst[pos[k*64+bits.TrailingZeros64(v)]]
-		if which == 0 {
+		switch which {
+		case 0:
 			r.Blocks = depth
-		} else {
+		case fastSet:
+			r.GPUOrCPU = depth
+		default:
 			r.Media[which-1] = depth
 		}
 	}

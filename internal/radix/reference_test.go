@@ -108,6 +108,9 @@ func (r *reference) match(chain []uint64) []WorkerMatch {
 				wm.Media[m]++
 			}
 		}
+		for wm.GPUOrCPU < valid && hm[chain[wm.GPUOrCPU]]&(1<<GPU|1<<CPU) != 0 {
+			wm.GPUOrCPU++
+		}
 		if wm.Blocks > 0 {
 			out = append(out, wm)
 		}

@@ -205,12 +205,13 @@ func (f *FSM) IndexDigest() uint64 {
 // blocks of blockSize.
 func WorkerMatchProto(m radix.WorkerMatch, blockSize uint32) *kvdirv1.WorkerMatch {
 	return &kvdirv1.WorkerMatch{
-		WorkerId:     m.Worker,
-		Blocks:       uint32(m.Blocks),
-		GpuBlocks:    uint32(m.Media[radix.GPU]),
-		CpuBlocks:    uint32(m.Media[radix.CPU]),
-		DiskBlocks:   uint32(m.Media[radix.Disk]),
-		RemoteBlocks: uint32(m.Media[radix.Remote]),
-		Tokens:       uint64(m.Blocks) * uint64(blockSize),
+		WorkerId:       m.Worker,
+		Blocks:         uint32(m.Blocks),
+		GpuBlocks:      uint32(m.Media[radix.GPU]),
+		CpuBlocks:      uint32(m.Media[radix.CPU]),
+		DiskBlocks:     uint32(m.Media[radix.Disk]),
+		RemoteBlocks:   uint32(m.Media[radix.Remote]),
+		Tokens:         uint64(m.Blocks) * uint64(blockSize),
+		GpuOrCpuBlocks: uint32(m.GPUOrCPU),
 	}
 }

@@ -98,13 +98,13 @@ type decision struct {
 	chain     []uint64 // content-hash chain in the namespace of the candidates (the first's if they differ)
 	prompt    *prompt  // the rendered prompt, with its chains by namespace
 
-	workers []*worker                              // candidates, in candidate order
-	ns      []blockhash.Namespace                  // hashing namespace per candidate: its model, the request's adapter there, its block size
-	cands   []placement.Candidate                  // placement's view of them
-	dir     []int                                  // blocks the directory reported per candidate, in its block size (-1: not asked)
-	spec    []int                                  // speculative blocks per candidate, in its block size (-1: not counted, at most dir)
-	bs      []int                                  // block size each candidate was matched in
-	dirBy   map[blockhash.Namespace]map[string]int // the directory's blocks by namespace, then worker
+	workers []*worker                                   // candidates, in candidate order
+	ns      []blockhash.Namespace                       // hashing namespace per candidate: its model, the request's adapter there, its block size
+	cands   []placement.Candidate                       // placement's view of them
+	dir     []int                                       // blocks the directory reported per candidate, in its block size (-1: not asked)
+	spec    []int                                       // speculative blocks per candidate, in its block size (-1: not counted, at most dir)
+	bs      []int                                       // block size each candidate was matched in
+	dirBy   map[blockhash.Namespace]map[string]dirMatch // the directory's match by namespace, then worker
 	pick    placement.Decision
 
 	// Other routers' shared intents per candidate (nil when not shared):
@@ -386,7 +386,7 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 		defer cancel()
 	}
 	d.matchSource = source
-	d.dirBy = make(map[blockhash.Namespace]map[string]int, len(groups))
+	d.dirBy = make(map[blockhash.Namespace]map[string]dirMatch, len(groups))
 	for ns := range groups {
 		chain, err := chainFor(ns)
 		if err != nil {
@@ -403,14 +403,26 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 			s.log.Debug("router: directory match failed", "err", err)
 			return FallbackError, err
 		}
-		byID := make(map[string]int, len(resp.GetMatches()))
+		byID := make(map[string]dirMatch, len(resp.GetMatches()))
 		for _, m := range resp.GetMatches() {
-			byID[m.GetWorkerId()] = int(m.GetBlocks())
+			// A directory that predates gpu_or_cpu_blocks bounds it by the
+			// longer of the GPU and CPU runs; one that reports no medium
+			// at all is counted as GPU-held, as before media were reported.
+			dm := dirMatch{blocks: int(m.GetBlocks()), gpu: int(m.GetGpuBlocks()),
+				fast: int(max(m.GetGpuOrCpuBlocks(), m.GetGpuBlocks(), m.GetCpuBlocks()))}
+			if m.GetGpuBlocks()|m.GetCpuBlocks()|m.GetDiskBlocks()|m.GetRemoteBlocks() == 0 {
+				dm.gpu, dm.fast = dm.blocks, dm.blocks
+			}
+			byID[m.GetWorkerId()] = dm
 		}
 		d.dirBy[ns] = byID
 	}
 	return "", nil
 }
+
+// dirMatch is one worker's answer from the directory: its leading blocks on
+// any medium, on the GPU, and on the GPU or in host memory.
+type dirMatch struct{ blocks, gpu, fast int }
 
 // String summarises d for logs.
 func (d *decision) String() string {

@@ -22,6 +22,10 @@ type fakeMatcher struct {
 	calls  atomic.Int64
 	err    error
 	blocks map[string]uint32
+	// media, if set for a worker, are its leading runs on the GPU, CPU,
+	// disk and remote media and on GPU or CPU (capped at the chain like
+	// blocks).
+	media map[string][5]uint32
 }
 
 func (f *fakeMatcher) MatchChain(ctx context.Context, hashes []uint64, bs uint32, _ bool) (*kvdirv1.MatchResponse, error) {
@@ -30,8 +34,14 @@ func (f *fakeMatcher) MatchChain(ctx context.Context, hashes []uint64, bs uint32
 		return nil, f.err
 	}
 	resp := &kvdirv1.MatchResponse{ChainBlocks: uint32(len(hashes))}
+	n := uint32(len(hashes))
 	for id, b := range f.blocks {
-		resp.Matches = append(resp.Matches, &kvdirv1.WorkerMatch{WorkerId: id, Blocks: min(b, uint32(len(hashes)))})
+		wm := &kvdirv1.WorkerMatch{WorkerId: id, Blocks: min(b, n)}
+		if m, ok := f.media[id]; ok {
+			wm.GpuBlocks, wm.CpuBlocks, wm.DiskBlocks, wm.RemoteBlocks = min(m[0], n), min(m[1], n), min(m[2], n), min(m[3], n)
+			wm.GpuOrCpuBlocks = min(m[4], n)
+		}
+		resp.Matches = append(resp.Matches, wm)
 	}
 	return resp, nil
 }
@@ -68,6 +78,49 @@ func TestDecisionUsesDirectory(t *testing.T) {
 	}
 	if d.fallback != "" || d.pick.Worker != "b" || d.pick.PredictedCachedTokens != len(d.chain)*16 || d.dir[1] != len(d.chain) {
 		t.Fatalf("decision %v, dir %v", d, d.dir)
+	}
+}
+
+// TestDecisionFillsTiers checks that the directory's per-medium runs reach
+// the policy as the candidates' tier split, and the explain view shows
+// them with the load's time: a holds the prefix's first two blocks on the
+// GPU only and the rest in host memory (its CPU run is 0, its GPU-or-CPU
+// run the whole prefix), b the first three on the GPU and the rest on
+// disk.
+func TestDecisionFillsTiers(t *testing.T) {
+	m := &fakeMatcher{blocks: map[string]uint32{"a": 1000, "b": 1000},
+		media: map[string][5]uint32{"a": {2, 0, 0, 0, 1000}, "b": {3, 0, 1000, 0, 3}}}
+	s := decisionServer(t, m)
+	req := longChat(t)
+	d, aerr := s.decide(t.Context(), req, nil)
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	n := len(d.chain)
+	if n < 8 {
+		t.Fatalf("chain of %d blocks, want a longer prompt", n)
+	}
+	a, b := d.cands[0], d.cands[1]
+	if a.MatchedBlocks != n || a.HostBlocks != n-2 || a.DiskBlocks != 0 {
+		t.Fatalf("a: %+v, want %d matched, %d in host memory", a, n, n-2)
+	}
+	if b.MatchedBlocks != n || b.HostBlocks != 0 || b.DiskBlocks != n-3 {
+		t.Fatalf("b: %+v, want %d matched, %d on disk", b, n, n-3)
+	}
+	e := s.explain(req, d)
+	wa, wb := e.Workers[0], e.Workers[1]
+	if wa.HostBlocks != n-2 || wa.TransferMs <= 0 || wa.LoadedTokens != float64((n-2)*16) || wb.DiskBlocks != n-3 {
+		t.Fatalf("explain: a %+v, b %+v", wa, wb)
+	}
+	// Host memory loads faster than disk: a wins, though b holds one
+	// more block on the GPU.
+	if d.pick.Worker != "a" || wb.TransferMs <= wa.TransferMs {
+		t.Fatalf("picked %s; transfer a %.3f ms, b %.3f ms", d.pick.Worker, wa.TransferMs, wb.TransferMs)
+	}
+	// An answer without per-medium runs counts as held on the GPU.
+	m.media = nil
+	if d, _ = s.decide(t.Context(), req, nil); d.cands[0].HostBlocks != 0 || d.cands[0].DiskBlocks != 0 || d.cands[0].MatchedBlocks != n {
+		t.Fatalf("without media: %+v", d.cands[0])
 	}
 }
 

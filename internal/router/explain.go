@@ -93,8 +93,15 @@ type WorkerScore struct {
 	// worker (learned from its events, else registered, else the router's
 	// --block-size); DirectoryBlocks and SpeculativeBlocks count blocks of
 	// this size.
-	BlockSize           int     `json:"block_size"`
-	DirectoryBlocks     int     `json:"directory_blocks"`   // -1 when the directory was not asked
+	BlockSize       int `json:"block_size"`
+	DirectoryBlocks int `json:"directory_blocks"` // -1 when the directory was not asked
+	// HostBlocks and DiskBlocks are the matched blocks (in the
+	// Explanation's block_size) the worker holds beyond its GPU-held run,
+	// in host memory and on disk or further: the engine loads them before
+	// the prefill, in LoadedTokens' worth and TransferMs (kvdir only;
+	// LoadedTokens is 0 when recomputing them is cheaper).
+	HostBlocks          int     `json:"host_blocks"`
+	DiskBlocks          int     `json:"disk_blocks"`
 	SpeculativeBlocks   int     `json:"speculative_blocks"` // blocks this router placed there recently
 	MatchedTokens       int     `json:"matched_tokens"`
 	Running             int     `json:"running"`
@@ -105,6 +112,8 @@ type WorkerScore struct {
 	Busy                float64 `json:"busy"` // fraction of the recent past a request sent there awaited its first byte
 	Retain              float64 `json:"retain"`
 	CachedTokens        float64 `json:"cached_tokens"`
+	LoadedTokens        float64 `json:"loaded_tokens"`
+	TransferMs          float64 `json:"transfer_ms"` // before the prefill; in total_ms, not in prefill_ms
 	QueueMs             float64 `json:"queue_ms"`
 	InterferenceMs      float64 `json:"interference_ms"`
 	WaitMs              float64 `json:"wait_ms"`
@@ -177,6 +186,7 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 		Profile: s.explainProfile(d.policy), Workers: make([]WorkerScore, len(d.cands))}
 	for i, c := range d.cands {
 		ws := WorkerScore{Worker: c.Worker, Address: d.workers[i].address, MatchedBlocks: c.MatchedBlocks,
+			HostBlocks: c.HostBlocks, DiskBlocks: c.DiskBlocks,
 			BlockSize: d.bs[i], DirectoryBlocks: d.dir[i], SpeculativeBlocks: s.speculativeBlocks(d, i),
 			MatchedTokens: min(c.MatchedBlocks*d.blockSize, max(d.tokens-1, 0)),
 			Running:       c.Load.Running, Waiting: c.Load.Waiting, KVUsage: c.Load.KVUsage, InFlight: c.Load.InFlight,
@@ -189,6 +199,7 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 			ws.Retain, ws.CachedTokens, ws.QueueMs, ws.InterferenceMs = sc.Retain, sc.CachedTokens, sc.QueueMs, sc.InterferenceMs
 			ws.WaitMs, ws.PrefillMs, ws.ColdPrefillMs, ws.ExtraMs, ws.TotalMs = sc.WaitMs, sc.PrefillMs, sc.ColdPrefillMs, sc.ExtraMs, sc.TotalMs
 			ws.FutureMs = sc.FutureMs
+			ws.LoadedTokens, ws.TransferMs = sc.LoadedTokens, sc.TransferMs
 		}
 		e.Workers[i] = ws
 	}

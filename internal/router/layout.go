@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
+	"github.com/kvdir/kvdir/internal/placement"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -109,6 +110,8 @@ func (s *Server) watchStaticLayouts(ctx context.Context) {
 // and so is d.peerSpec for the other routers' entries (peerSpeculativeBlocks).
 func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blockhash.Namespace) ([]uint64, error), now time.Time) {
 	bestTokens := -1
+	var bestDir dirMatch // the directory's answer in the winning size
+	bestSpec := 0        // the speculative blocks (both kinds) in it
 	for _, bs := range s.blockSizesOf(w) {
 		ns := d.ns[i]
 		ns.BlockSize = bs
@@ -117,8 +120,10 @@ func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blo
 			continue
 		}
 		dir := -1
+		var dm dirMatch
 		if byID, ok := d.dirBy[ns]; ok {
-			dir = byID[w.id]
+			dm = byID[w.id]
+			dir = dm.blocks
 		}
 		spec, peer := -1, -1
 		if dir < 0 || (dir < len(chain) && w.spec.matched(chain[dir:dir+1], now) == 1) {
@@ -130,6 +135,7 @@ func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blo
 		if tokens := max(spec, peer, dir, 0) * bs; tokens > bestTokens {
 			bestTokens = tokens
 			d.bs[i], d.spec[i], d.dir[i] = bs, spec, dir
+			bestDir, bestSpec = dm, max(spec, peer, 0)
 			if d.peerSpec != nil {
 				d.peerSpec[i] = peer
 			}
@@ -137,6 +143,13 @@ func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blo
 	}
 	if bestTokens > 0 {
 		d.cands[i].MatchedBlocks = bestTokens / d.blockSize
+		// The tiers: a speculative entry is a placement's prefix, on the
+		// GPU; beyond it and the directory's GPU run, host memory up to
+		// the GPU-or-host run, then disk (placement.TierSplit).
+		bs := d.bs[i]
+		gpu := max(bestSpec, bestDir.gpu)
+		host, disk := placement.TierSplit(bestTokens/bs, gpu, max(gpu, bestDir.fast))
+		d.cands[i].HostBlocks, d.cands[i].DiskBlocks = host*bs/d.blockSize, disk*bs/d.blockSize
 	}
 }
 

@@ -175,6 +175,10 @@ type seq struct {
 	cached      int // prompt tokens hit when first scheduled; -1 before
 	preemptions int
 	meta        *reqMeta // with media: what its blocks carry into later events
+	// readyAt, if set, is when the load of blocks [loadFirst, loadLast)
+	// from the offload tier ends; the request is not scheduled before.
+	readyAt             time.Duration
+	loadFirst, loadLast int
 }
 
 func (s *seq) outputs() int { return len(s.tokens) - s.promptLen }
@@ -201,6 +205,7 @@ type Engine struct {
 	batch       []scheduled
 	hitBuf      []int32
 	mambaHeld   map[BlockHash]int32 // Mamba state blocks stored and not yet removed
+	link        time.Duration       // when the offload tier's link is free (offload.go)
 	steps       int64
 	preemptions int64
 	finished    int64
@@ -295,6 +300,12 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	// Running requests first, in admission order.
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
+		if s.readyAt > now {
+			continue // loading from the offload tier
+		}
+		if s.readyAt > 0 {
+			e.finishLoad(s)
+		}
 		n := min(len(s.tokens)-s.numComputed, budget)
 		ok := true
 		for !e.fits(s, n) {
@@ -317,12 +328,15 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	// Then waiting requests, FCFS, unless this step had to preempt.
 	for res.Preempted == 0 && budget > 0 && len(e.running) < e.cfg.MaxRunning && len(e.waiting) > e.head {
 		s := e.waiting[e.head]
-		if !e.admit(s, budget) {
+		if !e.admit(s, budget, now) {
 			break
 		}
 		e.waiting[e.head] = nil
 		e.head++
 		e.running = append(e.running, s)
+		if s.readyAt > now {
+			continue // its prefix loads first
+		}
 		n := min(len(s.tokens)-s.numComputed, budget)
 		e.schedule(s, n, &cost, &res)
 		budget -= n
@@ -330,8 +344,15 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	e.compactWaiting()
 
 	if len(e.batch) == 0 {
-		// Unreachable: the first running request, or the head of the queue
-		// on an idle engine, always fits. Never spin.
+		// Only loads from the offload tier to wait for: the step waits for
+		// the first to end. Otherwise unreachable: the first running
+		// request, or the head of the queue on an idle engine, always
+		// fits. Never spin.
+		if t := e.nextReady(); t > now {
+			res.End, e.now = t, t
+			e.publish(t)
+			return res
+		}
 		res.Idle = true
 		return res
 	}
@@ -391,7 +412,8 @@ func (e *Engine) fits(s *seq, n int) bool {
 
 // admit looks up the prefix cache for waiting request s and allocates its
 // first chunk; it reports false, changing nothing, if the cache is too full.
-func (e *Engine) admit(s *seq, budget int) bool {
+// A prefix it finds on the offload tier starts loading at now.
+func (e *Engine) admit(s *seq, budget int, now time.Duration) bool {
 	bs := e.cfg.BlockSize
 	maxHit := (len(s.tokens) - 1) / bs // at least one token must be computed
 	e.ensureHashes(s, maxHit)
@@ -400,6 +422,9 @@ func (e *Engine) admit(s *seq, budget int) bool {
 	loaded := 0 // blocks after hits that the offload tier holds
 	if e.media != nil {
 		loaded = e.media.tierHits(s.hashes[len(hits):maxHit])
+		if loaded > 0 && !e.worthLoading(s, len(hits), loaded) {
+			loaded = 0
+		}
 	}
 	hitTokens := (len(hits) + loaded) * bs
 	n := min(len(s.tokens)-hitTokens, budget)
@@ -421,7 +446,7 @@ func (e *Engine) admit(s *seq, budget int) bool {
 		s.blocks = e.cache.allocate(s.blocks, need)
 	}
 	if loaded > 0 {
-		e.loadFromTier(s, len(hits), len(hits)+loaded)
+		e.startLoad(s, len(hits), len(hits)+loaded, now)
 	}
 	return true
 }
@@ -493,6 +518,7 @@ func (e *Engine) preempt(s *seq) {
 	e.cache.release(s.blocks)
 	s.blocks = s.blocks[:0]
 	s.numComputed, s.numStored, s.mambaLast = 0, 0, 0
+	s.readyAt = 0
 	e.resetWindows(s)
 	s.preemptions++
 	e.preemptions++

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/kvevents"
 )
 
@@ -29,10 +31,20 @@ import (
 //     event, the salt as for GPU pages.
 //
 // A prefix of blocks the GPU cache misses but the tier holds is loaded
-// back at admission: the blocks are allocated on the GPU, announced there
-// again (BlockStored on GPU, as the GPU cache caches loaded blocks) and
-// count as cached tokens. The cost model has no transfer time, so the load
-// is free. The tier keeps its copy (a later GPU eviction of the block adds
+// back at admission, as vLLM's offloading connector does (the scheduler
+// parks the request, WAITING_FOR_REMOTE_KVS, while the worker copies the
+// blocks, and schedules its prefill once they are in): the blocks are
+// allocated on the GPU, the copy takes the profile's
+// [costmodel.Profile.TransferMillis] for the tier's medium (host memory
+// for "CPU", "CPU_PINNED" and "CPU_TIER1", the disk link for the others),
+// one copy at a time over the tier's link, while the engine's steps go
+// on without the request. When the copy ends the blocks are cached and
+// announced on the GPU again (BlockStored on GPU, as the GPU cache caches
+// loaded blocks), count as cached tokens, and the request's prefill
+// starts at the next step. The engine loads only when the copy is faster
+// than recomputing the blocks (Prefill.Millis with and without them, the
+// rule the kvdir placement policy prices), and computes them otherwise.
+// The tier keeps its copy (a later GPU eviction of the block adds
 // nothing), drops its least recently used block when full (BlockRemoved on
 // its medium) and is cleared, silently, with the GPU cache on a reset: the
 // reset's AllBlocksCleared covers every medium.
@@ -222,6 +234,57 @@ func (m *media) reset() {
 		m.lru.Init()
 		clear(m.byHash)
 	}
+}
+
+// hostMedia are the tier media in host memory (the others load over the
+// disk link).
+var hostMedia = []string{"CPU", "CPU_PINNED", "CPU_TIER1"}
+
+// tier is where the offload tier's blocks load from, in the cost model.
+func (m *media) tier() costmodel.Tier {
+	if slices.Contains(hostMedia, m.medium) {
+		return costmodel.TierHost
+	}
+	return costmodel.TierDisk
+}
+
+// worthLoading reports whether loading s's blocks [hits, hits+loaded) from
+// the tier is faster than recomputing them.
+func (e *Engine) worthLoading(s *seq, hits, loaded int) bool {
+	bs, p := e.cfg.BlockSize, &e.cfg.Profile
+	h, l := hits*bs, (hits+loaded)*bs
+	saved := p.Prefill.Millis(s.promptLen-h, h) - p.Prefill.Millis(s.promptLen-l, l)
+	return p.TransferMillis(loaded*bs, e.media.tier()) < saved
+}
+
+// startLoad starts loading s's blocks [first, last), allocated on the GPU,
+// from the tier at now: the copy follows those already on the link. A copy
+// of no time completes at once.
+func (e *Engine) startLoad(s *seq, first, last int, now time.Duration) {
+	d := costmodel.MillisToDuration(e.cfg.Profile.TransferMillis((last-first)*e.cfg.BlockSize, e.media.tier()))
+	if d <= 0 {
+		e.loadFromTier(s, first, last)
+		return
+	}
+	e.link = max(e.link, now) + d
+	s.readyAt, s.loadFirst, s.loadLast = e.link, first, last
+}
+
+// finishLoad caches the blocks s loaded, once its copy has ended.
+func (e *Engine) finishLoad(s *seq) {
+	e.loadFromTier(s, s.loadFirst, s.loadLast)
+	s.readyAt = 0
+}
+
+// nextReady returns the earliest end of a load in progress, or 0.
+func (e *Engine) nextReady() time.Duration {
+	var t time.Duration
+	for _, s := range e.running {
+		if s.readyAt > 0 && (t == 0 || s.readyAt < t) {
+			t = s.readyAt
+		}
+	}
+	return t
 }
 
 // loadFromTier caches blocks [first, last) of s, just allocated on the GPU

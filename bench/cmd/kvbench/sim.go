@@ -34,6 +34,8 @@ type simFlags struct {
 	admissionMaxWait          time.Duration
 	calibrate                 bool
 	priorProfile              string
+	offloadBlocks             int
+	offloadMedium, tiers      string
 }
 
 func newSim(log *slog.Logger) *cobra.Command {
@@ -69,6 +71,14 @@ a worker with nothing queued, as the HTTP router's --calibrate does; the result'
 "calibration" field holds the fitted profile's prefill error against --profile over a
 grid of shapes, 2 minutes of virtual time after the first arrival and at the end.
 
+--offload-blocks N gives every engine a KV offloading tier of N blocks (vLLM's CPU
+offloading; --offload-medium Disk for a disk tier): blocks the GPU evicts stay there and
+load back to the GPU before the prefill, taking the profile's transfer time (PCIe Gen5
+x16 for host memory, one NVMe drive for disk, unless the profile file says otherwise).
+--tiers says what the policy is told of such blocks: priced (the directory's tier split;
+kvdir adds the load to the time to first token), as-gpu (counted as GPU-held) or gpu-only (not
+counted).
+
 Writes --out (JSON), the same name with .md (Markdown table) and, unless --no-charts,
 PNG charts next to it: -ttft-cdf.png, -replica-hit-rate.png, -queue-depth.png.
 
@@ -98,6 +108,9 @@ H200 (see docs/benchmarks.md):
 	fl.DurationVar(&f.admissionMaxWait, "admission-max-wait", sim.DefaultAdmissionMaxWait, "with --late-binding: longest a request is held (then rejected, the router's 503)")
 	fl.BoolVar(&f.calibrate, "calibrate", false, "fit the policy's cost model online to the observed prefills, from its profile as the prior")
 	fl.StringVar(&f.priorProfile, "prior-profile", "", "the policy's profile, a built-in name or a JSON file (empty: --profile); with --calibrate, the prior")
+	fl.IntVar(&f.offloadBlocks, "offload-blocks", 0, "blocks of each engine's KV offloading tier (0: none)")
+	fl.StringVar(&f.offloadMedium, "offload-medium", "CPU", "the offloading tier's medium, as vLLM names it: CPU (host memory) or Disk, STORAGE, FS (disk link)")
+	fl.StringVar(&f.tiers, "tiers", sim.TiersPriced, "what the policy is told of blocks held beyond the GPU: "+strings.Join(sim.TierModes(), ", "))
 	return cmd
 }
 
@@ -156,6 +169,10 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 		return cli.Usagef("--intent-lag needs --shared-intents")
 	case f.admissionQueue < 1 || f.admissionMaxWait <= 0:
 		return cli.Usagef("--admission-queue %d and --admission-max-wait %v must be positive", f.admissionQueue, f.admissionMaxWait)
+	case f.offloadBlocks < 0:
+		return cli.Usagef("--offload-blocks %d, want >= 0", f.offloadBlocks)
+	case !contains(sim.TierModes(), f.tiers):
+		return cli.Usagef("--tiers %q, want one of %s", f.tiers, strings.Join(sim.TierModes(), ", "))
 	}
 	c, err := f.load(log)
 	if err != nil {
@@ -188,6 +205,13 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 	if f.calibrate || f.priorProfile != "" {
 		rep.Settings["calibrate"] = f.calibrate
 		rep.Settings["policy_profile"] = polProf.Name
+	}
+	if f.offloadBlocks > 0 {
+		rep.Settings["offload_blocks"] = f.offloadBlocks
+		rep.Settings["offload_medium"] = f.offloadMedium
+		rep.Settings["tiers"] = f.tiers
+		rep.Settings["host_to_gpu_gb_per_s"] = prof.HostBandwidth()
+		rep.Settings["disk_to_gpu_gb_per_s"] = prof.DiskBandwidth()
 	}
 	if f.routers > 1 || f.routerViewLag > 0 || f.viewJitter > 0 || f.sharedIntents {
 		lags := sim.ViewLags(sim.Config{Routers: f.routers, RouterViewLag: f.routerViewLag, RouterViewJitter: f.viewJitter, Seed: f.seed})
@@ -225,6 +249,10 @@ func runSim(cmd *cobra.Command, f *simFlags, log *slog.Logger) error {
 			cfg.SharedIntents, cfg.IntentLag = f.sharedIntents, f.intentLag
 			cfg.LateBinding, cfg.AdmissionQueue, cfg.AdmissionMaxWait = f.lateBinding, f.admissionQueue, f.admissionMaxWait
 			cfg.PolicyProfile, cfg.Calibrate = polProf, f.calibrate
+			cfg.OffloadBlocks, cfg.Tiers = f.offloadBlocks, f.tiers
+			if f.offloadBlocks > 0 {
+				cfg.OffloadMedium = f.offloadMedium
+			}
 			if f.onePolicy {
 				if f.calibrate {
 					errs[i] = cli.Usagef("--calibrate needs a policy instance per router (drop --one-policy-instance)")

@@ -859,9 +859,14 @@ type WorkerMatch struct {
 	DiskBlocks   uint32 `protobuf:"varint,5,opt,name=disk_blocks,json=diskBlocks,proto3" json:"disk_blocks,omitempty"`
 	RemoteBlocks uint32 `protobuf:"varint,6,opt,name=remote_blocks,json=remoteBlocks,proto3" json:"remote_blocks,omitempty"`
 	// blocks times the block size, when known.
-	Tokens        uint64 `protobuf:"varint,7,opt,name=tokens,proto3" json:"tokens,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Tokens uint64 `protobuf:"varint,7,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// Leading blocks held on the GPU or in host memory (each block on
+	// either). With gpu_blocks it shows a GPU-held run followed by blocks
+	// offloaded to host memory, which the per-medium runs do not: the CPU
+	// run stops at the first block held on the GPU only.
+	GpuOrCpuBlocks uint32 `protobuf:"varint,8,opt,name=gpu_or_cpu_blocks,json=gpuOrCpuBlocks,proto3" json:"gpu_or_cpu_blocks,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *WorkerMatch) Reset() {
@@ -939,6 +944,13 @@ func (x *WorkerMatch) GetRemoteBlocks() uint32 {
 func (x *WorkerMatch) GetTokens() uint64 {
 	if x != nil {
 		return x.Tokens
+	}
+	return 0
+}
+
+func (x *WorkerMatch) GetGpuOrCpuBlocks() uint32 {
+	if x != nil {
+		return x.GpuOrCpuBlocks
 	}
 	return 0
 }
@@ -3656,7 +3668,7 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"ChainQuery\x12\x16\n" +
 	"\x06hashes\x18\x01 \x03(\x06R\x06hashes\x12\x1d\n" +
 	"\n" +
-	"block_size\x18\x02 \x01(\rR\tblockSize\"\xde\x01\n" +
+	"block_size\x18\x02 \x01(\rR\tblockSize\"\x89\x02\n" +
 	"\vWorkerMatch\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x1d\n" +
@@ -3667,7 +3679,8 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\vdisk_blocks\x18\x05 \x01(\rR\n" +
 	"diskBlocks\x12#\n" +
 	"\rremote_blocks\x18\x06 \x01(\rR\fremoteBlocks\x12\x16\n" +
-	"\x06tokens\x18\a \x01(\x04R\x06tokens\"\xa2\x01\n" +
+	"\x06tokens\x18\a \x01(\x04R\x06tokens\x12)\n" +
+	"\x11gpu_or_cpu_blocks\x18\b \x01(\rR\x0egpuOrCpuBlocks\"\xa2\x01\n" +
 	"\bReadInfo\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12#\n" +
 	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\x127\n" +
