@@ -174,6 +174,7 @@ func (s *state) candidate(rt *router, r *replica, now time.Duration) placement.C
 		}
 	}
 	l.Busy = r.own[rt.idx].Value(now)
+	l.CapacityTokens = s.cfg.KVBlocks * s.cfg.BlockSize
 	if s.cfg.SharedIntents {
 		l.Busy = placement.CombineBusy(l.Busy, r.peers[rt.idx].Value(now))
 	}

@@ -551,7 +551,7 @@ func (s *state) finishStep(r *replica) {
 		q.finished = now
 		s.done[q.rec] = true
 		if o, ok := s.routers[q.router].pol.(placement.CacheObserver); ok {
-			o.ObserveCache(placement.CacheOutcome{MatchedTokens: q.matched, KVUsage: q.usage, CachedTokens: f.CachedTokens})
+			o.ObserveCache(placement.CacheOutcome{MatchedTokens: q.matched, KVUsage: q.usage, CachedTokens: f.CachedTokens, OutputTokens: len(f.Output)})
 		}
 		s.observe(q, &f, now)
 		s.samples = append(s.samples, report.Sample{

@@ -2,6 +2,7 @@ package main
 
 import (
 	"net/http"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -26,6 +27,7 @@ type metrics struct {
 type statsCollector struct {
 	s                                   *server
 	running, waiting, usage             *prometheus.Desc
+	cacheConfig                         *prometheus.Desc
 	queries, hits, preemptions, genToks *prometheus.Desc
 }
 
@@ -46,6 +48,8 @@ func newMetrics(s *server) *metrics {
 		hits:        desc("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
 		preemptions: desc("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine."),
 		genToks:     desc("vllm:generation_tokens_total", "Number of generation tokens processed."),
+		cacheConfig: prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+			[]string{"block_size", "num_gpu_blocks"}, labels),
 	}
 	return newMetricsOf(c, "vllm:time_to_first_token_seconds", labels)
 }
@@ -69,7 +73,7 @@ func newMetricsOf(c prometheus.Collector, ttftName string, labels prometheus.Lab
 
 // Describe implements prometheus.Collector.
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.usage, c.queries, c.hits, c.preemptions, c.genToks} {
+	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.usage, c.queries, c.hits, c.preemptions, c.genToks, c.cacheConfig} {
 		ch <- d
 	}
 }
@@ -84,4 +88,6 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.hits, prometheus.CounterValue, float64(st.PrefixHits))
 	ch <- prometheus.MustNewConstMetric(c.preemptions, prometheus.CounterValue, float64(st.Preemptions))
 	ch <- prometheus.MustNewConstMetric(c.genToks, prometheus.CounterValue, float64(st.GeneratedTokens))
+	ch <- prometheus.MustNewConstMetric(c.cacheConfig, prometheus.GaugeValue, 1,
+		strconv.Itoa(c.s.cfg.blockSize), strconv.Itoa(st.CapacityBlocks))
 }

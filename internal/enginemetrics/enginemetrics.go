@@ -73,6 +73,10 @@ type Load struct {
 	// (SGLang, TensorRT-LLM: over recent batches, not cumulative); 0 for
 	// vLLM, which exports only the counters.
 	HitRate float64
+	// CapacityTokens is the KV cache's size in tokens, num_gpu_blocks ×
+	// block_size from vLLM's vllm:cache_config_info (the largest over its
+	// series); 0 if the engine does not say.
+	CapacityTokens int64
 	// Kind is the shape the load was read from.
 	Kind Kind
 }
@@ -208,6 +212,13 @@ func (a *vllmAcc) add(name string, labels []byte, value float64) {
 		return
 	case "vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits":
 		a.oldH += value
+		return
+	case "vllm:cache_config_info":
+		blocks, err1 := strconv.ParseInt(labelValue(labels, "num_gpu_blocks"), 10, 64)
+		size, err2 := strconv.ParseInt(labelValue(labels, "block_size"), 10, 64)
+		if err1 == nil && err2 == nil && blocks > 0 && size > 0 && blocks <= 1<<40/size {
+			a.out.CapacityTokens = max(a.out.CapacityTokens, blocks*size)
+		}
 		return
 	default:
 		return

@@ -37,3 +37,23 @@ vllm:num_requests_waiting{engine="2"} NaN
 		t.Fatal("metrics without vLLM gauges accepted")
 	}
 }
+
+// TestCacheConfigCapacity: vLLM's info gauge gives the KV cache's size.
+func TestCacheConfigCapacity(t *testing.T) {
+	const text = `# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="9392"} 1.0
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+`
+	l, err := Parse(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.CapacityTokens != 9392*16 {
+		t.Fatalf("capacity %d tokens, want %d", l.CapacityTokens, 9392*16)
+	}
+	bad := strings.ReplaceAll(text, `num_gpu_blocks="9392"`, `num_gpu_blocks="None"`)
+	if l, err = Parse(strings.NewReader(bad)); err != nil || l.CapacityTokens != 0 {
+		t.Fatalf("num_gpu_blocks None: capacity %d, err %v; want 0, nil", l.CapacityTokens, err)
+	}
+}

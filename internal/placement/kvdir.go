@@ -18,9 +18,11 @@ import (
 //	prefill(w)  = Prefill.Millis(new(w), cached(w))
 //	rate        = Prefill.Millis(R, 0) / R, with R = max(P, ChunkTokens)
 //	queue(w)    = QueuedPrefillTokens · rate
+//	kvwait(w)   = f · meanOutput/2 · Decode(Running), f the share of the running
+//	              requests' KV blocks that must free for the queued and new tokens
 //	steps(w)    = ⌈(QueuedPrefillTokens + new(w)) / ChunkTokens⌉
 //	interf(w)   = steps(w) · Decode.Extra(Running, Running·DecodeContext)
-//	wait(w)     = queue(w) + interf(w)
+//	wait(w)     = max(queue(w), kvwait(w)) + interf(w)
 //	ttft(w)     = wait(w) + prefill(w)
 //	n(w)        = Waiting(w) + QueuedPrefillTokens(w) / P
 //	b(w)        = u/(1−u), u = min(Busy(w), 0.9)
@@ -108,8 +110,11 @@ type kvdirState struct {
 	mu  sync.Mutex
 	rng *rand.Rand
 	fut future
-	// surv is read on every Pick and written by ObserveCache.
+	// surv and meanOut are read on every Pick and written by ObserveCache.
 	surv survival
+	// meanOut is the mean generated tokens per request (outcomes, decayed);
+	// outWeight the decayed count behind it.
+	meanOut, outWeight float64
 }
 
 // current returns p with the live profile, if there is one, for one call:
@@ -186,6 +191,10 @@ func Retain(u float64) float64 {
 func (p *KVDir) ObserveCache(o CacheOutcome) {
 	p.mu.Lock()
 	p.surv.observe(o)
+	if o.OutputTokens > 0 {
+		p.outWeight = p.outWeight*futureDecay + 1
+		p.meanOut += (float64(o.OutputTokens) - p.meanOut) / p.outWeight
+	}
 	p.mu.Unlock()
 }
 
@@ -194,9 +203,9 @@ func (p *KVDir) Score(req Request, cand Candidate) Score {
 	p = p.current()
 	var s Score
 	p.mu.Lock()
-	surv := p.surv
+	surv, meanOut := p.surv, p.meanOut
 	p.mu.Unlock()
-	p.score(&s, req, &cand, p.prof.Prefill.Millis(req.PromptTokens, 0), p.rate(req), &surv)
+	p.score(&s, req, &cand, p.prof.Prefill.Millis(req.PromptTokens, 0), p.rate(req), &surv, meanOut)
 	return s
 }
 
@@ -213,7 +222,7 @@ func (p *KVDir) rate(req Request) float64 {
 }
 
 // score fills s for c; cold is the request's prefill without cache.
-func (p *KVDir) score(s *Score, req Request, c *Candidate, cold, rate float64, surv *survival) {
+func (p *KVDir) score(s *Score, req Request, c *Candidate, cold, rate float64, surv *survival, meanOut float64) {
 	s.Worker, s.MatchedTokens, s.Retain = c.Worker, matchedTokens(req, c), surv.retain(c.Load.KVUsage)
 	cached, loaded, transfer := p.tieredCache(req, c, int(math.Round(float64(s.MatchedTokens)*s.Retain)))
 	s.CachedTokens, s.LoadedTokens, s.TransferMs = float64(cached), float64(loaded), transfer
@@ -228,8 +237,31 @@ func (p *KVDir) score(s *Score, req Request, c *Candidate, cold, rate float64, s
 		steps := (q + newTok + p.chunk - 1) / p.chunk
 		s.InterferenceMs = float64(max(steps, 1)) * p.prof.Decode.Extra(r, r*p.context)
 	}
-	s.WaitMs = s.QueueMs + s.InterferenceMs
+	s.KVWaitMs = p.kvWait(req, c, q+newTok, meanOut)
+	s.WaitMs = max(s.QueueMs, s.KVWaitMs) + s.InterferenceMs
 	s.TotalMs = s.WaitMs + s.TransferMs + s.PrefillMs // tiers.go: the load delays us, not the queue
+}
+
+// kvWait estimates how long tokens more uncached tokens (the queued ones
+// and ours) wait for KV blocks on c: an engine admits a prefill only into
+// free blocks, and blocks held by running requests come free as they
+// finish. If the deficit is a fraction f of the blocks the running
+// requests hold, about f of them must finish first, which takes f times
+// their mean remaining decode: half the mean output at the current decode
+// step time. 0 when the worker's capacity or the mean output is unknown.
+func (p *KVDir) kvWait(req Request, c *Candidate, tokens int, meanOut float64) float64 {
+	capBlocks, r, u := c.Load.CapacityTokens/max(req.BlockSize, 1), c.Load.Running, c.Load.KVUsage
+	if capBlocks <= 0 || r <= 0 || !(u > 0) || req.BlockSize <= 0 || !(meanOut > 0) {
+		return 0
+	}
+	u = min(u, 1)
+	need := float64((tokens + req.BlockSize - 1) / req.BlockSize)
+	free := float64(capBlocks) * (1 - u)
+	if need <= free {
+		return 0
+	}
+	frac := (need - free) / (float64(capBlocks) * u)
+	return min(frac, 1) * meanOut / 2 * p.prof.Decode.Millis(r, r*p.context)
 }
 
 // addExtra charges s with the delay its extra prefill (over minPrefill)
@@ -255,12 +287,12 @@ func (p *KVDir) Pick(req Request, cands []Candidate) (Decision, error) {
 	scores := make([]Score, len(cands))
 	cold, rate := p.prof.Prefill.Millis(req.PromptTokens, 0), p.rate(req)
 	p.mu.Lock()
-	surv := p.surv
+	surv, meanOut := p.surv, p.meanOut
 	later, service, fresh := p.fut.observe(req.SessionKey)
 	p.mu.Unlock()
 	minPrefill := math.Inf(1)
 	for i := range cands {
-		p.score(&scores[i], req, &cands[i], cold, rate, &surv)
+		p.score(&scores[i], req, &cands[i], cold, rate, &surv, meanOut)
 		minPrefill = min(minPrefill, scores[i].PrefillMs)
 	}
 	var mean float64
@@ -277,24 +309,39 @@ func (p *KVDir) Pick(req Request, cands []Candidate) (Decision, error) {
 		best = min(best, scores[i].TotalMs)
 	}
 	limit := best * (1 + p.tol)
+	// A new session's home, among candidates the costs cannot tell apart:
+	// the one with the fewest recent homes, so that the sessions' later
+	// requests spread before their load shows in the busy fractions.
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fewest := math.Inf(1)
+	if fresh {
+		for i := range scores {
+			if scores[i].TotalMs <= limit {
+				fewest = min(fewest, p.fut.homesOf(cands[i].Worker))
+			}
+		}
+	}
+	tie := func(i int) bool {
+		return scores[i].TotalMs <= limit && (!fresh || p.fut.homesOf(cands[i].Worker) <= fewest)
+	}
 	ties := 0
 	for i := range scores {
-		if scores[i].TotalMs <= limit {
+		if tie(i) {
 			ties++
 		}
 	}
 	k := 0
 	if ties > 1 {
-		p.mu.Lock()
 		k = p.rng.IntN(ties)
-		p.mu.Unlock()
 	}
 	for i := range scores {
-		if scores[i].TotalMs <= limit {
+		if tie(i) {
 			if k == 0 {
-				p.mu.Lock()
 				p.fut.served(scores[i].PrefillMs)
-				p.mu.Unlock()
+				if fresh {
+					p.fut.homed(cands[i].Worker)
+				}
 				return Decision{Worker: cands[i].Worker, Index: i, PredictedCachedTokens: int(scores[i].CachedTokens), Scores: scores}, nil
 			}
 			k--

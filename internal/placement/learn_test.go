@@ -133,3 +133,64 @@ func TestFreshSessionAvoidsBusyWorker(t *testing.T) {
 		t.Fatalf("known session: went to %s, FutureMs %v", d.Worker, d.Scores[0].FutureMs)
 	}
 }
+
+// TestKVWait: a worker whose running requests hold its KV cache makes a
+// request wait for them to finish; one with room does not; without a
+// known capacity or output length the term is off.
+func TestKVWait(t *testing.T) {
+	p, err := NewKVDir(Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := Request{PromptTokens: 8192, BlockSize: 16}
+	full := Candidate{Worker: "full", Load: Load{Running: 8, KVUsage: 0.95, CapacityTokens: 16 * 4096}}
+	roomy := Candidate{Worker: "roomy", Load: Load{Running: 8, KVUsage: 0.2, CapacityTokens: 16 * 4096}}
+	if s := p.Score(req, full); s.KVWaitMs != 0 {
+		t.Fatalf("no output length known yet: KVWaitMs %v, want 0", s.KVWaitMs)
+	}
+	for range 10 {
+		p.ObserveCache(CacheOutcome{OutputTokens: 400})
+	}
+	sf, sr := p.Score(req, full), p.Score(req, roomy)
+	if sr.KVWaitMs != 0 {
+		t.Fatalf("room for the request: KVWaitMs %v, want 0", sr.KVWaitMs)
+	}
+	// 512 blocks needed, 204.8 free: 307.2 of the 3891.2 held must be
+	// freed, about 8 % of 200 decode steps.
+	step := p.prof.Decode.Millis(8, 8*p.context)
+	want := (512 - 204.8) / 3891.2 * 200 * step
+	if math.Abs(sf.KVWaitMs-want) > 1e-6*want {
+		t.Fatalf("KVWaitMs %v, want %v", sf.KVWaitMs, want)
+	}
+	if sf.WaitMs < sf.KVWaitMs {
+		t.Fatalf("WaitMs %v below KVWaitMs %v", sf.WaitMs, sf.KVWaitMs)
+	}
+	d, err := p.Pick(req, []Candidate{full, roomy})
+	if err != nil || d.Worker != "roomy" {
+		t.Fatalf("picked %s (%v), want roomy", d.Worker, err)
+	}
+}
+
+// TestFreshSessionsSpreadOverTies: new sessions whose costs tie on every
+// worker go to the worker with the fewest recent homes, so that 4 workers
+// get 2 of 8 sessions each (random ties would pile some).
+func TestFreshSessionsSpreadOverTies(t *testing.T) {
+	p, err := NewKVDir(Options{Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands := []Candidate{{Worker: "a"}, {Worker: "b"}, {Worker: "c"}, {Worker: "d"}}
+	got := map[string]int{}
+	for s := range 8 {
+		d, err := p.Pick(Request{SessionKey: "s" + string(rune('0'+s)), PromptTokens: 4096, BlockSize: 16}, cands)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[d.Worker]++
+	}
+	for _, c := range cands {
+		if got[c.Worker] != 2 {
+			t.Fatalf("homes per worker %v, want 2 each", got)
+		}
+	}
+}

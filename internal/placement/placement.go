@@ -35,6 +35,9 @@ type Load struct {
 	// Busy is the fraction of the recent past during which a request routed
 	// here was waiting for its first token (router accounting, [BusyMeter]).
 	Busy float64
+	// CapacityTokens is the worker's KV cache size in tokens (vLLM's
+	// cache_config_info: num_gpu_blocks × block_size); 0 when not known.
+	CapacityTokens int
 }
 
 // Candidate is one worker that may take the request.
@@ -89,8 +92,9 @@ type Score struct {
 	LoadedTokens   float64 // of CachedTokens, those loaded from host memory or disk first
 	TransferMs     float64 // the load's time, before the prefill (in TotalMs, not in PrefillMs)
 	QueueMs        float64 // prefill of the work already queued on the worker
+	KVWaitMs       float64 // wait for running requests to free the KV blocks the queued work and ours need
 	InterferenceMs float64 // running decodes riding along with the queued and new prefill
-	WaitMs         float64 // QueueMs + InterferenceMs
+	WaitMs         float64 // max(QueueMs, KVWaitMs) + InterferenceMs
 	PrefillMs      float64 // our prefill with the expected cache
 	ColdPrefillMs  float64 // our prefill with no cache
 	ExtraMs        float64 // delay our recomputation (prefill beyond the best candidate's) imposes on the requests waiting there

@@ -11,6 +11,8 @@ type CacheOutcome struct {
 	MatchedTokens int
 	KVUsage       float64
 	CachedTokens  int
+	// OutputTokens is how many tokens the request generated (0: not known).
+	OutputTokens int
 }
 
 // survival learns the eviction-survival curve from outcomes: per band of

@@ -115,6 +115,7 @@ type WorkerScore struct {
 	LoadedTokens        float64 `json:"loaded_tokens"`
 	TransferMs          float64 `json:"transfer_ms"` // before the prefill; in total_ms, not in prefill_ms
 	QueueMs             float64 `json:"queue_ms"`
+	KVWaitMs            float64 `json:"kv_wait_ms"` // wait for running requests to free the KV blocks needed
 	InterferenceMs      float64 `json:"interference_ms"`
 	WaitMs              float64 `json:"wait_ms"`
 	PrefillMs           float64 `json:"prefill_ms"`
@@ -198,7 +199,7 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 			sc := d.pick.Scores[i]
 			ws.Retain, ws.CachedTokens, ws.QueueMs, ws.InterferenceMs = sc.Retain, sc.CachedTokens, sc.QueueMs, sc.InterferenceMs
 			ws.WaitMs, ws.PrefillMs, ws.ColdPrefillMs, ws.ExtraMs, ws.TotalMs = sc.WaitMs, sc.PrefillMs, sc.ColdPrefillMs, sc.ExtraMs, sc.TotalMs
-			ws.FutureMs = sc.FutureMs
+			ws.FutureMs, ws.KVWaitMs = sc.FutureMs, sc.KVWaitMs
 			ws.LoadedTokens, ws.TransferMs = sc.LoadedTokens, sc.TransferMs
 		}
 		e.Workers[i] = ws

@@ -30,11 +30,13 @@ type worker struct {
 	draining atomic.Bool
 
 	// Load scraped from the engine (or from the directory until the first scrape).
-	running  atomic.Int32
-	waiting  atomic.Int32
-	kvUsage  atomic.Uint64 // math.Float64bits
-	scrapeAt atomic.Int64  // unix nanos of the last successful scrape
-	scrapeKO atomic.Int32  // consecutive failed scrapes
+	running atomic.Int32
+	waiting atomic.Int32
+	kvUsage atomic.Uint64 // math.Float64bits
+	// capacityTokens is the engine's KV cache size (0 until a scrape says).
+	capacityTokens atomic.Int64
+	scrapeAt       atomic.Int64 // unix nanos of the last successful scrape
+	scrapeKO       atomic.Int32 // consecutive failed scrapes
 
 	// The router's own accounting.
 	inFlight      atomic.Int64 // requests sent and not finished
@@ -81,6 +83,7 @@ func (w *worker) load() placement.Load {
 		QueuedPrefillTokens: int(w.queuedPrefill.Load()),
 		InFlight:            int(w.inFlight.Load()),
 		Busy:                w.busy.value(),
+		CapacityTokens:      int(w.capacityTokens.Load()),
 	}
 }
 

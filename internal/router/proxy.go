@@ -269,7 +269,8 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 		if o, ok := s.policy.(placement.CacheObserver); ok && outcome == OutcomeOK && d.fallback == "" {
 			c := &d.cands[d.pick.Index]
 			o.ObserveCache(placement.CacheOutcome{
-				MatchedTokens: min(c.MatchedBlocks*d.bs[d.pick.Index], d.tokens-1), KVUsage: c.Load.KVUsage, CachedTokens: cached})
+				MatchedTokens: min(c.MatchedBlocks*d.bs[d.pick.Index], d.tokens-1), KVUsage: c.Load.KVUsage, CachedTokens: cached,
+				OutputTokens: u.completion})
 		}
 	}
 	// A turn placed with the directory's answer and reported by the engine
@@ -326,6 +327,8 @@ type usageScanner struct {
 	// prompt is usage.prompt_tokens, if promptKnown.
 	prompt      int
 	promptKnown bool
+	// completion is usage.completion_tokens (0 if not reported).
+	completion int
 	// firstToken is when the stream's first data line with generated text
 	// passed (zero if none did; streams only).
 	firstToken time.Time
@@ -373,8 +376,9 @@ func (u *usageScanner) feed(p []byte) {
 func (u *usageScanner) parse(data []byte) {
 	var v struct {
 		Usage *struct {
-			Prompt  *int `json:"prompt_tokens"`
-			Details *struct {
+			Prompt     *int `json:"prompt_tokens"`
+			Completion *int `json:"completion_tokens"`
+			Details    *struct {
 				Cached int `json:"cached_tokens"`
 			} `json:"prompt_tokens_details"`
 		} `json:"usage"`
@@ -383,6 +387,9 @@ func (u *usageScanner) parse(data []byte) {
 		u.cached, u.known = v.Usage.Details.Cached, true
 		if v.Usage.Prompt != nil {
 			u.prompt, u.promptKnown = *v.Usage.Prompt, true
+		}
+		if v.Usage.Completion != nil {
+			u.completion = *v.Usage.Completion
 		}
 	}
 }

@@ -113,6 +113,7 @@ func (s *scraper) once(ctx context.Context, w *worker) {
 	w.running.Store(int32(l.Running))
 	w.waiting.Store(int32(l.Waiting))
 	storeFloat(&w.kvUsage, l.KVUsage)
+	w.capacityTokens.Store(l.CapacityTokens)
 	if l.Model != "" && w.model() == "" {
 		w.setModel(l.Model)
 	}
