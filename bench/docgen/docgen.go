@@ -26,6 +26,7 @@ import (
 	"strings"
 
 	"github.com/kvdir/kvdir/bench/report"
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 // ResultsDir is where the results files live, relative to the repository
@@ -77,12 +78,22 @@ func (g *Generator) Render(name string) (string, error) {
 	return s, nil
 }
 
-// renderReport renders the sim or replay report bench/results/NAME.json.
+// renderReport renders the sim or replay report bench/results/NAME.json,
+// or, for a capacity result (kvbench sweep or eval), the Markdown table
+// the tool wrote beside it (NAME.md).
 func (g *Generator) renderReport(name string) (string, error) {
 	path := filepath.Join(g.root, ResultsDir, name+".json")
 	if _, err := os.Stat(path); err != nil {
 		return "", fmt.Errorf("not a known table (%s) and no report %s: %w", strings.Join(slices.Sorted(tableNames()), ", "),
 			filepath.Join(ResultsDir, name+".json"), err)
+	}
+	if env, err := benchjson.ReadFile(path); err == nil && (env.Tool == "sweep" || env.Tool == "eval") {
+		// A capacity result: its block is the table the tool wrote beside it.
+		md, err := os.ReadFile(filepath.Join(g.root, ResultsDir, name+".md"))
+		if err != nil {
+			return "", fmt.Errorf("capacity result %s: %w", name, err)
+		}
+		return string(md), nil
 	}
 	r, err := report.ReadFile(path)
 	if err != nil {

@@ -1,10 +1,13 @@
 package docgen
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvdir/kvdir/internal/benchjson"
 )
 
 // TestDocsMatchResults fails when a generated block in the repository's
@@ -148,5 +151,29 @@ func TestNumber(t *testing.T) {
 		if got := Number(c.v, c.digits); got != c.want {
 			t.Errorf("Number(%v, %d) = %q, want %q", c.v, c.digits, got, c.want)
 		}
+	}
+}
+
+// TestCapacityBlock: a capacity result's block is the table its tool
+// wrote beside the JSON.
+func TestCapacityBlock(t *testing.T) {
+	root, _ := repo(t, "x\n")
+	res := benchjson.New("eval")
+	b, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const table = "| member | kvdir |\n|---|---|\n| a | 1.2 |\n"
+	for name, data := range map[string]string{"capacity-eval.json": string(b), "capacity-eval.md": table} {
+		if err := os.WriteFile(filepath.Join(root, ResultsDir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := New(root).Render("capacity-eval")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != table {
+		t.Fatalf("block %q, want %q", got, table)
 	}
 }
