@@ -17,9 +17,6 @@ type future struct {
 	requests float64
 	sessions float64
 	service  float64 // mean modelled prefill of the placed requests, ms
-	// homes counts, per worker, the new sessions placed there (decayed
-	// per new session, so it counts about the recent ones).
-	homes map[string]float64
 	weight   float64 // decayed count behind service
 }
 
@@ -59,28 +56,6 @@ func (f *future) observe(key string) (later, service float64, fresh bool) {
 	}
 	return later, f.service, fresh
 }
-
-// homesOf returns the recent new sessions placed on worker.
-func (f *future) homesOf(worker string) float64 { return f.homes[worker] }
-
-// homed records a new session placed on worker.
-func (f *future) homed(worker string) {
-	if f.homes == nil {
-		f.homes = make(map[string]float64)
-	}
-	for w, n := range f.homes {
-		if n *= homesDecay; n < 1e-3 {
-			delete(f.homes, w)
-		} else {
-			f.homes[w] = n
-		}
-	}
-	f.homes[worker]++
-}
-
-// homesDecay is the weight a home keeps per new session after it: the
-// counts are over about the last 256 new sessions.
-const homesDecay = 1 - 1.0/256
 
 // served records the modelled prefill of the placed request.
 func (f *future) served(prefillMs float64) {

@@ -309,39 +309,24 @@ func (p *KVDir) Pick(req Request, cands []Candidate) (Decision, error) {
 		best = min(best, scores[i].TotalMs)
 	}
 	limit := best * (1 + p.tol)
-	// A new session's home, among candidates the costs cannot tell apart:
-	// the one with the fewest recent homes, so that the sessions' later
-	// requests spread before their load shows in the busy fractions.
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	fewest := math.Inf(1)
-	if fresh {
-		for i := range scores {
-			if scores[i].TotalMs <= limit {
-				fewest = min(fewest, p.fut.homesOf(cands[i].Worker))
-			}
-		}
-	}
-	tie := func(i int) bool {
-		return scores[i].TotalMs <= limit && (!fresh || p.fut.homesOf(cands[i].Worker) <= fewest)
-	}
 	ties := 0
 	for i := range scores {
-		if tie(i) {
+		if scores[i].TotalMs <= limit {
 			ties++
 		}
 	}
 	k := 0
 	if ties > 1 {
+		p.mu.Lock()
 		k = p.rng.IntN(ties)
+		p.mu.Unlock()
 	}
 	for i := range scores {
-		if tie(i) {
+		if scores[i].TotalMs <= limit {
 			if k == 0 {
+				p.mu.Lock()
 				p.fut.served(scores[i].PrefillMs)
-				if fresh {
-					p.fut.homed(cands[i].Worker)
-				}
+				p.mu.Unlock()
 				return Decision{Worker: cands[i].Worker, Index: i, PredictedCachedTokens: int(scores[i].CachedTokens), Scores: scores}, nil
 			}
 			k--

@@ -170,27 +170,3 @@ func TestKVWait(t *testing.T) {
 		t.Fatalf("picked %s (%v), want roomy", d.Worker, err)
 	}
 }
-
-// TestFreshSessionsSpreadOverTies: new sessions whose costs tie on every
-// worker go to the worker with the fewest recent homes, so that 4 workers
-// get 2 of 8 sessions each (random ties would pile some).
-func TestFreshSessionsSpreadOverTies(t *testing.T) {
-	p, err := NewKVDir(Options{Seed: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cands := []Candidate{{Worker: "a"}, {Worker: "b"}, {Worker: "c"}, {Worker: "d"}}
-	got := map[string]int{}
-	for s := range 8 {
-		d, err := p.Pick(Request{SessionKey: "s" + string(rune('0'+s)), PromptTokens: 4096, BlockSize: 16}, cands)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got[d.Worker]++
-	}
-	for _, c := range cands {
-		if got[c.Worker] != 2 {
-			t.Fatalf("homes per worker %v, want 2 each", got)
-		}
-	}
-}
