@@ -115,11 +115,16 @@ func TestUsageErrors(t *testing.T) {
 	if err := os.WriteFile(trace, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}`+"\n"+`{"oops"`+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	good := filepath.Join(dir, "good.jsonl")
+	if err := os.WriteFile(good, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		args []string
 		want string
 	}{
 		{[]string{"sim"}, "--trace is required"},
+		{[]string{"replay", "--trace", good, "--rate-multiplier", "0"}, "--rate-multiplier 0"},
 		{[]string{"sim", "--trace", trace}, "line 2"},
 		{[]string{"sim", "--trace", trace, "--policies", "fastest"}, "unknown policy"},
 		{[]string{"sim", "--trace", trace, "--profile", "gpt-9"}, "neither a built-in profile"},

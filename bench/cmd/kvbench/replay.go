@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -24,6 +25,7 @@ type replayFlags struct {
 	replicas, kvBlocks, routers, limit        int
 	traceBlockSize                            int
 	timeScale                                 float64
+	rate                                      float64
 	matchTimeout, routerFlags                 string
 	noCharts                                  bool
 }
@@ -80,6 +82,7 @@ func addReplayFlags(fl interface {
 	fl.IntVar(&f.kvBlocks, "kv-blocks", 0, "KV-cache blocks per engine (0: what the profile's model leaves on one H200)")
 	fl.Float64Var(&f.timeScale, "time-scale", 0.1, "engine speed and trace compression: 0.1 runs ten times faster than modelled")
 	fl.IntVar(&f.limit, "limit", 0, "replay only the first N requests (0: all)")
+	fl.Float64Var(&f.rate, "rate-multiplier", 1, "send the trace at this multiple of its own request rate (timestamps / m), as kvbench sweep's multipliers; latencies stay on the trace's clock")
 	fl.IntVar(&f.traceBlockSize, "trace-block-size", workload.DefaultBlockSize, "tokens per hash id in the trace")
 	fl.StringVar(&f.model, "model", "", "model name the engines serve (default: the profile's name)")
 	fl.StringVar(&f.matchTimeout, "match-timeout", "25ms", "the routers' directory look-up deadline (the router's default is 5ms; a 2-core machine running the whole fleet needs more)")
@@ -99,6 +102,12 @@ func runReplay(cmd *cobra.Command, f *replayFlags, log *slog.Logger) error {
 	workload.SortByTime(recs)
 	if f.limit > 0 && f.limit < len(recs) {
 		recs = recs[:f.limit]
+	}
+	if !(f.rate > 0) || math.IsInf(f.rate, 0) {
+		return cli.Usagef("--rate-multiplier %v: want a finite value > 0", f.rate)
+	}
+	for i := range recs {
+		recs[i].Timestamp /= f.rate
 	}
 	if len(recs) == 0 {
 		return fmt.Errorf("%s: no records", f.trace)
