@@ -168,12 +168,15 @@ func burst(t *testing.T, f *fleet.Fleet, routers []string, shared bool, tag, n i
 // intents, and through two that do not. One router spills the burst to
 // sim-1 once sim-0's queue costs more than its prefix saves; two sharing
 // routers do the same, as one; two that do not each think sim-0 has only
-// their own half of the burst queued, and pile it all there.
+// their own half of the burst queued, and pile it all there. Late binding
+// is off: the burst is meant to reach the engines' queues at once, where
+// placement alone decides who gets it (with it the routers hold the
+// siblings while both engines are past their knee).
 func TestSharedIntentsStopHerding(t *testing.T) {
 	const n = 20
 	f := fleet.New(t, fleet.Config{Engines: 2, Routers: 4,
 		EngineArgs:    []string{"--time-scale", "0.02", "--default-max-tokens", "4"},
-		RouterArgs:    []string{"--policy", "kvdir", "--match-timeout", "200ms", "--follow-log"},
+		RouterArgs:    []string{"--policy", "kvdir", "--match-timeout", "200ms", "--follow-log", "--admission-queue", "0"},
 		PerRouterArgs: [][]string{{"--router-id", "shared-0"}, {"--router-id", "shared-1"}, {"--router-id", "alone-0", "--share-intents=false"}, {"--router-id", "alone-1", "--share-intents=false"}}})
 	r := func(i int) string { return f.Routers[i].URL }
 	single := burst(t, f, []string{r(0)}, false, 1, n)
