@@ -94,7 +94,7 @@ would hit serving the trace (the pooled bound).
 Writes --out (JSON), the same name with .md and, unless --no-charts, -p90.png: each policy's
 p90 TTFT against request rate, the SLO drawn across. The result is deterministic for --seed.`,
 		Example: `  kvbench sweep --trace bench/testdata/mooncake_synthetic_trace.jsonl --replicas 8 \
-    --profile llama3-70b --kv-blocks 101200 --out bench/results/capacity-mooncake.json
+    --profile llama3-70b --kv-blocks 101200 --slo 10s --out bench/results/capacity-mooncake.json
   kvbench sweep --trace bench/testdata/demo-sessions.jsonl --replicas 4 --profile llama3-8b \
     --kv-ratio 1 --slo 500ms --policies kvdir,round-robin,llm-d`,
 		Args: cobra.NoArgs,
