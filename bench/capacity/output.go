@@ -66,13 +66,10 @@ func WriteJSON(path string, r *Result) error {
 
 // ReadFile reads a result written by WriteJSON.
 func ReadFile(path string) (*Result, error) {
-	res, err := benchjson.ReadFile(path)
+	var r Result
+	res, err := benchjson.ReadDetails(path, &r)
 	if err != nil {
 		return nil, fmt.Errorf("capacity: %w", err)
-	}
-	var r Result
-	if err := res.DecodeDetails(&r); err != nil {
-		return nil, fmt.Errorf("capacity: %s: %w", path, err)
 	}
 	r.Tool, r.Command, r.Machine, r.Started = res.Tool, res.Command, res.Machine, res.Started
 	return &r, nil

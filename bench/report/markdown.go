@@ -112,13 +112,10 @@ func (r *Report) Figures() []benchjson.Figure {
 
 // ReadFile reads a report written by WriteJSON.
 func ReadFile(path string) (*Report, error) {
-	res, err := benchjson.ReadFile(path)
+	var r Report
+	res, err := benchjson.ReadDetails(path, &r)
 	if err != nil {
 		return nil, fmt.Errorf("report: %w", err)
-	}
-	var r Report
-	if err := res.DecodeDetails(&r); err != nil {
-		return nil, fmt.Errorf("report: %s: %w", path, err)
 	}
 	r.Tool, r.Command, r.Machine, r.Started = res.Tool, res.Command, res.Machine, res.Started
 	return &r, nil

@@ -248,3 +248,16 @@ func ReadFile(path string) (*Results, error) {
 	}
 	return &r, nil
 }
+
+// ReadDetails reads a results file and decodes its details into v (a
+// tool's own schema); it returns the envelope, for its header fields.
+func ReadDetails(path string, v any) (*Results, error) {
+	r, err := ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.DecodeDetails(v); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return r, nil
+}

@@ -72,14 +72,13 @@ func TestFutureCountsLaterRequests(t *testing.T) {
 	// Sessions of 4 requests each, interleaved.
 	var later float64
 	var fresh int
-	for turn := range 4 {
+	for range 4 {
 		for s := range 50 {
 			l, _, isNew := f.observe("s" + string(rune('A'+s%26)) + string(rune('a'+s/26)))
 			later = l
 			if isNew {
 				fresh++
 			}
-			_ = turn
 		}
 	}
 	if fresh != 50 {
@@ -100,10 +99,9 @@ func TestFreshSessionAvoidsBusyWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Teach it that sessions have 8 requests and the mean prefill.
-	for turn := range 8 {
+	for range 8 {
 		for s := range 20 {
 			p.fut.observe("warm" + string(rune('a'+s)))
-			_ = turn
 		}
 	}
 	p.fut.served(500)
