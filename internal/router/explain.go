@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/openai"
 	"github.com/kvdir/kvdir/internal/placement"
 )
 
@@ -156,7 +157,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	var probe struct {
 		Messages json.RawMessage `json:"messages"`
 	}
-	if err := json.Unmarshal(body, &probe); err != nil {
+	if err := openai.Unmarshal(body, &probe); err != nil {
 		writeError(w, badRequest("malformed JSON body: %v", jsonErr(err)))
 		return
 	}
