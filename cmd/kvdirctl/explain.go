@@ -147,7 +147,7 @@ func (a *app) explain(ctx context.Context, routerURL, sessionHeader, session, to
 			return &routerError{fmt.Sprintf("explain: the router's answer is not JSON: %v", err)}
 		}
 		buf.WriteByte('\n')
-		_, err := a.out.Write(buf.Bytes())
+		_, err := a.out.Write(clitable.JSONSafe(buf.Bytes()))
 		return err
 	}
 	var doc any
