@@ -114,6 +114,10 @@ func variant(key []byte) bool {
 	return false
 }
 
+// maxDepth is encoding/json's nesting limit: past it, it refuses the
+// document, so needsExact need not track deeper.
+const maxDepth = 10000
+
 // needsExact reports whether data has an object key that encoding/json
 // would read differently from Python: a case variant of a request key, or
 // a request key given twice in one object. It only scans (json.Unmarshal
@@ -124,12 +128,16 @@ func needsExact(data []byte) bool {
 	expectKey := false
 	for i := 0; i < len(data); i++ {
 		switch data[i] {
-		case '{':
-			stack = append(stack, 0)
-			expectKey = true
-		case '[':
-			stack = append(stack, array)
-			expectKey = false
+		case '{', '[':
+			if len(stack) >= maxDepth {
+				return false // json.Unmarshal refuses it
+			}
+			if data[i] == '{' {
+				stack = append(stack, 0)
+			} else {
+				stack = append(stack, array)
+			}
+			expectKey = data[i] == '{'
 		case '}', ']':
 			if len(stack) > 0 {
 				stack = stack[:len(stack)-1]

@@ -100,3 +100,13 @@ func asTypeError(err error, te **json.UnmarshalTypeError) bool {
 	*te = t
 	return ok
 }
+
+// TestUnmarshalDeepNesting checks that a body nested past encoding/json's
+// limit fails without the key scan keeping a frame per level.
+func TestUnmarshalDeepNesting(t *testing.T) {
+	body := `{"model":"m","x":` + strings.Repeat("[", 1<<20) + strings.Repeat("]", 1<<20) + `}`
+	var r ChatCompletionRequest
+	if err := Unmarshal([]byte(body), &r); err == nil {
+		t.Fatal("a body nested a million deep decoded")
+	}
+}

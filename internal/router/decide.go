@@ -342,7 +342,7 @@ func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(
 		s.dirFailures.Store(0)
 		s.dirPausedUntil.Store(time.Now().Add(s.breakerPause).UnixNano())
 		if refused(err) {
-			s.log.Warn("router: directory unreachable; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause, "last_error", s.directoryCause(), "err", err)
+			s.log.Warn("router: directory unreachable; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause, "last_error", strings.TrimSpace(s.directoryCause()), "err", err)
 		} else {
 			s.log.Warn("router: directory look-ups failing; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause, "err", err)
 		}
