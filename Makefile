@@ -150,7 +150,7 @@ bench-eval: ## kvbench eval: the capacity sweep over every member of bench/testd
 	$(GO) run ./bench/cmd/kvbench eval --set bench/testdata/evalset.json --out-dir bench/results
 
 .PHONY: bench
-bench: bench-index bench-directory bench-follow bench-agent bench-router bench-sim bench-sim-routers bench-capacity bench-eval demo ## Every benchmark; refreshes bench/results/ and the figure tables quoting them
+bench: bench-index bench-directory bench-follow bench-agent bench-router bench-router-memory bench-sim bench-sim-routers bench-capacity bench-eval demo ## Every benchmark; refreshes bench/results/ and the figure tables quoting them
 	$(GO) run ./bench/cmd/kvbench docs
 
 .PHONY: bench-index
@@ -177,6 +177,11 @@ bench-agent: ## Agent decode+hash rate, end-to-end event lag (directory, engines
 bench-router: haproxy-dep ## Router decision time, proxy overhead vs HAProxy, throughput (real processes) -> bench/results/router.json
 	@mkdir -p bench/results
 	$(GO) run ./bench/cmd/kvbench router --out bench/results/router.json
+
+.PHONY: bench-router-memory
+bench-router-memory: ## Router memory with 200 slow bodies held and 500 clients (real processes) -> bench/results/router-memory.json
+	@mkdir -p bench/results
+	$(GO) run ./bench/cmd/kvbench router-memory --out bench/results/router-memory.json
 
 .PHONY: haproxy-dep
 haproxy-dep: ## Install Debian's HAProxy if missing (the router benchmark's baseline)

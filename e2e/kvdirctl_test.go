@@ -87,10 +87,17 @@ func startEnv(t *testing.T) *testEnv {
 		e.sims[id] = "http://" + sim
 	}
 	e.router = "http://" + testkit.FreeAddrs(t, 1)[0]
+	// The router's explain is private, as by default with a token: the
+	// explain tests pass the operator's token.
+	tokenFile := filepath.Join(t.TempDir(), "explain-token")
+	if err := os.WriteFile(tokenFile, []byte(explainToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	testkit.StartProc(t, "router", bins["router"], "--addr", strings.TrimPrefix(e.router, "http://"),
 		// The default 5 ms match deadline is for production; a loaded
 		// test machine misses it and the router falls back to hashing.
-		"--directory", e.addrs, "--seed", "1", "--match-timeout", "200ms", "--log-level", "warn")
+		"--directory", e.addrs, "--seed", "1", "--match-timeout", "200ms", "--log-level", "warn",
+		"--explain-token-file", tokenFile)
 	testkit.Eventually(t, 30*time.Second, "router ready", func() (bool, string) {
 		resp, err := http.Get(e.router + "/readyz")
 		if err != nil {
@@ -104,6 +111,9 @@ func startEnv(t *testing.T) *testEnv {
 	}
 	return e
 }
+
+// explainToken is the test router's operator token for explain.
+const explainToken = "e2e-operator"
 
 // kvdirctl's exit codes.
 const (
@@ -394,7 +404,12 @@ func TestKvdirctlCluster(t *testing.T) {
 		// turn 1's blocks; both are idle, so A wins on prefill.
 		file2 := writeJSON(t, map[string]any{"model": testModel, "messages": turn2})
 		var x router.Explanation
-		e.ctlJSON(t, &x, "explain", "--router", e.router, "--messages", file2, "--session", "chat-7f3a")
+		// Without the token the router refuses, and kvdirctl says what to pass.
+		if out, errOut, code := ctl(t, "--directory", e.addrs, "explain", "--router", e.router, "--messages", file2); code != exitError ||
+			!strings.Contains(errOut, "403") || !strings.Contains(errOut, "--explain-token") {
+			t.Fatalf("explain without the token: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+		}
+		e.ctlJSON(t, &x, "explain", "--router", e.router, "--explain-token", explainToken, "--messages", file2, "--session", "chat-7f3a")
 		if x.Model != testModel || x.SessionID != "chat-7f3a" || x.Policy != "kvdir" || x.PromptTokens != len(ids2) ||
 			x.BlockSize != 16 || x.ChainBlocks != len(chain2) || x.Fallback != "" || x.Pick != workerA || len(x.Workers) != 2 {
 			t.Fatalf("explanation %+v", x)
@@ -408,7 +423,7 @@ func TestKvdirctlCluster(t *testing.T) {
 				t.Errorf("%s: %+v, want %d matched tokens", w.Worker, w, want)
 			}
 		}
-		out := e.ctlOK(t, "explain", "--router", e.router, "--messages", file2, "--session", "chat-7f3a")
+		out := e.ctlOK(t, "explain", "--router", e.router, "--explain-token", explainToken, "--messages", file2, "--session", "chat-7f3a")
 		if !strings.Contains(out, fmt.Sprintf("model %s, session chat-7f3a, policy kvdir: %d prompt tokens", testModel, len(ids2))) ||
 			!strings.HasSuffix(strings.Split(out, "\n")[3+indexOfWorker(x, workerA)], "pick") {
 			t.Errorf("explain table:\n%s", out)

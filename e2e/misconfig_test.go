@@ -52,7 +52,8 @@ func startMisconfigFleet(t *testing.T, agentModel string) *misconfigFleet {
 		r := &fleet.Router{URL: fmt.Sprintf("http://127.0.0.1:%d", port)}
 		r.Proc, err = fleet.StartProc(fmt.Sprintf("router-%d", i), bin, "--addr", strings.TrimPrefix(r.URL, "http://"),
 			"--directory", f.DirectoryAddrs(), "--workers", e.WorkerID+"="+e.URL+"@llama3-8b",
-			"--policy", "kvdir", "--match-timeout", "50ms", "--share-intents=false", "--log-level", "info")
+			"--policy", "kvdir", "--match-timeout", "50ms", "--share-intents=false", "--log-level", "info",
+			"--explain", "open") // the test reads the predicted header
 		if err != nil {
 			t.Fatal(err)
 		}

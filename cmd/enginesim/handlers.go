@@ -91,7 +91,8 @@ func badRequest(w http.ResponseWriter, format string, args ...any) {
 func (s *server) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	body := http.MaxBytesReader(w, r.Body, s.cfg.maxBodyBytes)
 	dec := json.NewDecoder(body)
-	if err := dec.Decode(v); err != nil {
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			writeError(w, http.StatusRequestEntityTooLarge, "BadRequestError",
@@ -103,6 +104,11 @@ func (s *server) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool 
 	}
 	if dec.More() {
 		badRequest(w, "invalid JSON body: trailing data")
+		return false
+	}
+	// Keys match exactly, the last duplicate winning, as Python reads them.
+	if err := openai.Unmarshal(raw, v); err != nil {
+		badRequest(w, "invalid JSON body: %v", err)
 		return false
 	}
 	return true

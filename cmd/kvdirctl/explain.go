@@ -79,7 +79,7 @@ the router did not use the directory (unreachable, too slow), if it did not.`,
 	cmd.Flags().StringVar(&router, "router", "http://127.0.0.1:8080", "the router's base URL")
 	cmd.Flags().StringVar(&session, "session", "", "session id, sent in --session-header")
 	cmd.Flags().StringVar(&sessionHeader, "session-header", "X-Session-Id", "header the router reads the session id from")
-	cmd.Flags().StringVar(&explainToken, "explain-token", "", "the router's operator token, sent in "+explainTokenHeader+", for a router run with --explain token (prefer KVDIR_CTL_EXPLAIN_TOKEN: flags show in ps)")
+	cmd.Flags().StringVar(&explainToken, "explain-token", "", "the router's operator token, sent in "+explainTokenHeader+": a router given an --explain-token answers explain only with it (prefer KVDIR_CTL_EXPLAIN_TOKEN: flags show in ps)")
 	markEnv(cmd.Flags(), "router")
 	markEnv(cmd.Flags(), "session-header")
 	markEnv(cmd.Flags(), "explain-token")
@@ -132,7 +132,7 @@ func (a *app) explain(ctx context.Context, routerURL, sessionHeader, session, to
 		case http.StatusNotFound:
 			hint = " (a 404 for the path means this router predates explain, or --router is not a kvdir router; for the model, check --model)"
 		case http.StatusUnauthorized, http.StatusForbidden:
-			hint = " (the router refused the call; a router run with --explain token needs its token in --explain-token or KVDIR_CTL_EXPLAIN_TOKEN)"
+			hint = " (the router refused the call: explain is private by default; a router given an --explain-token needs it in --explain-token or KVDIR_CTL_EXPLAIN_TOKEN, and one without a token answers only with --explain open)"
 		}
 		return &routerError{fmt.Sprintf("explain: the router answered %s: %s%s", resp.Status, msg, hint)}
 	}
@@ -147,7 +147,7 @@ func (a *app) explain(ctx context.Context, routerURL, sessionHeader, session, to
 			return &routerError{fmt.Sprintf("explain: the router's answer is not JSON: %v", err)}
 		}
 		buf.WriteByte('\n')
-		_, err := a.out.Write(buf.Bytes())
+		_, err := a.out.Write(clitable.JSONSafe(buf.Bytes()))
 		return err
 	}
 	var doc any

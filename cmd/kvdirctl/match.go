@@ -147,7 +147,7 @@ func (a *app) match(ctx context.Context, p *prompt, lora string, consistent bool
 			r.MatchedTokens = uint64(r.MatchedBlocks) * uint64(bs)
 			r.HitTokens = uint64(min(r.MatchedBlocks, maxHit)) * uint64(bs)
 			if len(ids) > 0 {
-				r.Percent = 100 * float64(r.MatchedTokens) / float64(len(ids))
+				r.Percent = clitable.Float(100 * float64(r.MatchedTokens) / float64(len(ids)))
 			}
 			doc.Workers = append(doc.Workers, r)
 		}

@@ -29,7 +29,12 @@ const (
 
 // app is one invocation: the global options and the directory client.
 type app struct {
+	// out and errOut escape control characters (clitable.SafeWriter):
+	// worker ids and errors come from the directory and must not act on
+	// the operator's terminal; rawOut is stdout itself (watch's screen
+	// clearing, and whether it is a terminal).
 	out, errOut io.Writer
+	rawOut      io.Writer
 	getenv      func(string) string
 	now         func() time.Time
 	prog        *cli.Program
@@ -58,7 +63,7 @@ func usageErrorf(format string, args ...any) error { return cli.Usagef(format, a
 
 // run executes kvdirctl with args and returns the exit status.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	a := &app{out: stdout, errOut: stderr, getenv: getenv, now: time.Now}
+	a := &app{out: clitable.SafeWriter(stdout), errOut: clitable.SafeWriter(stderr), rawOut: stdout, getenv: getenv, now: time.Now}
 	root := a.rootCommand()
 	_, err := a.prog.ExecuteC(ctx, root, args)
 	if a.client != nil {

@@ -19,7 +19,7 @@ func (a *app) sessionView(r *kvdirv1.SessionRecord) ctlview.Session {
 	if r.TimeUnixNano > 0 {
 		t := time.Unix(0, r.TimeUnixNano)
 		v.LastSeen = t.UTC().Format(time.RFC3339Nano)
-		age := a.now().Sub(t).Seconds()
+		age := clitable.Float(a.now().Sub(t).Seconds())
 		v.AgeSeconds = &age
 	}
 	return v
@@ -30,7 +30,7 @@ func sessionAge(v ctlview.Session) string {
 	if v.AgeSeconds == nil {
 		return "-"
 	}
-	return clitable.Age(time.Duration(*v.AgeSeconds * float64(time.Second)))
+	return clitable.Age(time.Duration(float64(*v.AgeSeconds) * float64(time.Second)))
 }
 
 func (a *app) sessionsCommand() *cobra.Command {

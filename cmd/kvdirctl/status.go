@@ -144,7 +144,7 @@ func (a *app) askMembers(ctx context.Context, first *kvdirv1.StatusResponse, mem
 			n.Term, n.CommitIndex, n.AppliedIndex, n.LastLogIndex = r.Term, r.CommitIndex, r.AppliedIndex, r.LastLogIndex
 			n.Digest = fmt.Sprintf("%016x", r.Digest)
 			n.LastSnapshotIndex = r.LastSnapshotIndex
-			n.LastContactMs = float64(r.GetStaleness().AsDuration()) / 1e6
+			n.LastContactMs = clitable.Float(r.GetStaleness().AsDuration()) / 1e6
 			n.Counters = countersOf(r.Counters)
 			n.WriteError = r.WriteError
 			if leader != nil {
@@ -180,8 +180,8 @@ func routersOf(answers []*kvdirv1.StatusResponse) []ctlview.Router {
 			v := rs.GetView()
 			cr := ctlview.Router{ID: rs.RouterId, Node: rs.NodeId, Follows: v.GetFollows(), Synced: v.GetSynced(),
 				AppliedIndex: v.GetAppliedIndex(), LagEntries: v.GetLagEntries(),
-				HeardAgeMs:  float64(v.GetHeardAge().AsDuration()) / 1e6,
-				ReportAgeMs: float64(rs.GetReportAge().AsDuration()) / 1e6, Intents: rs.Intents}
+				HeardAgeMs:  clitable.Float(v.GetHeardAge().AsDuration()) / 1e6,
+				ReportAgeMs: clitable.Float(rs.GetReportAge().AsDuration()) / 1e6, Intents: rs.Intents}
 			if cr.Follows && cr.Synced {
 				cr.Digest, cr.StateDigest = fmt.Sprintf("%016x", v.GetIndexDigest()), fmt.Sprintf("%016x", v.GetDigest())
 			}

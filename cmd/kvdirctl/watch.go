@@ -37,7 +37,7 @@ func (a *app) watchLoop(cmd *cobra.Command, w watchOpts, show func(context.Conte
 	if w.interval <= 0 {
 		return usageErrorf("--interval must be positive")
 	}
-	tty := isTerminal(a.out)
+	tty := isTerminal(a.rawOut)
 	cmdline := cmd.CommandPath()
 	for frame := 0; ; frame++ {
 		var buf bytes.Buffer
@@ -48,7 +48,7 @@ func (a *app) watchLoop(cmd *cobra.Command, w watchOpts, show func(context.Conte
 		switch a.format {
 		case clitable.Table:
 			if tty {
-				io.WriteString(a.out, "\033[H\033[2J")
+				io.WriteString(a.rawOut, "\033[H\033[2J")
 			} else if frame > 0 {
 				io.WriteString(a.out, "\n")
 			}

@@ -133,7 +133,7 @@ func (a *app) placeSession(sh *kvdirv1.SessionHolders, workers []*kvdirv1.Worker
 		hv := ctlview.Holder{Worker: h.WorkerId, State: "GONE", Blocks: h.Blocks, Tokens: h.Tokens,
 			GPUBlocks: h.GpuBlocks, CPUBlocks: h.CpuBlocks, DiskBlocks: h.DiskBlocks, RemoteBlocks: h.RemoteBlocks}
 		if r.Blocks > 0 {
-			hv.Percent = 100 * float64(h.Blocks) / float64(r.Blocks)
+			hv.Percent = clitable.Float(100 * float64(h.Blocks) / float64(r.Blocks))
 		}
 		if w, ok := byID[h.WorkerId]; ok {
 			hv.State = stateName(w.State)
@@ -199,10 +199,10 @@ func (a *app) placeSession(sh *kvdirv1.SessionHolders, workers []*kvdirv1.Worker
 	for i, s := range d.Scores {
 		c := cands[i]
 		v.Placement = append(v.Placement, ctlview.Placement{
-			Worker: s.Worker, MatchedTokens: s.MatchedTokens, Retain: s.Retain, CachedTokens: s.CachedTokens,
-			Running: c.Load.Running, Waiting: c.Load.Waiting, KVUsage: c.Load.KVUsage,
-			QueueMs: s.QueueMs, InterfMs: s.InterferenceMs, WaitMs: s.WaitMs, PrefillMs: s.PrefillMs,
-			ColdPrefillMs: s.ColdPrefillMs, TTFTMs: s.TotalMs, VsPickMs: s.TotalMs - best,
+			Worker: s.Worker, MatchedTokens: s.MatchedTokens, Retain: clitable.Float(s.Retain), CachedTokens: clitable.Float(s.CachedTokens),
+			Running: c.Load.Running, Waiting: c.Load.Waiting, KVUsage: clitable.Float(c.Load.KVUsage),
+			QueueMs: clitable.Float(s.QueueMs), InterfMs: clitable.Float(s.InterferenceMs), WaitMs: clitable.Float(s.WaitMs), PrefillMs: clitable.Float(s.PrefillMs),
+			ColdPrefillMs: clitable.Float(s.ColdPrefillMs), TTFTMs: clitable.Float(s.TotalMs), VsPickMs: clitable.Float(s.TotalMs - best),
 			Pick: i == d.Index, Current: s.Worker == r.WorkerId,
 		})
 	}
@@ -271,8 +271,8 @@ func writeWhoHolds(w io.Writer, v *ctlview.WhoHolds) error {
 		if !p.Pick {
 			vs = fmt.Sprintf("%+.1f ms", p.VsPickMs)
 		}
-		t.Add(p.Worker, p.MatchedTokens, fmt.Sprintf("%.0f", p.CachedTokens), p.Running, p.Waiting, clitable.Percent(p.KVUsage, 1),
-			clitable.Millis(p.WaitMs), clitable.Millis(p.PrefillMs), clitable.Millis(p.TTFTMs), vs, mark)
+		t.Add(p.Worker, p.MatchedTokens, fmt.Sprintf("%.0f", p.CachedTokens), p.Running, p.Waiting, clitable.Percent(float64(p.KVUsage), 1),
+			clitable.Millis(float64(p.WaitMs)), clitable.Millis(float64(p.PrefillMs)), clitable.Millis(float64(p.TTFTMs)), vs, mark)
 	}
 	if _, err := t.WriteTo(w); err != nil {
 		return err

@@ -23,7 +23,7 @@ func (a *app) workerView(w *kvdirv1.Worker) ctlview.Worker {
 		Engine: enumName(s.GetEngine().String(), "ENGINE_KIND_"), State: stateName(w.State),
 		Epoch: w.Epoch, AppliedSeq: w.AppliedSeq,
 		Blocks: w.Blocks, GPUBlocks: w.GpuBlocks, CPUBlocks: w.CpuBlocks, DiskBlocks: w.DiskBlocks, RemoteBlocks: w.RemoteBlocks,
-		KVUsage: l.GetKvUsage(), KVBlocks: l.GetKvBlocks(), Running: l.GetRunning(), Waiting: l.GetWaiting(),
+		KVUsage: clitable.Float(l.GetKvUsage()), KVBlocks: l.GetKvBlocks(), Running: l.GetRunning(), Waiting: l.GetWaiting(),
 		PrefixQueries: l.GetPrefixQueries(), PrefixHits: l.GetPrefixHits(), Labels: s.GetLabels(),
 		ViewPartial: l.GetViewPartial(),
 	}
@@ -32,7 +32,7 @@ func (a *app) workerView(w *kvdirv1.Worker) ctlview.Worker {
 		v.DataParallelRank = &rank
 	}
 	if w.LoadTimeUnixNano > 0 {
-		age := a.now().Sub(time.Unix(0, w.LoadTimeUnixNano)).Seconds()
+		age := clitable.Float(a.now().Sub(time.Unix(0, w.LoadTimeUnixNano)).Seconds())
 		v.HeartbeatAge = &age
 	}
 	layoutView(&v, w)
@@ -72,7 +72,7 @@ func heartbeat(v ctlview.Worker) string {
 	if v.HeartbeatAge == nil {
 		return "never"
 	}
-	return clitable.Age(time.Duration(*v.HeartbeatAge * float64(time.Second)))
+	return clitable.Age(time.Duration(float64(*v.HeartbeatAge) * float64(time.Second)))
 }
 
 func (a *app) workersCommand() *cobra.Command {
@@ -126,7 +126,7 @@ routers hash prompts with; "16?" is a registered size no event confirmed yet.
 					}
 					t := clitable.NewTab("ID", "ADDRESS", "MODEL", "STATE", "EPOCH", "BLOCKS", "KV-USAGE", "RUNNING", "WAITING", "PREFIX-HIT", "HEARTBEAT", "BLOCK-SIZE")
 					for _, v := range doc.Workers {
-						t.Add(v.ID, rankedAddress(v), v.Model, stateText(v), v.Epoch, v.Blocks, clitable.Percent(v.KVUsage, 1),
+						t.Add(v.ID, rankedAddress(v), v.Model, stateText(v), v.Epoch, v.Blocks, clitable.Percent(float64(v.KVUsage), 1),
 							v.Running, v.Waiting, clitable.Percent(float64(v.PrefixHits), float64(v.PrefixQueries)), heartbeat(v),
 							blockSizesText(v))
 					}
@@ -212,7 +212,7 @@ func (a *app) workerGet(ctx context.Context, id string, top uint32, withSessions
 		if v.KVBlocks > 0 {
 			capacity = fmt.Sprintf(" of %d blocks", v.KVBlocks)
 		}
-		kv.Add("load:", fmt.Sprintf("%d running, %d waiting, KV usage %s%s", v.Running, v.Waiting, clitable.Percent(v.KVUsage, 1), capacity))
+		kv.Add("load:", fmt.Sprintf("%d running, %d waiting, KV usage %s%s", v.Running, v.Waiting, clitable.Percent(float64(v.KVUsage), 1), capacity))
 		kv.Add("prefix cache:", fmt.Sprintf("%d of %d prompt tokens hit (%s) since the engine started",
 			v.PrefixHits, v.PrefixQueries, clitable.Percent(float64(v.PrefixHits), float64(v.PrefixQueries))))
 		kv.Add("heartbeat:", heartbeat(v)+" ago")
@@ -260,5 +260,5 @@ func listOrDash(xs []string, max int) string {
 
 func readOf(r *kvdirv1.ReadInfo) ctlview.Read {
 	return ctlview.Read{Node: r.GetNodeId(), AppliedIndex: r.GetAppliedIndex(),
-		StalenessMs: float64(r.GetStaleness().AsDuration()) / 1e6, FromLeader: r.GetFromLeader()}
+		StalenessMs: clitable.Float(r.GetStaleness().AsDuration()) / 1e6, FromLeader: r.GetFromLeader()}
 }

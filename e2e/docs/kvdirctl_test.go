@@ -96,7 +96,7 @@ func kvdirctlGuide(t *testing.T, rw, undo func(string) string) {
 		{first: "kvdirctl match --messages docs/examples/turn3.json"},
 		{first: "kvdirctl match --model llama3-8b --system 'You are a concise assistant for an LLM serving team. Answer in one sentence, and name the metric that shows it.' --chat 'What does a prefix cache save, and how would I see it on a dashboard?'"},
 		{first: "kvdirctl explain --messages docs/examples/turn3.json --session chat-7f3a"},
-		{first: `curl -s -D /tmp/hdr.txt localhost:8080/v1/chat/completions -H 'Content-Type: application/json' -H 'X-Session-Id: chat-7f3a' -d @docs/examples/turn3.json | python3 -c "import json,sys;print(json.dumps(json.load(sys.stdin)['usage']))"; grep -i x-kvdir /tmp/hdr.txt`},
+		{first: `curl -s -D /tmp/hdr.txt localhost:8080/v1/chat/completions -H 'Content-Type: application/json' -H 'X-Session-Id: chat-7f3a' -H "X-Kvdir-Explain-Token: $KVDIR_CTL_EXPLAIN_TOKEN" -d @docs/examples/turn3.json | python3 -c "import json,sys;print(json.dumps(json.load(sys.stdin)['usage']))"; grep -i x-kvdir /tmp/hdr.txt`},
 		{first: "kvdirctl sessions --prefix chat -o json", before: turn3},
 		{first: "long=$(printf 'word%d ' $(seq 900))"},
 		{first: "kvdirctl workers", nth: 2, before: loaded},

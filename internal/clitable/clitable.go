@@ -5,7 +5,10 @@
 // A command builds a value with JSON tags (the document) and a Table (what a
 // person reads), and calls Write with the format the user chose. YAML is the
 // JSON document converted by sigs.k8s.io/yaml, so both formats have the same
-// keys.
+// keys. Numbers that are not finite are null in both (Float); control
+// characters are escaped in every format (Escape, SafeWriter, and \uXXXX in
+// JSON and YAML strings), so that values from the directory cannot act on
+// the operator's terminal.
 package clitable
 
 import (
@@ -71,8 +74,10 @@ func (t *Tab) Add(cells ...any) {
 }
 
 // WriteTo writes the table with its columns aligned, three spaces apart,
-// and no trailing spaces. Tabs and newlines inside cells are replaced by
-// spaces so that they cannot break the alignment.
+// and no trailing spaces. Tabs, newlines and carriage returns inside cells
+// are replaced by spaces so that they cannot break the alignment, and
+// other control characters are escaped (Escape) so that they cannot act
+// on the terminal.
 func (t *Tab) WriteTo(w io.Writer) (int64, error) {
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 8, 3, ' ', 0)
@@ -107,12 +112,13 @@ func (t *Tab) WriteTo(w io.Writer) (int64, error) {
 }
 
 func clean(s string) string {
-	return strings.Map(func(r rune) rune {
+	s = strings.Map(func(r rune) rune {
 		if r == '\t' || r == '\n' || r == '\r' {
 			return ' '
 		}
 		return r
 	}, s)
+	return Escape(s, nil)
 }
 
 // Write renders doc in format f: JSON (indented) or YAML of doc, or, for
@@ -124,7 +130,7 @@ func Write(w io.Writer, f Format, doc any, table func(io.Writer) error) error {
 		if err != nil {
 			return fmt.Errorf("encode json: %w", err)
 		}
-		b = append(b, '\n')
+		b = append(jsonSafe(b), '\n')
 		_, err = w.Write(b)
 		return err
 	case YAML:
@@ -132,9 +138,21 @@ func Write(w io.Writer, f Format, doc any, table func(io.Writer) error) error {
 		if err != nil {
 			return fmt.Errorf("encode yaml: %w", err)
 		}
+		// The YAML reader refuses raw control characters: escaped first.
+		j = jsonSafe(j)
 		b, err := yaml.JSONToYAML(j)
 		if err != nil {
 			return fmt.Errorf("encode yaml: %w", err)
+		}
+		if hasUnsafe(b) {
+			// The emitter writes some (NEL, bidirectional overrides)
+			// raw. JSON is YAML too: the escaped document, which YAML
+			// parsers read as the same values.
+			var ind bytes.Buffer
+			if err := json.Indent(&ind, j, "", "  "); err != nil {
+				return fmt.Errorf("encode yaml: %w", err)
+			}
+			b = append(ind.Bytes(), '\n')
 		}
 		_, err = w.Write(b)
 		return err
@@ -167,20 +185,20 @@ func Age(d time.Duration) string {
 }
 
 // Percent formats part/whole as a percentage with one decimal ("-" when
-// whole is 0).
+// whole is 0 or the result is not finite).
 func Percent(part, whole float64) string {
-	if whole == 0 {
+	if p := float64(part) / float64(whole); whole == 0 || math.IsNaN(p) || math.IsInf(p, 0) {
 		return "-"
 	}
-	return fmt.Sprintf("%.1f%%", 100*part/whole)
+	return fmt.Sprintf("%.1f%%", 100*float64(part)/float64(whole))
 }
 
 // Millis formats modelled milliseconds with one decimal.
 func Millis(ms float64) string {
-	if math.IsNaN(ms) || math.IsInf(ms, 0) {
+	if v := float64(ms); math.IsNaN(v) || math.IsInf(v, 0) {
 		return "-"
 	}
-	return fmt.Sprintf("%.1f", ms)
+	return fmt.Sprintf("%.1f", float64(ms))
 }
 
 // Bytes formats a byte count with binary units ("512 B", "12.0 KiB").

@@ -7,7 +7,13 @@
 // tests in e2e/, a script's helper) decodes its output into them. The
 // exception is "kvdirctl explain", whose document is the router's own
 // (router.Explanation).
+//
+// Numbers that come from elsewhere (a worker's load) or are computed from
+// them are clitable.Float: null in JSON and YAML when not finite (NaN or
+// infinite), so that one bad value cannot break a document.
 package ctlview
+
+import "github.com/kvdir/kvdir/internal/clitable"
 
 // Status is what "kvdirctl status" prints.
 type Status struct {
@@ -41,11 +47,11 @@ type Router struct {
 	// Follows says the router keeps a replica of the directory; Synced
 	// that it has a state to answer from. The fields after them describe
 	// the replica.
-	Follows      bool    `json:"follows"`
-	Synced       bool    `json:"synced"`
-	AppliedIndex uint64  `json:"applied_index,omitempty"`
-	LagEntries   uint64  `json:"lag_entries"`
-	HeardAgeMs   float64 `json:"heard_age_ms"`
+	Follows      bool           `json:"follows"`
+	Synced       bool           `json:"synced"`
+	AppliedIndex uint64         `json:"applied_index,omitempty"`
+	LagEntries   uint64         `json:"lag_entries"`
+	HeardAgeMs   clitable.Float `json:"heard_age_ms"`
 	// Digest is the replica's index digest (comparable with a node's
 	// digest at the same applied index), StateDigest its state digest
 	// (raftfsm.FSM.Digest, what the nodes compare).
@@ -53,8 +59,8 @@ type Router struct {
 	StateDigest string `json:"state_digest,omitempty"`
 	// ReportAgeMs is how long ago the node last heard from the router;
 	// Intents how many of its placement intents the node holds.
-	ReportAgeMs float64 `json:"report_age_ms"`
-	Intents     uint64  `json:"intents"`
+	ReportAgeMs clitable.Float `json:"report_age_ms"`
+	Intents     uint64         `json:"intents"`
 	// The node's comparison of the router's digest with its own at the
 	// router's applied index, when it made one.
 	DigestChecked     bool   `json:"digest_checked"`
@@ -77,22 +83,22 @@ type BlockSizeMismatch struct {
 
 // Node is one member as it reports itself.
 type Node struct {
-	ID                string    `json:"id"`
-	APIAddress        string    `json:"api_address"`
-	RaftAddress       string    `json:"raft_address"`
-	Voter             bool      `json:"voter"`
-	State             string    `json:"state"`
-	Term              uint64    `json:"term,omitempty"`
-	CommitIndex       uint64    `json:"commit_index,omitempty"`
-	AppliedIndex      uint64    `json:"applied_index,omitempty"`
-	LastLogIndex      uint64    `json:"last_log_index,omitempty"`
-	Lag               int64     `json:"lag"`
-	LastContactMs     float64   `json:"last_contact_ms"`
-	Digest            string    `json:"digest,omitempty"`
-	LastSnapshotIndex uint64    `json:"last_snapshot_index,omitempty"`
-	Counters          *Counters `json:"counters,omitempty"`
-	WriteError        string    `json:"write_error,omitempty"`
-	Error             string    `json:"error,omitempty"`
+	ID                string         `json:"id"`
+	APIAddress        string         `json:"api_address"`
+	RaftAddress       string         `json:"raft_address"`
+	Voter             bool           `json:"voter"`
+	State             string         `json:"state"`
+	Term              uint64         `json:"term,omitempty"`
+	CommitIndex       uint64         `json:"commit_index,omitempty"`
+	AppliedIndex      uint64         `json:"applied_index,omitempty"`
+	LastLogIndex      uint64         `json:"last_log_index,omitempty"`
+	Lag               int64          `json:"lag"`
+	LastContactMs     clitable.Float `json:"last_contact_ms"`
+	Digest            string         `json:"digest,omitempty"`
+	LastSnapshotIndex uint64         `json:"last_snapshot_index,omitempty"`
+	Counters          *Counters      `json:"counters,omitempty"`
+	WriteError        string         `json:"write_error,omitempty"`
+	Error             string         `json:"error,omitempty"`
 }
 
 // Counters are the sizes of a node's index.
@@ -147,22 +153,22 @@ type Worker struct {
 	// DataParallelRank is the engine rank the worker is behind an API
 	// server shared with the other ranks; absent for a worker that is its
 	// own server.
-	DataParallelRank *uint32  `json:"data_parallel_rank,omitempty"`
-	State            string   `json:"state"`
-	Epoch            uint64   `json:"epoch"`
-	AppliedSeq       uint64   `json:"applied_seq"`
-	Blocks           uint64   `json:"blocks"`
-	GPUBlocks        uint64   `json:"gpu_blocks"`
-	CPUBlocks        uint64   `json:"cpu_blocks"`
-	DiskBlocks       uint64   `json:"disk_blocks"`
-	RemoteBlocks     uint64   `json:"remote_blocks"`
-	KVUsage          float64  `json:"kv_usage"`
-	KVBlocks         uint64   `json:"kv_blocks"`
-	Running          uint32   `json:"running"`
-	Waiting          uint32   `json:"waiting"`
-	PrefixQueries    uint64   `json:"prefix_queries"`
-	PrefixHits       uint64   `json:"prefix_hits"`
-	HeartbeatAge     *float64 `json:"heartbeat_age_seconds"`
+	DataParallelRank *uint32         `json:"data_parallel_rank,omitempty"`
+	State            string          `json:"state"`
+	Epoch            uint64          `json:"epoch"`
+	AppliedSeq       uint64          `json:"applied_seq"`
+	Blocks           uint64          `json:"blocks"`
+	GPUBlocks        uint64          `json:"gpu_blocks"`
+	CPUBlocks        uint64          `json:"cpu_blocks"`
+	DiskBlocks       uint64          `json:"disk_blocks"`
+	RemoteBlocks     uint64          `json:"remote_blocks"`
+	KVUsage          clitable.Float  `json:"kv_usage"`
+	KVBlocks         uint64          `json:"kv_blocks"`
+	Running          uint32          `json:"running"`
+	Waiting          uint32          `json:"waiting"`
+	PrefixQueries    uint64          `json:"prefix_queries"`
+	PrefixHits       uint64          `json:"prefix_hits"`
+	HeartbeatAge     *clitable.Float `json:"heartbeat_age_seconds"`
 	// ViewPartial: its agent could not rebuild its view from the engine
 	// at its latest registration, so the index may miss blocks it holds.
 	ViewPartial bool              `json:"view_partial,omitempty"`
@@ -189,10 +195,10 @@ type Chain struct {
 
 // Read says which node answered a read and how fresh it was.
 type Read struct {
-	Node         string  `json:"node"`
-	AppliedIndex uint64  `json:"applied_index"`
-	StalenessMs  float64 `json:"staleness_ms"`
-	FromLeader   bool    `json:"from_leader"`
+	Node         string         `json:"node"`
+	AppliedIndex uint64         `json:"applied_index"`
+	StalenessMs  clitable.Float `json:"staleness_ms"`
+	FromLeader   bool           `json:"from_leader"`
 }
 
 // Match is what "kvdirctl match" prints.
@@ -208,18 +214,18 @@ type Match struct {
 
 // MatchRow is one worker's match of a prompt.
 type MatchRow struct {
-	Worker        string  `json:"worker"`
-	State         string  `json:"state"`
-	BlockSize     uint32  `json:"block_size"`
-	ChainBlocks   int     `json:"chain_blocks"`
-	MatchedBlocks uint32  `json:"matched_blocks"`
-	MatchedTokens uint64  `json:"matched_tokens"`
-	HitTokens     uint64  `json:"hit_tokens"`
-	Percent       float64 `json:"percent"`
-	GPUBlocks     uint32  `json:"gpu_blocks"`
-	CPUBlocks     uint32  `json:"cpu_blocks"`
-	DiskBlocks    uint32  `json:"disk_blocks"`
-	RemoteBlocks  uint32  `json:"remote_blocks"`
+	Worker        string         `json:"worker"`
+	State         string         `json:"state"`
+	BlockSize     uint32         `json:"block_size"`
+	ChainBlocks   int            `json:"chain_blocks"`
+	MatchedBlocks uint32         `json:"matched_blocks"`
+	MatchedTokens uint64         `json:"matched_tokens"`
+	HitTokens     uint64         `json:"hit_tokens"`
+	Percent       clitable.Float `json:"percent"`
+	GPUBlocks     uint32         `json:"gpu_blocks"`
+	CPUBlocks     uint32         `json:"cpu_blocks"`
+	DiskBlocks    uint32         `json:"disk_blocks"`
+	RemoteBlocks  uint32         `json:"remote_blocks"`
 }
 
 // SessionList is what "kvdirctl sessions" prints.
@@ -231,15 +237,15 @@ type SessionList struct {
 
 // Session is one recorded session.
 type Session struct {
-	ID           string   `json:"session_id"`
-	Worker       string   `json:"worker"`
-	PromptTokens uint32   `json:"prompt_tokens"`
-	CachedTokens uint32   `json:"cached_tokens"`
-	Blocks       uint32   `json:"blocks"`
-	BlockSize    uint32   `json:"block_size"`
-	Tail         string   `json:"tail"`
-	LastSeen     string   `json:"last_seen,omitempty"`
-	AgeSeconds   *float64 `json:"age_seconds"`
+	ID           string          `json:"session_id"`
+	Worker       string          `json:"worker"`
+	PromptTokens uint32          `json:"prompt_tokens"`
+	CachedTokens uint32          `json:"cached_tokens"`
+	Blocks       uint32          `json:"blocks"`
+	BlockSize    uint32          `json:"block_size"`
+	Tail         string          `json:"tail"`
+	LastSeen     string          `json:"last_seen,omitempty"`
+	AgeSeconds   *clitable.Float `json:"age_seconds"`
 }
 
 // WhoHoldsList is what "kvdirctl who-holds --prefix" prints.
@@ -265,36 +271,36 @@ type WhoHolds struct {
 
 // Holder is how much of a session's chain one worker holds.
 type Holder struct {
-	Worker       string  `json:"worker"`
-	State        string  `json:"state"`
-	Blocks       uint32  `json:"blocks"`
-	Tokens       uint64  `json:"tokens"`
-	Percent      float64 `json:"percent"`
-	GPUBlocks    uint32  `json:"gpu_blocks"`
-	CPUBlocks    uint32  `json:"cpu_blocks"`
-	DiskBlocks   uint32  `json:"disk_blocks"`
-	RemoteBlocks uint32  `json:"remote_blocks"`
+	Worker       string         `json:"worker"`
+	State        string         `json:"state"`
+	Blocks       uint32         `json:"blocks"`
+	Tokens       uint64         `json:"tokens"`
+	Percent      clitable.Float `json:"percent"`
+	GPUBlocks    uint32         `json:"gpu_blocks"`
+	CPUBlocks    uint32         `json:"cpu_blocks"`
+	DiskBlocks   uint32         `json:"disk_blocks"`
+	RemoteBlocks uint32         `json:"remote_blocks"`
 }
 
 // Placement is one candidate's expected time to first token under the
 // kvdir cost model, and its difference from the pick's.
 type Placement struct {
-	Worker        string  `json:"worker"`
-	MatchedTokens int     `json:"matched_tokens"`
-	Retain        float64 `json:"retain"`
-	CachedTokens  float64 `json:"cached_tokens"`
-	Running       int     `json:"running"`
-	Waiting       int     `json:"waiting"`
-	KVUsage       float64 `json:"kv_usage"`
-	QueueMs       float64 `json:"queue_ms"`
-	InterfMs      float64 `json:"interference_ms"`
-	WaitMs        float64 `json:"wait_ms"`
-	PrefillMs     float64 `json:"prefill_ms"`
-	ColdPrefillMs float64 `json:"cold_prefill_ms"`
-	TTFTMs        float64 `json:"ttft_ms"`
-	VsPickMs      float64 `json:"vs_pick_ms"`
-	Pick          bool    `json:"pick"`
-	Current       bool    `json:"current"`
+	Worker        string         `json:"worker"`
+	MatchedTokens int            `json:"matched_tokens"`
+	Retain        clitable.Float `json:"retain"`
+	CachedTokens  clitable.Float `json:"cached_tokens"`
+	Running       int            `json:"running"`
+	Waiting       int            `json:"waiting"`
+	KVUsage       clitable.Float `json:"kv_usage"`
+	QueueMs       clitable.Float `json:"queue_ms"`
+	InterfMs      clitable.Float `json:"interference_ms"`
+	WaitMs        clitable.Float `json:"wait_ms"`
+	PrefillMs     clitable.Float `json:"prefill_ms"`
+	ColdPrefillMs clitable.Float `json:"cold_prefill_ms"`
+	TTFTMs        clitable.Float `json:"ttft_ms"`
+	VsPickMs      clitable.Float `json:"vs_pick_ms"`
+	Pick          bool           `json:"pick"`
+	Current       bool           `json:"current"`
 }
 
 // MemberList is what "kvdirctl members list" prints.

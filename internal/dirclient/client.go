@@ -396,6 +396,42 @@ func (c *Client) withTimeout(ctx context.Context) (context.Context, context.Canc
 	return context.WithTimeout(ctx, c.cfg.CallTimeout)
 }
 
+// failFastKey marks a context made by FailFast.
+type failFastKey struct{}
+
+// FailFast returns ctx marked so that a read made with it gives up after
+// one round of the nodes when every node tried was unavailable (a refused
+// or failed dial, a node shutting down: gRPC's Unavailable), instead of
+// retrying them until the deadline. Attempts are fail-fast gRPC calls
+// (WaitForReady(false)), so a node whose connection is in transient
+// failure answers Unavailable at once. The router's look-ups use it: with
+// every directory node down each fails at once, as an error its breaker
+// counts, rather than waiting out its deadline. A slow node (an attempt
+// that timed out) still gets the usual retries.
+func FailFast(ctx context.Context) context.Context {
+	return context.WithValue(ctx, failFastKey{}, true)
+}
+
+func isFailFast(ctx context.Context) bool {
+	v, _ := ctx.Value(failFastKey{}).(bool)
+	return v
+}
+
+// allUnavailable reports whether every one of addrs was tried and its last
+// attempt answered Unavailable.
+func allUnavailable(tried []attemptError, addrs []string) bool {
+	if len(tried) < len(addrs) {
+		return false
+	}
+	for _, a := range addrs {
+		i := slices.IndexFunc(tried, func(t attemptError) bool { return t.addr == a })
+		if i < 0 || status.Code(tried[i].err) != codes.Unavailable {
+			return false
+		}
+	}
+	return true
+}
+
 // rpcFunc makes one attempt of a call on a connection.
 type rpcFunc[T any] func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) (T, error)
 
@@ -425,6 +461,7 @@ func call[T any](c *Client, ctx context.Context, op string, write bool, md []str
 	defer cancel()
 	var tried []attemptError
 	delay := retryBase
+	oneRound := !write && isFailFast(ctx)
 	for {
 		addrs := c.order(write)
 		for i, addr := range addrs {
@@ -440,7 +477,7 @@ func call[T any](c *Client, ctx context.Context, op string, write bool, md []str
 				actx, acancel = context.WithTimeout(ctx, time.Until(dl)/2)
 			}
 			var hdr metadata.MD
-			resp, err := f(c.outgoing(actx, md), cc, grpc.Header(&hdr))
+			resp, err := f(c.outgoing(actx, md), cc, grpc.Header(&hdr), grpc.WaitForReady(false))
 			acancel()
 			c.noteHeader(hdr)
 			if err == nil {
@@ -459,6 +496,13 @@ func call[T any](c *Client, ctx context.Context, op string, write bool, md []str
 			c.log.Debug("dirclient: attempt failed", "op", op, "addr", addr, "err", err)
 			if ctx.Err() != nil {
 				return zero, c.exhausted(ctx, op, tried)
+			}
+			if oneRound && i == len(addrs)-1 && allUnavailable(tried, addrs) {
+				e := c.exhausted(ctx, op, tried)
+				if ue, ok := e.(*UnreachableError); ok {
+					ue.ctx, ue.Refused = nil, true
+				}
+				return zero, e
 			}
 			if write || i == len(addrs)-1 {
 				if !sleep(ctx, delay) {
@@ -502,14 +546,18 @@ func record(tried []attemptError, addr string, err error) []attemptError {
 }
 
 // UnreachableError is the error of a call that no node answered before its
-// deadline. It wraps ErrUnreachable and the last attempt's error (whose
-// gRPC status code status.Code reports).
+// deadline, or, with FailFast, in one round. It wraps ErrUnreachable, the
+// last attempt's error (whose gRPC status code status.Code reports) and,
+// unless Refused, the context's.
 type UnreachableError struct {
 	Op string
 	// Attempts holds the last error seen from each node tried.
 	Attempts map[string]error
 	// NoLeader is set when the nodes that answered had no leader.
 	NoLeader bool
+	// Refused is set when a FailFast call gave up after one round in which
+	// every node was unavailable, before its deadline.
+	Refused bool
 
 	order []string
 	last  error
@@ -518,7 +566,11 @@ type UnreachableError struct {
 
 func (e *UnreachableError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "dirclient: %s: %v (%v); tried ", e.Op, ErrUnreachable, e.ctx)
+	if e.Refused {
+		fmt.Fprintf(&b, "dirclient: %s: %v (every node unavailable); tried ", e.Op, ErrUnreachable)
+	} else {
+		fmt.Fprintf(&b, "dirclient: %s: %v (%v); tried ", e.Op, ErrUnreachable, e.ctx)
+	}
 	for i, a := range e.order {
 		if i > 0 {
 			b.WriteString("; ")
@@ -539,7 +591,12 @@ func (e *UnreachableError) Error() string {
 }
 
 // Unwrap returns ErrUnreachable, the last attempt's error and the context's.
-func (e *UnreachableError) Unwrap() []error { return []error{ErrUnreachable, e.last, e.ctx} }
+func (e *UnreachableError) Unwrap() []error {
+	if e.ctx == nil {
+		return []error{ErrUnreachable, e.last}
+	}
+	return []error{ErrUnreachable, e.last, e.ctx}
+}
 
 // GRPCStatus reports the error as Unavailable.
 func (e *UnreachableError) GRPCStatus() *status.Status {

@@ -1,7 +1,9 @@
 // Package openai holds the request and response types of the subset of the
 // OpenAI-compatible HTTP API that vLLM serves and kvdir's engine simulator
 // implements: chat and text completions (plain and streamed), models,
-// tokenize and errors. Unknown request fields are ignored, as vLLM does.
+// tokenize and errors. Unknown request fields are ignored, as vLLM does;
+// Unmarshal decodes request bodies with Python's key matching (exact, the
+// last duplicate winning).
 package openai
 
 import (

@@ -133,7 +133,7 @@ func TestSlowBodiesBoundedAndTimedOut(t *testing.T) {
 func TestPromptSizeBounds(t *testing.T) {
 	up := newUpstream(t, "m", okJSON(0))
 	_, url := testRouter(t, "least-load", []StaticWorker{{ID: "a", Address: up.URL, Model: "m"}}, func(c *Config) {
-		c.MaxPromptBytes, c.MaxPromptTokens = 1000, 200
+		c.MaxPromptBytes, c.MaxPromptTokens, c.Explain = 1000, 200, ExplainOpen
 	})
 	chat := func(text string) string {
 		return `{"model":"m","messages":[{"role":"user","content":"` + text + `"}]}`
@@ -226,9 +226,10 @@ func TestRefusedDirectoryTripsBreaker(t *testing.T) {
 }
 
 // TestExplainModes checks who sees the predicted cached tokens: with
-// --explain token only requests carrying the operator's token reach the
-// explain endpoint or get the predicted header, and the token never
-// reaches the engine; with off nobody does.
+// --explain token (given, or the default when a token is set) only requests
+// carrying the operator's token reach the explain endpoint or get the
+// predicted header, and the token never reaches the engine; with off (given,
+// or the default without a token) nobody does; with open everyone does.
 func TestExplainModes(t *testing.T) {
 	var leaked atomic.Bool
 	up := newUpstream(t, "m", func(w http.ResponseWriter, r *http.Request) {
@@ -238,31 +239,42 @@ func TestExplainModes(t *testing.T) {
 		okJSON(0)(w, r)
 	})
 	workers := []StaticWorker{{ID: "a", Address: up.URL, Model: "m"}}
-	_, url := testRouter(t, "least-load", workers, func(c *Config) { c.Explain, c.ExplainToken = ExplainToken, "s3cret" })
-	for _, c := range []struct {
-		name, token string
-		code        int
-	}{{"no token", "", 403}, {"wrong token", "guess", 403}, {"token", "s3cret", 200}} {
-		resp, body := post(t, url+PathExplain, chatBody, HeaderExplainToken, c.token)
-		if resp.StatusCode != c.code || (c.code == 403 && !strings.Contains(body, HeaderExplainToken)) {
-			t.Fatalf("explain with %s: %d %s, want %d", c.name, resp.StatusCode, body, c.code)
-		}
-		resp, body = post(t, url+PathChat, chatBody, HeaderExplainToken, c.token)
-		_, has := resp.Header[http.CanonicalHeaderKey(HeaderPredicted)]
-		if resp.StatusCode != 200 || resp.Header.Get(HeaderWorker) != "a" || has != (c.code == 200) {
-			t.Fatalf("chat with %s: %d %s, predicted header present %v", c.name, resp.StatusCode, body, has)
+	for _, mode := range []string{ExplainToken, ""} {
+		_, url := testRouter(t, "least-load", workers, func(c *Config) { c.Explain, c.ExplainToken = mode, "s3cret" })
+		for _, c := range []struct {
+			name, token string
+			code        int
+		}{{"no token", "", 403}, {"wrong token", "guess", 403}, {"token", "s3cret", 200}} {
+			resp, body := post(t, url+PathExplain, chatBody, HeaderExplainToken, c.token)
+			if resp.StatusCode != c.code || (c.code == 403 && !strings.Contains(body, HeaderExplainToken)) {
+				t.Fatalf("explain %q with %s: %d %s, want %d", mode, c.name, resp.StatusCode, body, c.code)
+			}
+			resp, body = post(t, url+PathChat, chatBody, HeaderExplainToken, c.token)
+			_, has := resp.Header[http.CanonicalHeaderKey(HeaderPredicted)]
+			if resp.StatusCode != 200 || resp.Header.Get(HeaderWorker) != "a" || has != (c.code == 200) {
+				t.Fatalf("explain %q: chat with %s: %d %s, predicted header present %v", mode, c.name, resp.StatusCode, body, has)
+			}
 		}
 	}
 	if leaked.Load() {
 		t.Fatalf("the engine received %s", HeaderExplainToken)
 	}
 
-	_, offURL := testRouter(t, "least-load", workers, func(c *Config) { c.Explain = ExplainOff })
-	if resp, body := post(t, offURL+PathExplain, chatBody); resp.StatusCode != 403 || !strings.Contains(body, "off") {
-		t.Fatalf("explain off: %d %s", resp.StatusCode, body)
+	_, openURL := testRouter(t, "least-load", workers, func(c *Config) { c.Explain = ExplainOpen })
+	if resp, body := post(t, openURL+PathExplain, chatBody); resp.StatusCode != 200 {
+		t.Fatalf("explain open: %d %s", resp.StatusCode, body)
 	}
-	if resp, _ := post(t, offURL+PathChat, chatBody); resp.Header.Get(HeaderPredicted) != "" {
-		t.Fatalf("explain off: predicted header %q", resp.Header.Get(HeaderPredicted))
+	if resp, _ := post(t, openURL+PathChat, chatBody); resp.Header.Get(HeaderPredicted) == "" {
+		t.Fatal("explain open: no predicted header")
+	}
+	for _, mode := range []string{ExplainOff, ""} {
+		_, offURL := testRouter(t, "least-load", workers, func(c *Config) { c.Explain = mode })
+		if resp, body := post(t, offURL+PathExplain, chatBody, HeaderExplainToken, "s3cret"); resp.StatusCode != 403 || !strings.Contains(body, "off") {
+			t.Fatalf("explain %q: %d %s", mode, resp.StatusCode, body)
+		}
+		if resp, _ := post(t, offURL+PathChat, chatBody); resp.Header.Get(HeaderPredicted) != "" {
+			t.Fatalf("explain %q: predicted header %q", mode, resp.Header.Get(HeaderPredicted))
+		}
 	}
 	if _, err := New(Config{Policy: mustPolicy(t, "kvdir"), Renderer: mustRenderer(t), Static: workers, Explain: ExplainToken}); err == nil ||
 		!strings.Contains(err.Error(), "needs the token") {

@@ -32,7 +32,6 @@ func DefaultConfig() Config {
 		ShareIntents:     true,
 		AdmissionQueue:   DefaultAdmissionQueue,
 		AdmissionMaxWait: DefaultAdmissionMaxWait,
-		Explain:          ExplainOpen,
 	}
 }
 

@@ -31,7 +31,9 @@ const (
 // look-ups (errors such as refused connections or no leader; timeouts do not
 // count, as a slow directory still answers most requests) the router stops
 // asking for breakerPause, so that an outage costs requests nothing; then
-// one request tries again.
+// one request tries again. Look-ups are dirclient.FailFast calls, so with
+// every node refusing connections each of the breakerFailures fails at once
+// rather than at the match deadline.
 const (
 	breakerFailures = 3
 	breakerPause    = time.Second
@@ -156,8 +158,17 @@ func (s *Server) candidates(model string, exclude []string, now time.Time) ([]ca
 		}
 		models := s.models()
 		if len(models) == 0 {
-			if !s.synced.Load() && s.cfg.Directory != nil {
-				return nil, unavailable("no worker is known yet: the worker list has not been loaded from the directory%s", s.directoryCause())
+			if dir := s.cfg.Directory; dir != nil {
+				// Say whether the directory is down, not the agents.
+				_, down := dir.LastFailure()
+				switch synced := s.synced.Load(); {
+				case down && !synced:
+					return nil, unavailable("directory unreachable: no worker is known, as the worker list has not been loaded from the directory%s", s.directoryCause())
+				case down:
+					return nil, unavailable("directory unreachable: no worker is known (the directory's last worker list had none for model %q or any other)%s", model, s.directoryCause())
+				case !synced:
+					return nil, unavailable("no worker is known yet: the worker list has not been loaded from the directory%s", s.directoryCause())
+				}
 			}
 			return nil, unavailable("no worker is registered yet, for model %q or any other (are the agents running and registered?)", model)
 		}
@@ -330,16 +341,19 @@ func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(
 	case s.dirFailures.Add(1) >= breakerFailures:
 		s.dirFailures.Store(0)
 		s.dirPausedUntil.Store(time.Now().Add(s.breakerPause).UnixNano())
-		s.log.Warn("router: directory look-ups failing; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause, "err", err)
+		if refused(err) {
+			s.log.Warn("router: directory unreachable; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause, "last_error", strings.TrimSpace(s.directoryCause()), "err", err)
+		} else {
+			s.log.Warn("router: directory look-ups failing; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause, "err", err)
+		}
 	}
 	return reason
 }
 
 // refused reports whether err is a look-up that no directory node took:
 // every node tried refused the connection or answered Unavailable (down,
-// no leader) rather than being slow. The client retries such nodes until
-// the deadline, so the call ends with the deadline passed, yet the
-// directory is down, not slow.
+// no leader) rather than being slow: a FailFast look-up that gave up after
+// one round, or one whose deadline passed while the nodes kept refusing.
 func refused(err error) bool {
 	var ue *dirclient.UnreachableError
 	if !errors.As(err, &ue) || len(ue.Attempts) == 0 {
@@ -382,7 +396,9 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 	mctx := ctx
 	if source == MatchDirectory {
 		var cancel context.CancelFunc
-		mctx, cancel = context.WithTimeout(ctx, s.cfg.MatchTimeout)
+		// Fail fast: with every node refusing, the look-up fails at once
+		// (an error the breaker counts) instead of at the deadline.
+		mctx, cancel = context.WithTimeout(dirclient.FailFast(ctx), s.cfg.MatchTimeout)
 		defer cancel()
 	}
 	d.matchSource = source

@@ -120,6 +120,7 @@ func newDecisionFixture(b *testing.B, local bool) *decisionFixture {
 	s, url := testRouter(b, "kvdir", nil, func(cfg *Config) {
 		cfg.Directory = dc
 		cfg.SpecTTL = time.Hour
+		cfg.Explain = ExplainOpen // BenchmarkExplainWarm32k asks explain
 		if fl != nil {
 			cfg.Local = fl
 		}

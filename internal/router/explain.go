@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/openai"
 	"github.com/kvdir/kvdir/internal/placement"
 )
 
@@ -141,7 +142,7 @@ type WorkerScore struct {
 // presence of "messages") without placing it.
 func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	if !s.explainAllowed(r) {
-		msg := "the explain endpoint is off on this router (--explain off)"
+		msg := "the explain endpoint is off on this router (--explain off, the default without an --explain-token: it would tell any client what other clients recently sent)"
 		if s.cfg.Explain == ExplainToken {
 			msg = "the explain endpoint needs the operator's token in the " + HeaderExplainToken + " header (--explain token)"
 		}
@@ -156,7 +157,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	var probe struct {
 		Messages json.RawMessage `json:"messages"`
 	}
-	if err := json.Unmarshal(body, &probe); err != nil {
+	if err := openai.Unmarshal(body, &probe); err != nil {
 		writeError(w, badRequest("malformed JSON body: %v", jsonErr(err)))
 		return
 	}
@@ -210,12 +211,24 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
 // Explain modes (Config.Explain): who may see what the router predicts a
-// worker has cached for a prompt.
+// worker has cached for a prompt. The prediction is an oracle across users
+// (it tells whether anyone recently sent a prefix), so the default is
+// private (DefaultExplain).
 const (
 	ExplainOpen  = "open"  // every client: explain and HeaderPredicted
 	ExplainToken = "token" // requests carrying Config.ExplainToken in HeaderExplainToken
 	ExplainOff   = "off"   // nobody
 )
+
+// DefaultExplain is the explain mode of a router not told one: ExplainToken
+// when it has an operator token, else ExplainOff (not ExplainToken with no
+// token, which would refuse everyone while saying a token helps).
+func DefaultExplain(token string) string {
+	if token != "" {
+		return ExplainToken
+	}
+	return ExplainOff
+}
 
 // HeaderExplainToken carries the operator's explain token; the router never
 // forwards it to an engine.
@@ -226,7 +239,7 @@ const HeaderExplainToken = "X-Kvdir-Explain-Token"
 // client recently sent a prompt with the same prefix.
 func (s *Server) explainAllowed(r *http.Request) bool {
 	switch s.cfg.Explain {
-	case ExplainOpen, "":
+	case ExplainOpen:
 		return true
 	case ExplainToken:
 		got := r.Header.Get(HeaderExplainToken)

@@ -82,7 +82,9 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 
 // parseRequest decodes body as a chat request (chat true) or a text
 // completion request and checks the fields placement needs. Unknown fields
-// are left for the engine, as vLLM ignores them.
+// are left for the engine, as vLLM ignores them; keys match exactly, the
+// last of duplicates winning, as the engine's Python reads them
+// (openai.Unmarshal).
 func parseRequest(body []byte, chat bool) (*request, *apiError) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, badRequest("the request body is empty; expected a JSON object")
@@ -90,7 +92,7 @@ func parseRequest(body []byte, chat bool) (*request, *apiError) {
 	req := &request{body: body, chat: chat}
 	if chat {
 		var c openai.ChatCompletionRequest
-		if err := json.Unmarshal(body, &c); err != nil {
+		if err := openai.Unmarshal(body, &c); err != nil {
 			return nil, badRequest("malformed JSON body: %v", jsonErr(err))
 		}
 		if len(c.Messages) == 0 {
@@ -101,7 +103,7 @@ func parseRequest(body []byte, chat bool) (*request, *apiError) {
 		req.addGen = c.AddGenerationPrompt == nil || *c.AddGenerationPrompt
 	} else {
 		var c openai.CompletionRequest
-		if err := json.Unmarshal(body, &c); err != nil {
+		if err := openai.Unmarshal(body, &c); err != nil {
 			return nil, badRequest("malformed JSON body: %v", jsonErr(err))
 		}
 		if !c.Prompt.Set {

@@ -108,9 +108,10 @@ type Config struct {
 	MaxPromptTokens int
 	// Explain says who may see the router's prediction of a prompt's
 	// cached tokens, the explain endpoint and HeaderPredicted, which tell
-	// whether another client sent the same prefix: ExplainOpen (the
-	// default, or ""), ExplainToken (requests with ExplainToken in
-	// HeaderExplainToken) or ExplainOff.
+	// whether another client sent the same prefix (an oracle of other
+	// users' prompts): ExplainOpen (everyone), ExplainToken (requests with
+	// ExplainToken in HeaderExplainToken) or ExplainOff. The default ("")
+	// is private: ExplainToken when ExplainToken is set, else ExplainOff.
 	Explain      string
 	ExplainToken string
 	// BodyTimeout bounds the time to receive a request body, from the
@@ -195,6 +196,9 @@ func (c *Config) setDefaults() error {
 	def(&c.BodyTimeout, DefaultBodyTimeout)
 	def(&c.SessionInterval, DefaultSessionInterval)
 	def(&c.AdmissionMaxWait, DefaultAdmissionMaxWait)
+	if c.Explain == "" {
+		c.Explain = DefaultExplain(c.ExplainToken)
+	}
 	if c.SessionHeader == "" {
 		c.SessionHeader = DefaultSessionHeader
 	}

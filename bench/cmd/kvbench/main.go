@@ -81,6 +81,6 @@ Exit status: 0 on success, 1 when a run fails, 2 on a usage error.`,
 	}
 	gen.AddCommand(newGenSessions(), newGenSharedPrefix(), newGenRAG(), newGenRollouts(), newGenMix())
 	root.AddCommand(gen, newSim(log), newSweep(log), newEval(log), newReplay(log), newDemo(log), newDev(), newReport())
-	root.AddCommand(newIndex(log), newDirectory(log), newFollow(log), newAgent(log), newRouter(log), newLeaderKill(log), newDocs(log))
+	root.AddCommand(newIndex(log), newDirectory(log), newFollow(log), newAgent(log), newRouter(log), newRouterMemory(log), newLeaderKill(log), newDocs(log))
 	return root
 }

@@ -43,3 +43,31 @@ Writes the figures as JSON.`,
 	fl.StringVar(&o.Dir, "dir", "", "directory for binaries and data (default: a temporary one, removed after)")
 	return cmd
 }
+
+func newRouterMemory(log *slog.Logger) *cobra.Command {
+	o := routerbench.MemoryDefaults
+	cmd := measureCommand(&cobra.Command{
+		Use:   "router-memory",
+		Short: "Measure a router's memory while slow request bodies are held and real requests flow",
+		Long: `Starts enginesims (time scale 0) and a router process with its default bounds (8 MiB
+bodies, 30 s body timeout), opens --slow-conns connections that each announce an 8 MiB body,
+send --slow-prefix bytes of it and then one byte a second, and while they are held runs
+--clients closed-loop clients sending chat requests for --duration. Samples the router's VmRSS
+every 100 ms and reads its VmHWM (/proc/PID/status); the target is a peak under 300 MB.
+Writes the figures as JSON. Linux only.`,
+		Example: `  kvbench router-memory
+  kvbench router-memory --slow-conns 50 --clients 100 --duration 5s --out -`,
+	}, routerbench.MemoryTool, log, func(ctx context.Context) (*benchjson.Results, error) {
+		o.Log = log
+		return routerbench.RunMemory(ctx, o)
+	})
+	fl := cmd.Flags()
+	fl.IntVar(&o.SlowConns, "slow-conns", o.SlowConns, "connections holding a slow body")
+	fl.IntVar(&o.SlowPrefix, "slow-prefix", o.SlowPrefix, "bytes each slow connection sends before trickling")
+	fl.IntVar(&o.Clients, "clients", o.Clients, "concurrent closed-loop clients sending chat requests")
+	fl.IntVar(&o.PromptBytes, "prompt-bytes", o.PromptBytes, "bytes of text in each chat request")
+	fl.DurationVar(&o.Duration, "duration", o.Duration, "how long the clients run (under the router's 30 s body timeout, so that the slow bodies are held throughout)")
+	fl.IntVar(&o.Engines, "engines", o.Engines, "enginesims behind the router")
+	fl.StringVar(&o.Dir, "dir", "", "directory for binaries and data (default: a temporary one, removed after)")
+	return cmd
+}

@@ -75,7 +75,8 @@ type Config struct {
 	NoDirectory    bool
 	// Engines is the number of enginesim+agent pairs.
 	Engines int
-	// Routers is the number of routers (each with RouterArgs).
+	// Routers is the number of routers (each with RouterArgs, after
+	// --explain open).
 	Routers int
 	// Model served by every engine (default llama3-8b).
 	Model string
@@ -182,7 +183,11 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 		r := &Router{}
 		r.Proc, _, err = startServing(ctx, fmt.Sprintf("router-%d", i), f.bins["router"], 1, func(p []int) ([]string, string) {
 			r.URL = fmt.Sprintf("http://127.0.0.1:%d", p[0])
-			args := []string{"--addr", strings.TrimPrefix(r.URL, "http://"), "--log-level", "warn"}
+			// A test or dev fleet has one user: its tests and readers ask
+			// explain and read the predicted header, which a router keeps
+			// private by default (RouterArgs may say otherwise: the later
+			// --explain wins).
+			args := []string{"--addr", strings.TrimPrefix(r.URL, "http://"), "--log-level", "warn", "--explain", "open"}
 			if cfg.NoDirectory {
 				var ws []string
 				for _, e := range f.Engines {
