@@ -44,7 +44,9 @@ func as(bearer, workerToken string) context.Context {
 	return ctx
 }
 
-func spec(id string) *kvdirv1.WorkerSpec { return &kvdirv1.WorkerSpec{Id: id, BlockSize: 16, Model: "m"} }
+func spec(id string) *kvdirv1.WorkerSpec {
+	return &kvdirv1.WorkerSpec{Id: id, BlockSize: 16, Model: "m"}
+}
 
 // publishOne sends one batch on a new stream and returns the answer or the
 // stream's error.
