@@ -296,7 +296,12 @@ func sumCounter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 
 func TestWorkerBlockQuota(t *testing.T) {
 	const quota = 100
-	c := dirtest.New(t, 3, func(_ int, cfg *node.Config) { cfg.WorkerBlockQuota = quota })
+	regs := make([]*prometheus.Registry, 3)
+	c := dirtest.New(t, 3, func(i int, cfg *node.Config) {
+		cfg.WorkerBlockQuota = quota
+		regs[i] = prometheus.NewRegistry()
+		cfg.Registerer = regs[i]
+	})
 	agent := kvdirv1.NewAgentServiceClient(c.Conn(c.Follower()))
 	r, err := agent.Register(context.Background(), &kvdirv1.RegisterRequest{Worker: spec("w")})
 	if err != nil {
@@ -335,6 +340,9 @@ func TestWorkerBlockQuota(t *testing.T) {
 		}
 		if st := c.Node(i).FSM().Counters(); st.Blocks > quota {
 			t.Fatalf("node %d: the index holds %d blocks", i, st.Blocks)
+		}
+		if n := sumCounter(t, regs[i], "kvdir_fsm_quota_dropped_blocks_total"); n != 180-quota {
+			t.Fatalf("node %d: drops counted %v, want %d", i, n, 180-quota)
 		}
 	}
 	// A batch over the batch limits is refused before it is proposed.
