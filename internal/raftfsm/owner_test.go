@@ -116,8 +116,13 @@ func TestBlockQuota(t *testing.T) {
 	if d := depth(t, h.f, "w", chain(1, 12)...); d != 10 {
 		t.Fatalf("matched depth %d, want the 10 stored", d)
 	}
-	// Everything past the quota is dropped, and counted.
+	// Everything past the quota is dropped, and counted; watchers heard
+	// of the first drop only.
+	changes := len(h.changes)
 	h.publish1(batch("w", e, 3, 3, stored(0, gpu, chain(100, 4)...)), stApplied)
+	if len(h.changes) != changes {
+		t.Fatalf("a later drop told the watchers again: %v", h.changes[changes:])
+	}
 	if w := mustWorker(t, h.f, "w"); w.Blocks != 10 || w.DroppedBlocks != 6 {
 		t.Fatalf("at the quota: blocks %d dropped %d", w.Blocks, w.DroppedBlocks)
 	}

@@ -95,6 +95,9 @@ func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) (*kvdirv1.PublishResp
 		if w.DroppedBlocks == 0 {
 			f.opts.Logger.Warn("worker is over its block quota: blocks past it are not stored",
 				"worker", b.WorkerId, "epoch", w.Epoch, "quota", w.BlockQuota)
+			// Watchers learn that it went over; not of every later drop,
+			// so that a flooding worker does not flood them too.
+			layoutChanged = true
 		}
 		w.DroppedBlocks += dropped
 		f.opts.Metrics.quotaDropped(b.WorkerId, dropped)
@@ -102,8 +105,6 @@ func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) (*kvdirv1.PublishResp
 			resp.Message += "; "
 		}
 		resp.Message += fmt.Sprintf("%d blocks past the worker's quota of %d were not stored", dropped, w.BlockQuota)
-		// The drop shows in the worker's record: watchers learn of it.
-		layoutChanged = true
 	}
 	return resp, layoutChanged
 }
