@@ -8,7 +8,7 @@ import (
 )
 
 func TestParseCredentials(t *testing.T) {
-	creds, err := node.ParseCredentials(strings.NewReader(`
+	_, err := node.ParseCredentials(strings.NewReader(`
 # team A's agents
 alice  alice-secret-0123456789  pod-a-*,a-*
 	bob	bob-secret-0123456789	*   # trailing comment? no: a fourth field
@@ -16,7 +16,7 @@ alice  alice-secret-0123456789  pod-a-*,a-*
 	if err == nil || !strings.Contains(err.Error(), "line 4") {
 		t.Fatalf("a fourth field: %v, want an error naming line 4", err)
 	}
-	creds, err = node.ParseCredentials(strings.NewReader("# c\n\nalice alice-secret-0123456789 pod-a-*,a-*\n\tbob\tbob-secret-0123456789\t*\n"))
+	creds, err := node.ParseCredentials(strings.NewReader("# c\n\nalice alice-secret-0123456789 pod-a-*,a-*\n\tbob\tbob-secret-0123456789\t*\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
