@@ -158,6 +158,10 @@ bench-index: ## Index and hashing figures at full scale -> bench/results/index.j
 	@mkdir -p $(dir $(BENCH_OUT))
 	$(GO) run ./bench/cmd/kvbench index --out $(BENCH_OUT)
 
+.PHONY: bench-directory-quota
+bench-directory-quota: ## 3 directory processes, one worker flooded past its block quota -> bench/results/directory-quota.json
+	$(GO) run ./bench/cmd/kvbench directory --block-quota
+
 .PHONY: bench-directory
 bench-directory: ## 3 directory processes, 64 publishing workers -> bench/results/directory.json
 	@mkdir -p bench/results

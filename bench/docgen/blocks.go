@@ -118,6 +118,13 @@ var tables = map[string]table{
 | CPU seconds of the three nodes per million events, plain TCP / mutual TLS (` + "`mtls_cpu_ratio`" + `) | | {{m "plain_cpu_seconds_per_m_events" 2}} / {{m "mtls_cpu_seconds_per_m_events" 2}} ({{m "mtls_cpu_ratio" 2}}) |
 | publish-to-acknowledgement p99, plain TCP / mutual TLS | | {{m "plain_burst_commit_p99_ms" 0}} / {{m "mtls_burst_commit_p99_ms" 0}} ms |
 `},
+	"directory-quota": {"directory-quota.json", `| figure | target | measured |
+|---|---|---|
+| RSS per block held, one worker at its quota of {{dn "quota_blocks" 1 0}} blocks (steady state; right after the fill) | | {{m "bytes_per_entry" 0}} B ({{dn "fill_only_bytes_per_entry" 1 0}} B; the index's own estimate {{dn "index_estimate_bytes_per_entry" 1 0}} B) |
+| RSS growth after {{dn "flood_multiple" 1 0}}x the quota more blocks, over quota x bytes/entry (worst node) | {{t "rss_growth_over_quota_bytes" 1}} | {{m "rss_growth_over_quota_bytes" 2}} |
+| blocks held / published, acknowledged as applied | | {{dn "blocks_held" 1 0}} / {{dn "blocks_published" 1 0}} |
+| time to publish the blocks past the quota | | {{m "flood_seconds" 1}} s |
+`},
 	"directory-fields": {"directory.json", `| JSON field | target | measured |
 |---|---|---|
 | ` + "`events_per_sec`" + ` ({{dn "events" 1e6 0}} M block events committed, publish as fast as acknowledged) | {{t "events_per_sec" 0}} | {{m "events_per_sec" 0}} |

@@ -102,7 +102,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.StringVar(&c.WorkerAddress, "worker-address", c.WorkerAddress, "the engine's HTTP base `URL`, e.g. http://10.0.0.7:8000")
 	fs.StringVar(&c.Model, "model", c.Model, "served model `NAME` (part of the content-hash namespace)")
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "block size the engine is expected to use (0: not told); routers hash with the sizes learned from the engine's events, and a different one is warned about and counted")
-	fs.StringVar(&o.token, "token", "", "agent bearer `TOKEN` for the directory (prefer "+p.EnvVar("token")+": flags show in ps)")
+	fs.StringVar(&o.token, "token", "", "agent bearer `TOKEN` for the directory: its agent credential's token (--agent-credentials or --agent-token there), which must allow --worker-id (prefer "+p.EnvVar("token")+": flags show in ps)")
 	p.Group("Engine")
 	fs.StringVar(&o.engineKind, "engine-kind", o.engineKind, "engine `KIND`: vllm, sglang, trtllm, enginesim")
 	fs.StringVar(&c.Endpoint, "kv-events-endpoint", c.Endpoint, "engine KV-events `ENDPOINT`")

@@ -32,6 +32,11 @@ type settings struct {
 	// resolve merges each pair into tokens[role].
 	tokenRefs []tokenRef
 	tokens    map[string]string
+	// credentialsFile is --agent-credentials; the bounds below are the
+	// flags' values, where 0 means no bound.
+	credentialsFile                      string
+	maxWorkersPerCred, maxStreamsPerCred int
+	workerBlockQuota                     int64
 }
 
 type tokenRef struct {
@@ -45,7 +50,9 @@ var roles = []string{"agent", "router", "admin"}
 // program.
 func newSettings(env []string, stdout, stderr io.Writer) *settings {
 	s := &settings{cfg: node.DefaultConfig(), shutdownTimeout: node.DefaultShutdownTimeout,
-		tokens: map[string]string{}}
+		tokens:            map[string]string{},
+		maxWorkersPerCred: node.DefaultMaxWorkersPerCredential, maxStreamsPerCred: node.DefaultMaxStreamsPerCredential,
+		workerBlockQuota: node.DefaultWorkerBlockQuota}
 	lookup := map[string]string{}
 	for _, kv := range env {
 		if k, v, ok := strings.Cut(kv, "="); ok {
@@ -97,6 +104,15 @@ func newSettings(env []string, stdout, stderr io.Writer) *settings {
 	fs.Var(cli.PositiveInt(&c.FSM.Index.MaxWorkers), "max-workers", "most distinct workers the index holds")
 	fs.Var(cli.PositiveInt(&c.FSM.Index.MaxChain), "max-chain", "longest chain accepted, in blocks")
 	fs.Var(cli.PositiveInt(&c.FSM.Index.MaxOrphanBlocks), "max-orphan-blocks", "most blocks kept in out-of-order pieces waiting for their parent")
+	fs.Int64Var(&s.workerBlockQuota, "worker-block-quota", s.workerBlockQuota,
+		"most blocks one worker may hold in the index (0: no bound); blocks past it are not stored, counted on the worker and acknowledged. The leader stamps it into each registration")
+	fs.IntVar(&s.maxWorkersPerCred, "max-workers-per-credential", s.maxWorkersPerCred,
+		"most live workers one agent credential may own; Register past it is refused (0: no bound)")
+	fs.IntVar(&s.maxStreamsPerCred, "max-streams-per-credential", s.maxStreamsPerCred,
+		"most WatchWorkers, Follow and Share streams one credential or role may hold on this node (0: no bound)")
+	cli.SetPlaceholder(fs, "worker-block-quota", "N")
+	cli.SetPlaceholder(fs, "max-workers-per-credential", "N")
+	cli.SetPlaceholder(fs, "max-streams-per-credential", "N")
 	fs.Var(cli.PositiveInt(&c.FollowFeedEntries), "follow-feed-entries",
 		"most recently applied log entries kept in memory for Follow streams (routers' --follow-log); a follower further behind is sent a fresh snapshot")
 
@@ -123,6 +139,8 @@ func newSettings(env []string, stdout, stderr io.Writer) *settings {
 		fs.StringVar(file, r+"-token-file", "", "`FILE` holding the "+r+" role's bearer token (surrounding whitespace is ignored)")
 		s.tokenRefs = append(s.tokenRefs, tokenRef{role: r, tok: tok, file: file})
 	}
+	fs.StringVar(&s.credentialsFile, "agent-credentials", "",
+		"`FILE` of agent credentials, one a line: NAME TOKEN PATTERN[,PATTERN...] ('#' comments); each token grants the agent role for the worker ids its path.Match patterns match, and owns the workers it registers (--agent-token is one more, named agent, for every id)")
 	return s
 }
 
@@ -172,6 +190,8 @@ var flagOf = map[string]string{
 	"FSM.MaxBatchBlocks": "max-batch-blocks", "FSM.Index.MaxWorkers": "max-workers", "FSM.Index.MaxChain": "max-chain",
 	"FSM.Index.MaxOrphanBlocks": "max-orphan-blocks", "FollowFeedEntries": "follow-feed-entries", "RaftTLS": "tls-cert",
 	"SkipUndecodableEntries": "skip-undecodable-entry", "Tokens": "agent-token(-file), --router-token(-file) and --admin-token(-file)",
+	"AgentCredentials": "agent-credentials", "MaxWorkersPerCredential": "max-workers-per-credential",
+	"MaxStreamsPerCredential": "max-streams-per-credential", "WorkerBlockQuota": "worker-block-quota",
 }
 
 // flagError rewrites a node.FieldError in the flags' names.
@@ -271,16 +291,78 @@ func (s *settings) resolve() (warnings []string, err error) {
 		}
 	}
 	c.Tokens = node.Tokens{Agent: s.tokens["agent"], Router: s.tokens["router"], Admin: s.tokens["admin"]}
-	if c.Tokens == (node.Tokens{}) && s.tlsCert != "" {
+	c.AgentCredentials = nil
+	if f := strings.TrimSpace(s.credentialsFile); f != "" {
+		creds, warn, err := readCredentials(f)
+		if err != nil {
+			return warnings, fmt.Errorf("--agent-credentials: %w", err)
+		}
+		if warn != "" {
+			warnings = append(warnings, "--agent-credentials: "+warn)
+		}
+		c.AgentCredentials = creds
+	}
+	for _, b := range []struct {
+		flag string
+		v    int64
+		to   func(int64)
+	}{
+		{"max-workers-per-credential", int64(s.maxWorkersPerCred), func(v int64) { c.MaxWorkersPerCredential = int(v) }},
+		{"max-streams-per-credential", int64(s.maxStreamsPerCred), func(v int64) { c.MaxStreamsPerCredential = int(v) }},
+		{"worker-block-quota", s.workerBlockQuota, func(v int64) { c.WorkerBlockQuota = v }},
+	} {
+		switch {
+		case b.v < 0:
+			return warnings, fmt.Errorf("--%s: %d is negative (0 means no bound)", b.flag, b.v)
+		case b.v == 0:
+			b.to(node.Unlimited)
+		default:
+			b.to(b.v)
+		}
+	}
+	authOn := c.Tokens != (node.Tokens{}) || len(c.AgentCredentials) > 0
+	if !authOn && s.tlsCert != "" {
 		warnings = append(warnings, "TLS is on but no role tokens are set: any client may call any method")
 	}
-	if c.Tokens != (node.Tokens{}) && s.tlsCert == "" {
+	if authOn && s.tlsCert == "" {
 		warnings = append(warnings, fmt.Sprintf("role tokens are set but TLS is off: Raft runs on plain TCP, and anyone who reaches %s can rewrite the directory without a token; give --tls-cert, --tls-key and --tls-ca to run Raft over mutual TLS", c.RaftAddr))
 	}
 	if err := c.Validate(); err != nil {
 		return warnings, s.flagError(err)
 	}
 	return warnings, nil
+}
+
+// readCredentials reads an agent credentials file (node.ParseCredentials).
+// It warns when others may read the file.
+func readCredentials(path string) ([]node.Credential, string, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, "", fmt.Errorf("credentials file: %w", err)
+	}
+	if !info.Mode().IsRegular() {
+		return nil, "", fmt.Errorf("credentials file %s is not a regular file", path)
+	}
+	if info.Size() > 4<<20 {
+		return nil, "", fmt.Errorf("credentials file %s is larger than 4 MiB: is it the right file?", path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, "", fmt.Errorf("credentials file: %w", err)
+	}
+	defer f.Close()
+	creds, err := node.ParseCredentials(f)
+	if err != nil {
+		return nil, "", fmt.Errorf("credentials file %s: %w", path, err)
+	}
+	if len(creds) == 0 {
+		return nil, "", fmt.Errorf("credentials file %s holds no credential", path)
+	}
+	var warning string
+	if info.Mode().Perm()&0o077 != 0 {
+		warning = fmt.Sprintf("credentials file %s may be read by other users (mode %v); chmod 600 it", path, info.Mode().Perm())
+	}
+	return creds, warning, nil
 }
 
 // readToken reads a token file. It warns when others may read the file.

@@ -27,7 +27,12 @@ const helpExamples = `  # A three-node cluster on one machine (one terminal each
 
   # With role tokens (all three or none) kept in files, and a config file:
   KVDIR_DIRECTORY_AGENT_TOKEN_FILE=/etc/kvdir/agent KVDIR_DIRECTORY_ROUTER_TOKEN_FILE=/etc/kvdir/router \
-  KVDIR_DIRECTORY_ADMIN_TOKEN_FILE=/etc/kvdir/admin directory --config /etc/kvdir/n1.yaml`
+  KVDIR_DIRECTORY_ADMIN_TOKEN_FILE=/etc/kvdir/admin directory --config /etc/kvdir/n1.yaml
+
+  # Each team's agents with their own token, bound to its worker ids (a file of
+  # "NAME TOKEN PATTERN[,PATTERN...]" lines) instead of one shared agent token:
+  KVDIR_DIRECTORY_ROUTER_TOKEN_FILE=/etc/kvdir/router KVDIR_DIRECTORY_ADMIN_TOKEN_FILE=/etc/kvdir/admin \
+  directory --config /etc/kvdir/n1.yaml --agent-credentials /etc/kvdir/agents`
 
 const helpNotes = `A new cluster forms from empty data directories, either one node with
 --bootstrap (others --join it later) or several with the same

@@ -26,6 +26,7 @@ func (a *app) workerView(w *kvdirv1.Worker) ctlview.Worker {
 		KVUsage: clitable.Float(l.GetKvUsage()), KVBlocks: l.GetKvBlocks(), Running: l.GetRunning(), Waiting: l.GetWaiting(),
 		PrefixQueries: l.GetPrefixQueries(), PrefixHits: l.GetPrefixHits(), Labels: s.GetLabels(),
 		ViewPartial: l.GetViewPartial(),
+		Owner:       w.Owner, BlockQuota: w.BlockQuota, DroppedBlocks: w.DroppedBlocks,
 	}
 	if r := s.DataParallelRank; r != nil {
 		rank := *r
@@ -60,12 +61,17 @@ func enumName(s, prefix string) string {
 }
 
 // stateText is v's state for the table, "(partial)" appended while its
-// agent reports a view that may miss blocks the engine holds.
+// agent reports a view that may miss blocks the engine holds, and
+// "(over-quota)" once its events stored more blocks than its quota.
 func stateText(v ctlview.Worker) string {
+	s := v.State
 	if v.ViewPartial {
-		return v.State + "(partial)"
+		s += "(partial)"
 	}
-	return v.State
+	if v.DroppedBlocks > 0 {
+		s += "(over-quota)"
+	}
+	return s
 }
 
 func heartbeat(v ctlview.Worker) string {
@@ -95,7 +101,10 @@ running and waiting requests, the engine's prefix-cache hit rate (in tokens,
 since the engine started) and how long ago the load was recorded.
 A state such as ACTIVE(partial) means the worker's agent could not rebuild
 its view from the engine's replay at its latest registration: the index may
-miss blocks the engine holds until the engine stores them again.
+miss blocks the engine holds until the engine stores them again;
+ACTIVE(over-quota) that its events stored more blocks than the directory's
+--worker-block-quota, and the rest were not kept. -o json shows the owning
+agent credential (owner), the quota and the blocks dropped.
 BLOCK-SIZE is the block size(s) learned from the worker's KV events, which
 routers hash prompts with; "16?" is a registered size no event confirmed yet.
 
@@ -208,6 +217,12 @@ func (a *app) workerGet(ctx context.Context, id string, top uint32, withSessions
 		kv.Add("state:", fmt.Sprintf("%s, epoch %d, last applied event batch seq %d", v.State, v.Epoch, v.AppliedSeq))
 		kv.Add("blocks:", fmt.Sprintf("%d held (gpu %d, cpu %d, disk %d, remote %d) = %d tokens",
 			v.Blocks, v.GPUBlocks, v.CPUBlocks, v.DiskBlocks, v.RemoteBlocks, v.Blocks*uint64(viewBlockSize(v))))
+		if v.DroppedBlocks > 0 {
+			kv.Add("over quota:", fmt.Sprintf("%d stored blocks past its quota of %d were not kept", v.DroppedBlocks, v.BlockQuota))
+		}
+		if v.Owner != "" {
+			kv.Add("owner:", "agent credential "+v.Owner)
+		}
 		capacity := ""
 		if v.KVBlocks > 0 {
 			capacity = fmt.Sprintf(" of %d blocks", v.KVBlocks)

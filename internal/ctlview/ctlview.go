@@ -173,6 +173,14 @@ type Worker struct {
 	// at its latest registration, so the index may miss blocks it holds.
 	ViewPartial bool              `json:"view_partial,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// Owner is the agent credential that registered it (absent when the
+	// directory enforces no roles).
+	Owner string `json:"owner,omitempty"`
+	// BlockQuota is the most blocks it may hold (0: no bound);
+	// DroppedBlocks the blocks its events stored past it in this epoch,
+	// which the directory did not keep.
+	BlockQuota    uint64 `json:"block_quota,omitempty"`
+	DroppedBlocks uint64 `json:"dropped_blocks,omitempty"`
 }
 
 // KVGroup is one KV-cache group of a worker, as its events describe it.

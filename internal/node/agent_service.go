@@ -24,12 +24,28 @@ func (s *agentService) Register(ctx context.Context, req *kvdirv1.RegisterReques
 	if req.Worker == nil || req.Worker.Id == "" {
 		return nil, status.Error(codes.InvalidArgument, "register: worker.id is required")
 	}
-	return proposeOrForward(ctx, n, kvdirv1.CommandType_COMMAND_TYPE_REGISTER, &kvdirv1.RegisterCommand{Worker: req.Worker},
+	if err := checkSpecText(req.Worker); err != nil {
+		n.metrics.refusedIDs.Inc()
+		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
+	}
+	if !n.IsLeader() { // the leader stamps the registration
+		c, err := n.fwd.leader(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return c.agent.Register(c.outgoing(ctx), req)
+	}
+	cmd := &kvdirv1.RegisterCommand{Worker: req.Worker}
+	token, err := n.stampRegister(ctx, cmd)
+	if err != nil {
+		return nil, err
+	}
+	return proposeOrForward(ctx, n, kvdirv1.CommandType_COMMAND_TYPE_REGISTER, cmd,
 		func(res any, index uint64) (*kvdirv1.RegisterResponse, error) {
 			epoch := res.(*raftfsm.RegisterResult).Epoch
 			n.leases.renew(req.Worker.Id, epoch, nil, time.Now())
 			return &kvdirv1.RegisterResponse{
-				Epoch: epoch, NextSeq: 1, RaftIndex: index, WorkerToken: n.auth.workerToken(req.Worker.Id),
+				Epoch: epoch, NextSeq: 1, RaftIndex: index, WorkerToken: token,
 			}, nil
 		},
 		func(ctx context.Context, c *leaderClient) (*kvdirv1.RegisterResponse, error) {
@@ -39,9 +55,6 @@ func (s *agentService) Register(ctx context.Context, req *kvdirv1.RegisterReques
 
 func (s *agentService) Heartbeat(ctx context.Context, req *kvdirv1.HeartbeatRequest) (*kvdirv1.HeartbeatResponse, error) {
 	n := s.n
-	if err := n.auth.checkWorker(ctx, req.WorkerId); err != nil {
-		return nil, err
-	}
 	if !n.IsLeader() {
 		c, err := n.fwd.leader(ctx)
 		if err != nil {
@@ -50,6 +63,11 @@ func (s *agentService) Heartbeat(ctx context.Context, req *kvdirv1.HeartbeatRequ
 		return c.agent.Heartbeat(c.outgoing(ctx), req)
 	}
 	resp := &kvdirv1.HeartbeatResponse{Lease: durationpb.New(n.cfg.Lease)}
+	if err := n.checkWorker(ctx, req.WorkerId); errors.Is(err, errWorkerGone) {
+		return resp, nil // known = false: the agent must register again
+	} else if err != nil {
+		return nil, err
+	}
 	w, ok := n.fsm.Worker(req.WorkerId)
 	if ok {
 		resp.CurrentEpoch, resp.State = w.Epoch, w.State
@@ -58,6 +76,9 @@ func (s *agentService) Heartbeat(ctx context.Context, req *kvdirv1.HeartbeatRequ
 		w.State != kvdirv1.WorkerState_WORKER_STATE_DRAINING) {
 		return resp, nil // known = false: the agent must register again
 	}
+	if sanitizeLoad(req.Load) {
+		n.metrics.loadsClamped.Inc()
+	}
 	resp.Known = true
 	n.leases.renew(req.WorkerId, req.Epoch, req.Load, time.Now())
 	return resp, nil
@@ -65,7 +86,16 @@ func (s *agentService) Heartbeat(ctx context.Context, req *kvdirv1.HeartbeatRequ
 
 func (s *agentService) Deregister(ctx context.Context, req *kvdirv1.DeregisterRequest) (*kvdirv1.DeregisterResponse, error) {
 	n := s.n
-	if err := n.auth.checkWorker(ctx, req.WorkerId); err != nil {
+	if !n.IsLeader() { // the leader checks the worker token
+		c, err := n.fwd.leader(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return c.agent.Deregister(c.outgoing(ctx), req)
+	}
+	if err := n.checkWorker(ctx, req.WorkerId); errors.Is(err, errWorkerGone) {
+		return nil, status.Errorf(codes.NotFound, "deregister %q: %v", req.WorkerId, err)
+	} else if err != nil {
 		return nil, err
 	}
 	return proposeOrForward(ctx, n, kvdirv1.CommandType_COMMAND_TYPE_DEREGISTER,
@@ -114,12 +144,16 @@ func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error 
 				if b == nil {
 					return status.Error(codes.InvalidArgument, "publish: request without a batch")
 				}
-				if err := n.auth.checkWorker(ctx, b.WorkerId); err != nil {
-					return err
-				}
-				done := refuseBadRange(b)
+				done := n.refuseBatch(b)
 				if done == nil {
-					done = n.pub.submit(b)
+					switch err := n.checkWorker(ctx, b.WorkerId); {
+					case errors.Is(err, errWorkerGone):
+						done = answerNow(b, kvdirv1.PublishStatus_PUBLISH_STATUS_UNKNOWN_WORKER, "worker is not registered; register it again")
+					case err != nil:
+						return err
+					default:
+						done = n.pub.submit(b)
+					}
 				}
 				select {
 				case inflight <- done:
@@ -155,17 +189,23 @@ func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error 
 	}
 }
 
-// refuseBadRange answers a batch with an impossible sequence range at once,
-// without proposing it (the FSM refuses it too): nil if the range is fine.
-func refuseBadRange(b *kvdirv1.EventBatch) <-chan pubResult {
-	err := raftfsm.CheckSeqRange(b)
-	if err == nil {
-		return nil
+// refuseBatch answers at once, without proposing it, a batch the state
+// machine would refuse whatever its state (raftfsm.FSM.CheckBatch: its
+// sequence range, size or contents), so that such batches do not fill the
+// log: nil if the batch is fine.
+func (n *Node) refuseBatch(b *kvdirv1.EventBatch) <-chan pubResult {
+	if err := n.fsm.CheckBatch(b); err != nil {
+		return answerNow(b, kvdirv1.PublishStatus_PUBLISH_STATUS_REJECTED, err.Error())
 	}
+	return nil
+}
+
+// answerNow is a batch's answer that needs no proposal.
+func answerNow(b *kvdirv1.EventBatch, st kvdirv1.PublishStatus, msg string) <-chan pubResult {
 	done := make(chan pubResult, 1)
 	done <- pubResult{resp: &kvdirv1.PublishResponse{
 		WorkerId: b.WorkerId, Epoch: b.Epoch, FirstSeq: b.FirstSeq, LastSeq: b.LastSeq,
-		Status: kvdirv1.PublishStatus_PUBLISH_STATUS_REJECTED, Message: err.Error(),
+		Status: st, Message: msg,
 	}}
 	return done
 }

@@ -2,33 +2,40 @@ package node
 
 import (
 	"context"
-	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
-// Tokens are the bearer tokens of the three roles. When all are empty,
-// authorisation is off (every call is allowed): fine on a laptop, not in a
-// cluster.
+// Tokens are the bearer tokens of the router and admin roles, and the
+// agent token (an agent credential named "agent" for every worker id; see
+// Credential for per-agent ones). When none is set and no agent credential
+// is configured, authorisation is off (every call is allowed): fine on a
+// laptop, not in a cluster.
 //
-//   - agent: register workers, and publish, heartbeat and deregister for a
-//     worker it registered (those calls must also carry the worker token
-//     that Register returned, in metadata "kvdir-worker-token");
+//   - agent: register workers whose ids its credential's patterns match,
+//     and publish, heartbeat and deregister for a worker it registered
+//     (those calls must also carry the worker token that Register returned,
+//     in metadata "kvdir-worker-token");
 //   - router: every directory read, recording sessions, and cluster status;
-//   - admin: everything, including membership and draining workers.
+//   - admin: everything, including membership and draining workers, and
+//     acting for any worker without its token.
 type Tokens struct {
 	Agent, Router, Admin string
 }
-
-func (t Tokens) enabled() bool { return t.Agent != "" || t.Router != "" || t.Admin != "" }
 
 type role int
 
@@ -65,52 +72,97 @@ var methodRoles = map[string]role{
 	"/kvdir.v1.AdminService/ExpireWorker":       0,
 }
 
-type authorizer struct {
-	tokens Tokens
-	key    []byte // HMAC key of worker tokens
+// limitedStreams are the long-lived streams each credential (or role) may
+// hold only so many of on one node (Config.MaxStreamsPerCredential).
+var limitedStreams = map[string]string{
+	"/kvdir.v1.DirectoryService/WatchWorkers": "WatchWorkers",
+	"/kvdir.v1.DirectoryService/Follow":       "Follow",
+	"/kvdir.v1.DirectoryService/Share":        "Share",
 }
 
-func newAuthorizer(t Tokens) (*authorizer, error) {
-	a := &authorizer{tokens: t}
-	if t.enabled() && (t.Agent == "" || t.Router == "" || t.Admin == "") {
-		return nil, errors.New("node: set all three role tokens (agent, router, admin) or none")
+type authorizer struct {
+	on            bool
+	router, admin string
+	creds         []Credential
+
+	maxStreams int // per credential or role; <= 0: unlimited
+	refusals   func(method, holder string)
+	mu         sync.Mutex
+	streams    map[string]int // holder -> open limited streams
+}
+
+func newAuthorizer(t Tokens, creds []Credential, maxStreams int, refusals func(method, holder string)) (*authorizer, error) {
+	all, err := agentCredentials(t, creds)
+	if err != nil {
+		return nil, err
 	}
-	if t.Agent != "" {
-		a.key = []byte("kvdir-worker-token:" + t.Agent)
+	a := &authorizer{router: t.Router, admin: t.Admin, creds: all, maxStreams: maxStreams,
+		refusals: refusals, streams: map[string]int{}}
+	a.on = t.Router != "" || t.Admin != "" || len(all) > 0
+	if a.on && (len(all) == 0 || t.Router == "" || t.Admin == "") {
+		return nil, errors.New("node: set the router and admin tokens and an agent token or credential, or none")
 	}
 	return a, nil
 }
 
-// roles returns the roles the call's bearer token grants.
-func (a *authorizer) roles(ctx context.Context) role {
+// caller is who a call's bearer tokens say it comes from.
+type caller struct {
+	roles role
+	cred  *Credential // the agent credential matched, if any
+}
+
+// holder names the caller for per-credential limits.
+func (c caller) holder() string {
+	switch {
+	case c.roles&roleAdmin != 0:
+		return "admin"
+	case c.cred != nil:
+		return "agent:" + c.cred.Name
+	case c.roles&roleRouter != 0:
+		return "router"
+	}
+	return "anonymous"
+}
+
+// identify returns the roles the call's bearer tokens grant. Every token is
+// compared with every configured one in constant time.
+func (a *authorizer) identify(ctx context.Context) caller {
 	md, _ := metadata.FromIncomingContext(ctx)
-	var r role
+	var c caller
 	for _, v := range md.Get("authorization") {
 		tok, ok := strings.CutPrefix(v, "Bearer ")
 		if !ok {
 			continue
 		}
-		for _, c := range []struct {
-			want string
-			r    role
-		}{{a.tokens.Agent, roleAgent}, {a.tokens.Router, roleRouter}, {a.tokens.Admin, roleAdmin}} {
-			if subtle.ConstantTimeCompare([]byte(tok), []byte(c.want)) == 1 {
-				r |= c.r
+		if eq(tok, a.router) {
+			c.roles |= roleRouter
+		}
+		if eq(tok, a.admin) {
+			c.roles |= roleAdmin
+		}
+		for i := range a.creds {
+			if eq(tok, a.creds[i].Token) && c.cred == nil {
+				c.roles |= roleAgent
+				c.cred = &a.creds[i]
 			}
 		}
 	}
-	return r
+	return c
+}
+
+func eq(tok, want string) bool {
+	return want != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(want)) == 1
 }
 
 func (a *authorizer) check(ctx context.Context, method string) error {
-	if !a.tokens.enabled() {
+	if !a.on {
 		return nil
 	}
 	need, listed := methodRoles[method]
 	if !listed {
 		return nil
 	}
-	have := a.roles(ctx)
+	have := a.identify(ctx).roles
 	switch {
 	case have&roleAdmin != 0 || have&need != 0:
 		return nil
@@ -120,30 +172,152 @@ func (a *authorizer) check(ctx context.Context, method string) error {
 	return status.Errorf(codes.PermissionDenied, "this token's role may not call %s", method)
 }
 
-// workerToken is the token that binds an agent to the worker it registered.
-func (a *authorizer) workerToken(id string) string {
-	if a.key == nil {
-		return ""
+// registrant is who a Register call registers for: the owner to record
+// and whether it may take over another owner's live worker (an
+// administrator). It refuses a worker id outside the credential's
+// patterns.
+func (a *authorizer) registrant(ctx context.Context, id string) (owner string, override bool, err error) {
+	if !a.on {
+		return "", false, nil
 	}
-	m := hmac.New(sha256.New, a.key)
-	m.Write([]byte(id))
-	return hex.EncodeToString(m.Sum(nil))
+	c := a.identify(ctx)
+	switch {
+	case c.roles&roleAdmin != 0:
+		return "", true, nil
+	case c.cred == nil:
+		return "", false, status.Error(codes.PermissionDenied, "register: only an agent credential or the admin token may register workers")
+	case !c.cred.Allows(id):
+		return "", false, status.Errorf(codes.PermissionDenied,
+			"register: credential %q may not register worker %q (its patterns: %s)", c.cred.Name, id, strings.Join(c.cred.Patterns, ","))
+	}
+	return c.cred.Name, false, nil
 }
 
-// checkWorker verifies that an agent's call carries the worker's token.
-// Administrators may act for any worker.
-func (a *authorizer) checkWorker(ctx context.Context, id string) error {
-	if !a.tokens.enabled() || a.roles(ctx)&roleAdmin != 0 {
+// newWorkerToken draws a worker token: 32 random bytes, hex-encoded. The
+// state machine keeps only its hash (hashToken).
+func newWorkerToken() (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("draw a worker token: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+func hashToken(tok string) []byte {
+	h := sha256.Sum256([]byte(tok))
+	return h[:]
+}
+
+// errWorkerGone says that a worker call's worker has no live record: the
+// caller answers as the state machine would (unknown worker) without
+// proposing anything, so that no check is skipped for a command that could
+// meet a registration made in between.
+var errWorkerGone = errors.New("worker is not registered")
+
+// checkWorker verifies, on the node that serves the call (the leader), that
+// an agent's call for worker id carries the token of the worker's current
+// epoch and comes from the credential that owns it. Administrators may act
+// for any worker. A follower forwards these calls without checking: its
+// copy of the registry may lag behind a registration the agent has already
+// been answered.
+func (n *Node) checkWorker(ctx context.Context, id string) error {
+	a := n.auth
+	if !a.on {
 		return nil
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	want := a.workerToken(id)
-	for _, v := range md.Get(MDWorkerToken) {
-		if hmac.Equal([]byte(v), []byte(want)) {
+	c := a.identify(ctx)
+	if c.roles&roleAdmin != 0 {
+		return nil
+	}
+	if c.cred == nil {
+		return status.Error(codes.PermissionDenied, "only an agent credential or the admin token may act for a worker")
+	}
+	wa, ok := n.fsm.WorkerAuth(id)
+	if !ok || !wa.Alive {
+		return errWorkerGone
+	}
+	if !c.cred.Allows(id) || wa.Owner != "" && wa.Owner != c.cred.Name {
+		return status.Errorf(codes.PermissionDenied, "worker %q is owned by credential %q, not %q", id, wa.Owner, c.cred.Name)
+	}
+	if tokenMatches(ctx, wa.TokenHash) {
+		return nil
+	}
+	// A leader elected a moment ago may not have applied the registration
+	// yet: catch up with what is committed (no log entry) and look again.
+	if n.catchUp(ctx) {
+		if wa2, ok := n.fsm.WorkerAuth(id); ok && wa2.Alive && wa2.Epoch != wa.Epoch && tokenMatches(ctx, wa2.TokenHash) {
 			return nil
 		}
 	}
-	return status.Errorf(codes.PermissionDenied, "no valid worker token for %q: an agent may act only for the worker it registered", id)
+	return status.Errorf(codes.PermissionDenied,
+		"no valid worker token for %q at epoch %d: send the token its latest Register returned (metadata %q), or register again", id, wa.Epoch, MDWorkerToken)
+}
+
+func tokenMatches(ctx context.Context, want []byte) bool {
+	if len(want) == 0 {
+		return false
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get(MDWorkerToken) {
+		if subtle.ConstantTimeCompare(hashToken(v), want) == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// catchUp waits briefly until the state machine has applied what Raft has
+// committed, and reports whether it got there.
+func (n *Node) catchUp(ctx context.Context) bool {
+	target := n.raft.CommitIndex()
+	if n.fsm.AppliedIndex() >= target {
+		return false // nothing more to learn
+	}
+	deadline := time.NewTimer(time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for n.fsm.AppliedIndex() < target {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			return false
+		case <-tick.C:
+		}
+	}
+	return true
+}
+
+// acquireStream counts a limited stream against its holder; release undoes
+// it. It refuses with ResourceExhausted over Config.MaxStreamsPerCredential.
+func (a *authorizer) acquireStream(ctx context.Context, method string) (release func(), err error) {
+	name, limited := limitedStreams[method]
+	if !limited || a.maxStreams <= 0 {
+		return func() {}, nil
+	}
+	holder := a.identify(ctx).holder()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.streams[holder] >= a.maxStreams {
+		if a.refusals != nil {
+			a.refusals(name, holder)
+		}
+		return nil, status.Errorf(codes.ResourceExhausted,
+			"%s: %s already holds %d WatchWorkers, Follow and Share streams on this node (the limit); close some or raise --max-streams-per-credential",
+			name, holder, a.maxStreams)
+	}
+	a.streams[holder]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if a.streams[holder]--; a.streams[holder] <= 0 {
+				delete(a.streams, holder)
+			}
+		})
+	}, nil
 }
 
 func (a *authorizer) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
@@ -157,5 +331,34 @@ func (a *authorizer) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	if err := a.check(ss.Context(), info.FullMethod); err != nil {
 		return err
 	}
+	release, err := a.acquireStream(ss.Context(), info.FullMethod)
+	if err != nil {
+		return err
+	}
+	defer release()
 	return h(srv, ss)
+}
+
+// stampRegister fills in what the leader adds to a registration: the owner,
+// the hash of a new worker token (returned), and the bounds every replica
+// enforces.
+func (n *Node) stampRegister(ctx context.Context, c *kvdirv1.RegisterCommand) (token string, err error) {
+	owner, override, err := n.auth.registrant(ctx, c.Worker.GetId())
+	if err != nil {
+		return "", err
+	}
+	c.Owner, c.Override = owner, override
+	if n.auth.on {
+		if token, err = newWorkerToken(); err != nil {
+			return "", status.Error(codes.Internal, err.Error())
+		}
+		c.TokenHash = hashToken(token)
+		if lim := n.cfg.MaxWorkersPerCredential; lim > 0 && owner != "" {
+			c.MaxOwnerWorkers = uint32(min(lim, 1<<31))
+		}
+	}
+	if q := n.cfg.WorkerBlockQuota; q > 0 {
+		c.BlockQuota = uint64(q)
+	}
+	return token, nil
 }

@@ -16,6 +16,26 @@ import (
 	"github.com/kvdir/kvdir/internal/raftnet"
 )
 
+// Defaults of the per-credential and per-worker bounds (Unlimited turns
+// one off).
+const (
+	// DefaultMaxWorkersPerCredential: live workers one agent credential may
+	// own (an agent runs one worker per data-parallel rank, at most 256).
+	DefaultMaxWorkersPerCredential = 256
+	// DefaultMaxStreamsPerCredential: WatchWorkers, Follow and Share
+	// streams one credential or role may hold on one node (a router holds
+	// a few; each costs about 180 KB).
+	DefaultMaxStreamsPerCredential = 256
+	// DefaultWorkerBlockQuota: blocks one worker may hold in the index,
+	// 2^22: the GPU cache of a 141 GB device at block size 1 for a model
+	// of 32 KiB of KV cache per token or more, with room for a CPU tier
+	// on larger models.
+	DefaultWorkerBlockQuota = 1 << 22
+	// Unlimited, as MaxWorkersPerCredential, MaxStreamsPerCredential or
+	// WorkerBlockQuota, turns the bound off (0 means the default).
+	Unlimited = -1
+)
+
 // DefaultShutdownTimeout is how long a stop may take by default, handing
 // over leadership included (the time Shutdown's context is given).
 const DefaultShutdownTimeout = 30 * time.Second
@@ -51,6 +71,10 @@ func DefaultConfig() Config {
 		ApplyTimeout:      10 * time.Second,
 		FollowFeedEntries: DefaultFollowFeedEntries,
 		FollowFeedBytes:   DefaultFollowFeedBytes,
+
+		MaxWorkersPerCredential: DefaultMaxWorkersPerCredential,
+		MaxStreamsPerCredential: DefaultMaxStreamsPerCredential,
+		WorkerBlockQuota:        DefaultWorkerBlockQuota,
 		FSM: raftfsm.Options{
 			Index: radix.Options{
 				MaxChain:        radix.DefaultMaxChain,
@@ -82,6 +106,20 @@ func (c *Config) fillDefaults() {
 	def(&c.HeartbeatTimeout, d.HeartbeatTimeout)
 	def(&c.ElectionTimeout, d.ElectionTimeout)
 	def(&c.ApplyTimeout, d.ApplyTimeout)
+	for _, l := range []struct {
+		v *int
+		d int
+	}{
+		{&c.MaxWorkersPerCredential, d.MaxWorkersPerCredential},
+		{&c.MaxStreamsPerCredential, d.MaxStreamsPerCredential},
+	} {
+		if *l.v == 0 {
+			*l.v = l.d
+		}
+	}
+	if c.WorkerBlockQuota == 0 {
+		c.WorkerBlockQuota = d.WorkerBlockQuota
+	}
 	if c.SnapshotThreshold == 0 {
 		c.SnapshotThreshold = d.SnapshotThreshold
 	}
@@ -269,28 +307,52 @@ func (c Config) Validate() error {
 			return fieldErr(l.field, "", "%d is negative (0 means the default)", l.v)
 		}
 	}
-	return c.Tokens.validate()
+	for _, l := range []struct {
+		field string
+		v     int64
+	}{
+		{"MaxWorkersPerCredential", int64(c.MaxWorkersPerCredential)},
+		{"MaxStreamsPerCredential", int64(c.MaxStreamsPerCredential)},
+		{"WorkerBlockQuota", c.WorkerBlockQuota},
+	} {
+		if l.v < Unlimited {
+			return fieldErr(l.field, "", "%d is negative (0 means the default, -1 no bound)", l.v)
+		}
+	}
+	if err := c.Tokens.validate(len(c.AgentCredentials) > 0); err != nil {
+		return err
+	}
+	if err := CheckCredentials(c.AgentCredentials); err != nil {
+		return fieldErr("AgentCredentials", "", "%v", err)
+	}
+	if _, err := agentCredentials(c.Tokens, c.AgentCredentials); err != nil {
+		return fieldErr("AgentCredentials", "Tokens", "%v", err)
+	}
+	return nil
 }
 
-// validate checks the role tokens: all three or none, different from each
+// validate checks the role tokens: the router's and the admin's and an
+// agent token or credential (haveCreds), or none; different from each
 // other, without whitespace.
-func (t Tokens) validate() error {
+func (t Tokens) validate(haveCreds bool) error {
 	roles := []struct{ name, tok string }{{"agent", t.Agent}, {"router", t.Router}, {"admin", t.Admin}}
 	var missing []string
 	for _, r := range roles {
 		if strings.ContainsAny(r.tok, " \t\r\n") {
 			return fieldErr("Tokens", "", "the %s token contains whitespace", r.name)
 		}
-		if r.tok == "" {
+		if r.tok == "" && !(r.name == "agent" && haveCreds) {
 			missing = append(missing, r.name)
 		}
 	}
 	switch {
 	case len(missing) == len(roles):
 		return nil
+	case len(missing) == len(roles)-1 && haveCreds && t.Agent == "":
+		return fieldErr("Tokens", "AgentCredentials", "agent credentials need the router and admin tokens too")
 	case len(missing) > 0:
-		return fieldErr("Tokens", "", "set the tokens of all three roles or of none; missing: %s", strings.Join(missing, ", "))
-	case t.Agent == t.Router || t.Agent == t.Admin || t.Router == t.Admin:
+		return fieldErr("Tokens", "", "set the tokens of all three roles or of none; missing: %s (agent credentials may stand for the agent token)", strings.Join(missing, ", "))
+	case t.Agent != "" && (t.Agent == t.Router || t.Agent == t.Admin) || t.Router == t.Admin:
 		return fieldErr("Tokens", "", "the agent, router and admin tokens must differ from each other")
 	}
 	return nil

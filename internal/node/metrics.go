@@ -26,6 +26,10 @@ type metrics struct {
 	intentsReceived *prometheus.CounterVec
 	intentsSent     *prometheus.CounterVec
 	intentsDropped  *prometheus.CounterVec
+
+	streamRefusals *prometheus.CounterVec
+	loadsClamped   prometheus.Counter
+	refusedIDs     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -77,9 +81,26 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "kvdir_intents_dropped_total",
 		Help: "Placement intents not kept: over the node's bounds (bound, the oldest dropped) or older than the version held (stale).",
 	}, []string{"reason"})
+	m.streamRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvdir_stream_limit_refusals_total",
+		Help: "WatchWorkers, Follow and Share streams refused because their credential or role held --max-streams-per-credential on this node, by method and holder.",
+	}, []string{"method", "holder"})
+	m.loadsClamped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvdir_heartbeat_loads_clamped_total",
+		Help: "Heartbeats whose load held a non-finite or negative KV-cache usage, recorded as 0 (NaN, negative) or 1 (+Inf).",
+	})
+	m.refusedIDs = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvdir_register_invalid_total",
+		Help: "Registrations refused before proposing: a worker id, model, address or label with control characters, non-printable runes or invalid UTF-8.",
+	})
 	reg.MustRegister(m.commitLatency, m.publishes, m.groupSize, m.matchLatency, m.matchDepth, m.rpcs, m.rpcLatency,
-		m.intentsReceived, m.intentsSent, m.intentsDropped)
+		m.intentsReceived, m.intentsSent, m.intentsDropped, m.streamRefusals, m.loadsClamped, m.refusedIDs)
 	return m
+}
+
+// streamRefused counts a stream refused over the per-credential limit.
+func (m *metrics) streamRefused(method, holder string) {
+	m.streamRefusals.WithLabelValues(method, holder).Inc()
 }
 
 // intentDropped counts placement intents the node did not keep.

@@ -101,6 +101,23 @@ type Config struct {
 	ClientTLS *tls.Config
 	// Tokens enables bearer-token authorisation by role (see auth.go).
 	Tokens Tokens
+	// AgentCredentials are agent tokens bound to worker id patterns
+	// (credentials.go); Tokens.Agent is one more, named "agent", for
+	// every id.
+	AgentCredentials []Credential
+	// MaxWorkersPerCredential bounds the live workers one agent credential
+	// owns; Register past it is refused with ResourceExhausted (default
+	// DefaultMaxWorkersPerCredential; Unlimited: no bound).
+	MaxWorkersPerCredential int
+	// MaxStreamsPerCredential bounds the WatchWorkers, Follow and Share
+	// streams one credential or role holds on this node (default
+	// DefaultMaxStreamsPerCredential; Unlimited: no bound).
+	MaxStreamsPerCredential int
+	// WorkerBlockQuota bounds the blocks one worker holds in the index:
+	// blocks past it are not stored (default DefaultWorkerBlockQuota;
+	// Unlimited: no bound). The leader stamps it into each registration,
+	// so every replica enforces the value the worker registered under.
+	WorkerBlockQuota int64
 	// RaftTLS, if set, runs Raft over mutual TLS instead of plain TCP
 	// (transport.go).
 	RaftTLS *RaftTLS
@@ -173,7 +190,7 @@ func New(cfg Config) (*Node, error) {
 	n.guard = newEntryGuard(n.log, cfg.SkipUndecodableEntries, cfg.Registerer)
 	fsmOpts.Fatal, fsmOpts.SkipUndecodable = n.guard.fatal, n.guard.skipUndecodable
 	n.fsm = raftfsm.New(fsmOpts)
-	auth, err := newAuthorizer(cfg.Tokens)
+	auth, err := newAuthorizer(cfg.Tokens, cfg.AgentCredentials, cfg.MaxStreamsPerCredential, n.metrics.streamRefused)
 	if err != nil {
 		return nil, err
 	}

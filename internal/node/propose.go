@@ -89,6 +89,8 @@ func refusalStatus(err error) error {
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, raftfsm.ErrTooMany):
 		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, raftfsm.ErrNotOwner):
+		return status.Error(codes.PermissionDenied, err.Error())
 	}
 	return status.Error(codes.Unknown, err.Error())
 }

@@ -37,6 +37,9 @@ var (
 	ErrUnknownWorker = errors.New("unknown worker")
 	ErrStaleEpoch    = errors.New("stale epoch")
 	ErrTooMany       = errors.New("limit reached")
+	// ErrNotOwner refuses a registration of a live worker that another
+	// agent credential owns.
+	ErrNotOwner = errors.New("owned by another credential")
 )
 
 // Options bound the state machine. Zero fields take the defaults.
@@ -125,6 +128,11 @@ type state struct {
 	workers  map[string]*kvdirv1.Worker
 	sessions *sessionTable
 	members  map[string]string // Raft server id -> API address
+	// epochFloor is the highest epoch of any worker record pruned so far:
+	// an id registered without a record starts above it, so that no id's
+	// epoch ever restarts (a fenced incarnation stays fenced) however many
+	// records were pruned, in one number.
+	epochFloor uint64
 }
 
 func newState(opts Options) *state {
@@ -326,12 +334,24 @@ func (f *FSM) register(c *kvdirv1.RegisterCommand, index uint64) (any, []string)
 	}
 	st := f.st
 	w := st.workers[spec.Id]
-	if (w == nil || !alive(w)) && f.countAlive() >= st.index.Options().MaxWorkers {
+	live := w != nil && alive(w)
+	owner := c.Owner
+	switch {
+	case live && w.Owner != "" && w.Owner != c.Owner && !c.Override:
+		return fmt.Errorf("register %q: %w: it is live and owned by credential %q; credential %q may not take it over",
+			spec.Id, ErrNotOwner, w.Owner, c.Owner), nil
+	case live && c.Override:
+		owner = w.Owner // an administrator acts for the owner, who keeps it
+	}
+	if !live && f.countAlive() >= st.index.Options().MaxWorkers {
 		return fmt.Errorf("register %q: %w: %d workers", spec.Id, ErrTooMany, st.index.Options().MaxWorkers), nil
 	}
-	epoch := uint64(1)
+	if lim := int(c.MaxOwnerWorkers); lim > 0 && owner != "" && !(live && w.Owner == owner) && f.countOwned(owner) >= lim {
+		return fmt.Errorf("register %q: %w: credential %q already owns %d live workers", spec.Id, ErrTooMany, owner, lim), nil
+	}
+	epoch := st.epochFloor + 1
 	if w != nil {
-		epoch = w.Epoch + 1
+		epoch = max(w.Epoch+1, epoch)
 	}
 	st.index.ClearWorker(spec.Id)
 	st.workers[spec.Id] = &kvdirv1.Worker{
@@ -339,9 +359,23 @@ func (f *FSM) register(c *kvdirv1.RegisterCommand, index uint64) (any, []string)
 		State:           kvdirv1.WorkerState_WORKER_STATE_ACTIVE,
 		Epoch:           epoch,
 		RegisteredIndex: index,
+		Owner:           owner,
+		TokenHash:       slices.Clone(c.TokenHash),
+		BlockQuota:      c.BlockQuota,
 	}
 	f.pruneGone()
 	return &RegisterResult{Epoch: epoch}, []string{spec.Id}
+}
+
+// countOwned counts the live workers owner registered.
+func (f *FSM) countOwned(owner string) int {
+	n := 0
+	for _, w := range f.st.workers {
+		if alive(w) && w.Owner == owner {
+			n++
+		}
+	}
+	return n
 }
 
 func (f *FSM) countAlive() int {
@@ -354,7 +388,8 @@ func (f *FSM) countAlive() int {
 	return n
 }
 
-// pruneGone forgets the oldest records of gone workers over the bound.
+// pruneGone forgets the oldest records of gone workers over the bound,
+// raising the epoch floor to their epochs.
 func (f *FSM) pruneGone() {
 	var gone []*kvdirv1.Worker
 	for _, w := range f.st.workers {
@@ -372,6 +407,7 @@ func (f *FSM) pruneGone() {
 		return strings.Compare(a.Spec.Id, b.Spec.Id)
 	})
 	for _, w := range gone[:len(gone)-f.opts.MaxGoneWorkers] {
+		f.st.epochFloor = max(f.st.epochFloor, w.Epoch)
 		delete(f.st.workers, w.Spec.Id)
 	}
 }

@@ -51,6 +51,7 @@ type streamGen struct {
 	sessions []string
 	now      int64
 	idx      uint64
+	floor    uint64 // highest epoch of a pruned record
 }
 
 func newStreamGen(t testing.TB, seed uint64, maxAlive, maxGone int) *streamGen {
@@ -124,6 +125,7 @@ func (g *streamGen) prune() {
 		return cmp.Or(cmp.Compare(a.reg, b.reg), cmp.Compare(a.id, b.id))
 	})
 	for len(gs) > g.maxGone {
+		g.floor = max(g.floor, g.workers[gs[0].id].epoch)
 		delete(g.workers, gs[0].id)
 		gs = gs[1:]
 	}
@@ -266,7 +268,7 @@ func (g *streamGen) next() genCmd {
 				w = &mworker{}
 				g.workers[id] = w
 			}
-			w.epoch++
+			w.epoch = max(w.epoch+1, g.floor+1) // epochs never restart
 			w.seq, w.regIdx, w.state = 0, g.idx, wsActive
 			c.want.epoch = w.epoch
 			g.prune()

@@ -14,6 +14,7 @@ import (
 type Metrics struct {
 	applyLatency *prometheus.HistogramVec
 	eventsTotal  *prometheus.CounterVec
+	quotaDrops   *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -28,8 +29,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvdir_fsm_events_applied_total",
 			Help: "Block events applied to the index, by kind (stored and removed count blocks; cleared and layout count events).",
 		}, []string{"kind"}),
+		quotaDrops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvdir_fsm_quota_dropped_blocks_total",
+			Help: "Stored blocks not kept because their worker was at its block quota, by worker (only workers that reached it have a series).",
+		}, []string{"worker"}),
 	}
-	reg.MustRegister(m.applyLatency, m.eventsTotal)
+	reg.MustRegister(m.applyLatency, m.eventsTotal, m.quotaDrops)
 	return m
 }
 
@@ -42,6 +47,12 @@ func (m *Metrics) applied(t kvdirv1.CommandType, d time.Duration) {
 func (m *Metrics) events(kind string, n int) {
 	if m != nil {
 		m.eventsTotal.WithLabelValues(kind).Add(float64(n))
+	}
+}
+
+func (m *Metrics) quotaDropped(worker string, n uint64) {
+	if m != nil {
+		m.quotaDrops.WithLabelValues(worker).Add(float64(n))
 	}
 }
 

@@ -51,16 +51,22 @@ func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) (*kvdirv1.PublishResp
 		return resp, false
 	}
 	var conflicts int
+	var dropped uint64
 	var layoutChanged bool
 	x := f.st.index
 	for _, ev := range b.Events {
 		switch k := ev.Kind.(type) {
 		case *kvdirv1.Event_Stored:
-			err := x.Insert(b.WorkerId, k.Stored.Parent, k.Stored.Hashes, medium(k.Stored.Medium))
+			hashes := k.Stored.Hashes
+			if w.BlockQuota > 0 {
+				hashes = fitQuota(x, b.WorkerId, w.BlockQuota, hashes)
+				dropped += uint64(len(k.Stored.Hashes) - len(hashes))
+			}
+			err := x.Insert(b.WorkerId, k.Stored.Parent, hashes, medium(k.Stored.Medium))
 			if errors.Is(err, radix.ErrParentMismatch) {
 				conflicts++ // a hash collision or an engine bug; the rest applies
 			}
-			f.opts.Metrics.events("stored", len(k.Stored.Hashes))
+			f.opts.Metrics.events("stored", len(hashes))
 		case *kvdirv1.Event_Removed:
 			m := medium(k.Removed.Medium)
 			if k.Removed.AllMedia {
@@ -85,7 +91,39 @@ func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) (*kvdirv1.PublishResp
 	if conflicts > 0 {
 		resp.Message = fmt.Sprintf("%d stored pieces conflicted with blocks indexed under another parent and were cut short", conflicts)
 	}
+	if dropped > 0 {
+		if w.DroppedBlocks == 0 {
+			f.opts.Logger.Warn("worker is over its block quota: blocks past it are not stored",
+				"worker", b.WorkerId, "epoch", w.Epoch, "quota", w.BlockQuota)
+			// Watchers learn that it went over; not of every later drop,
+			// so that a flooding worker does not flood them too.
+			layoutChanged = true
+		}
+		w.DroppedBlocks += dropped
+		f.opts.Metrics.quotaDropped(b.WorkerId, dropped)
+		if resp.Message != "" {
+			resp.Message += "; "
+		}
+		resp.Message += fmt.Sprintf("%d blocks past the worker's quota of %d were not stored", dropped, w.BlockQuota)
+	}
 	return resp, layoutChanged
+}
+
+// fitQuota cuts a stored piece to the room the worker's quota leaves (the
+// piece is a chain, so its head is what may be kept). Blocks the worker
+// already holds count against the room too, which keeps this one lookup.
+func fitQuota(x *radix.Index, worker string, quota uint64, hashes []uint64) []uint64 {
+	var have uint64
+	if ws, ok := x.Worker(worker); ok {
+		have = uint64(ws.Blocks)
+	}
+	if have >= quota {
+		return nil
+	}
+	if room := quota - have; uint64(len(hashes)) > room {
+		return hashes[:room]
+	}
+	return hashes
 }
 
 // CheckSeqRange refuses a batch whose sequence range is not 1 <= first_seq
@@ -103,13 +141,26 @@ func CheckSeqRange(b *kvdirv1.EventBatch) error {
 	return nil
 }
 
+// CheckBatch refuses a batch the state machine would refuse whatever the
+// state: a bad sequence range (CheckSeqRange), too many events or blocks,
+// a chain over the limit, an unknown medium, the reserved hash or a bad
+// layout. A node checks it before proposing, so that such batches do not
+// reach the log.
+func (f *FSM) CheckBatch(b *kvdirv1.EventBatch) error {
+	if err := CheckSeqRange(b); err != nil {
+		return err
+	}
+	return f.checkEvents(b)
+}
+
 // checkEvents validates a batch before any of it is applied, so that a
-// malformed batch changes nothing.
+// malformed batch changes nothing. It reads only the options, never the
+// state.
 func (f *FSM) checkEvents(b *kvdirv1.EventBatch) error {
 	if len(b.Events) > f.opts.MaxBatchEvents {
 		return fmt.Errorf("%d events, limit %d", len(b.Events), f.opts.MaxBatchEvents)
 	}
-	maxChain := f.st.index.Options().MaxChain
+	maxChain := f.index.Load().Options().MaxChain
 	blocks := 0
 	for i, ev := range b.Events {
 		var hashes []uint64

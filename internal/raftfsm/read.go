@@ -65,8 +65,11 @@ func (f *FSM) WorkersByID(ids []string) []*kvdirv1.Worker {
 	return out
 }
 
+// withCounts copies a worker's record for a reader, with its block counts
+// and without its token hash (which only the node's checks need).
 func (f *FSM) withCounts(w *kvdirv1.Worker) *kvdirv1.Worker {
 	c := proto.Clone(w).(*kvdirv1.Worker)
+	c.TokenHash = nil
 	if ws, ok := f.st.index.Worker(w.Spec.Id); ok {
 		c.Blocks = uint64(ws.Blocks)
 		c.GpuBlocks = uint64(ws.Media[radix.GPU])
@@ -75,6 +78,34 @@ func (f *FSM) withCounts(w *kvdirv1.Worker) *kvdirv1.Worker {
 		c.RemoteBlocks = uint64(ws.Media[radix.Remote])
 	}
 	return c
+}
+
+// WorkerAuth is what a node checks a worker's calls against.
+type WorkerAuth struct {
+	Epoch     uint64
+	Alive     bool
+	Owner     string
+	TokenHash []byte
+}
+
+// WorkerAuth returns a worker's owner and token hash; false if unknown. It
+// copies no more than that.
+func (f *FSM) WorkerAuth(id string) (WorkerAuth, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	w := f.st.workers[id]
+	if w == nil {
+		return WorkerAuth{}, false
+	}
+	return WorkerAuth{Epoch: w.Epoch, Alive: alive(w), Owner: w.Owner, TokenHash: slices.Clone(w.TokenHash)}, true
+}
+
+// EpochFloor is the highest epoch of a pruned worker record (0 before any
+// prune): an id registered without a record starts above it.
+func (f *FSM) EpochFloor() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.epochFloor
 }
 
 // WorkerChains returns the longest chains a worker holds (see
@@ -175,6 +206,9 @@ func (f *FSM) digestLocked() uint64 {
 	}
 	put(st.index.Digest())
 	put(st.sessions.digest)
+	if st.epochFloor > 0 { // absent before any prune, as in older builds
+		put(st.epochFloor)
+	}
 	ids := make([]string, 0, len(st.workers))
 	for id := range st.workers {
 		ids = append(ids, id)

@@ -17,20 +17,28 @@ import (
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
-// State snapshot format, version 1:
+// State snapshot format, version 2:
 //
-//	magic "KVDIRFSM" | u32 LE version (1)
+//	magic "KVDIRFSM" | u32 LE version (1 or 2)
 //	'W' record per worker, 'M' record per member, 'S' record per session
 //	    (least recently recorded first): tag | uvarint length | protobuf | u32 LE CRC-32C of tag and protobuf
+//	'P' (version 2 only) | u64 LE epoch floor | u32 LE CRC-32C of those 8 bytes
 //	'I' | the index snapshot (internal/radix format, self-delimiting and checksummed)
 //	'E' | u64 LE applied index | u32 LE CRC-32C of those 8 bytes
+//
+// Version 2 adds the 'P' record, the highest epoch of a pruned worker
+// record. A state without one (no record pruned yet) is written as version
+// 1, which builds that predate version 2 read, so a cluster being upgraded
+// node by node keeps exchanging snapshots until the first prune. Fields
+// added to the records' protobufs (a worker's owner, token hash and block
+// quota) need no new version: older readers skip them.
 //
 // Capture (on the apply goroutine) encodes everything into memory, which at
 // 10 M index entries takes tens of milliseconds; Persist streams the bytes to
 // the snapshot sink while the state machine goes on applying.
 const (
 	stateMagic   = "KVDIRFSM"
-	stateVersion = 1
+	stateVersion = 2
 	maxRecord    = 1 << 20
 )
 
@@ -100,7 +108,11 @@ func (f *FSM) WriteStateAt(w io.Writer, at func(applied uint64)) error {
 func writeState(w io.Writer, st *state, applied uint64) error {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	bw.WriteString(stateMagic)
-	binary.Write(bw, binary.LittleEndian, uint32(stateVersion))
+	version := uint32(1)
+	if st.epochFloor > 0 {
+		version = stateVersion
+	}
+	binary.Write(bw, binary.LittleEndian, version)
 	record := func(tag byte, m proto.Message) error {
 		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
 		if err != nil {
@@ -136,19 +148,29 @@ func writeState(w io.Writer, st *state, applied uint64) error {
 			return fmt.Errorf("write session: %w", err)
 		}
 	}
+	if version >= 2 {
+		bw.WriteByte('P')
+		bw.Write(u64CRC(st.epochFloor))
+	}
 	bw.WriteByte('I')
 	if _, err := st.index.WriteSnapshot(bw); err != nil {
 		return err
 	}
-	var end [12]byte
-	binary.LittleEndian.PutUint64(end[:], applied)
-	binary.LittleEndian.PutUint32(end[8:], crc32.Checksum(end[:8], castagnoli))
 	bw.WriteByte('E')
-	bw.Write(end[:])
+	bw.Write(u64CRC(applied))
 	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("write state snapshot: %w", err)
 	}
 	return nil
+}
+
+// u64CRC encodes v as u64 LE followed by the u32 LE CRC-32C of those 8
+// bytes.
+func u64CRC(v uint64) []byte {
+	var b [12]byte
+	binary.LittleEndian.PutUint64(b[:], v)
+	binary.LittleEndian.PutUint32(b[8:], crc32.Checksum(b[:8], castagnoli))
+	return b[:]
 }
 
 // readState reads a state snapshot into a new state.
@@ -164,8 +186,9 @@ func readState(r io.Reader, opts Options) (*state, uint64, error) {
 	if string(head[:8]) != stateMagic {
 		return nil, 0, corrupt("bad magic %q", head[:8])
 	}
-	if v := binary.LittleEndian.Uint32(head[8:]); v != stateVersion {
-		return nil, 0, corrupt("unsupported version %d (this build reads %d)", v, stateVersion)
+	version := binary.LittleEndian.Uint32(head[8:])
+	if version < 1 || version > stateVersion {
+		return nil, 0, corrupt("unsupported version %d (this build reads 1 to %d)", version, stateVersion)
 	}
 	st := newState(opts)
 	var buf []byte
@@ -191,6 +214,18 @@ func readState(r io.Reader, opts Options) (*state, uint64, error) {
 			if err := readRecord(st, tag, b); err != nil {
 				return nil, 0, corrupt("%c record: %v", tag, err)
 			}
+		case 'P':
+			if version < 2 {
+				return nil, 0, corrupt("epoch floor record in a version %d snapshot", version)
+			}
+			var rec [12]byte
+			if _, err := io.ReadFull(br, rec[:]); err != nil {
+				return nil, 0, corrupt("truncated epoch floor")
+			}
+			if crc32.Checksum(rec[:8], castagnoli) != binary.LittleEndian.Uint32(rec[8:]) {
+				return nil, 0, corrupt("epoch floor checksum")
+			}
+			st.epochFloor = binary.LittleEndian.Uint64(rec[:8])
 		case 'I':
 			x, err := radix.ReadSnapshot(br, opts.Index)
 			if err != nil {

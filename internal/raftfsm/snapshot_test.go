@@ -226,9 +226,12 @@ func TestRestoreCorrupt(t *testing.T) {
 	t.Run("other", func(t *testing.T) {
 		checkRefused(t, "empty", nil)
 		checkRefused(t, "text", []byte(strings.Repeat("KVDIRFSM", 10)))
-		v2 := bytes.Clone(good)
-		v2[8] = 2
-		checkRefused(t, "version 2", v2)
+		v3 := bytes.Clone(good)
+		v3[8] = 3
+		checkRefused(t, "version 3", v3)
+		v0 := bytes.Clone(good)
+		v0[8] = 0
+		checkRefused(t, "version 0", v0)
 	})
 }
 

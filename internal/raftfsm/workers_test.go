@@ -193,9 +193,11 @@ func TestPruneGoneWorkers(t *testing.T) {
 	if _, ok := h.f.Worker("b"); ok {
 		t.Fatalf("pruned worker b still known")
 	}
-	// A pruned worker starts over at epoch 1.
-	if e := h.register("b"); e != 1 {
-		t.Fatalf("pruned worker re-registered at epoch %d, want 1", e)
+	// A pruned worker does not start over: its epoch goes above every
+	// pruned one (b and c were at 1), so batches and tokens of its old
+	// incarnations stay fenced.
+	if e := h.register("b"); e != 2 {
+		t.Fatalf("pruned worker re-registered at epoch %d, want 2", e)
 	}
 	known("a", "b", "d", "e")
 	if len(h.f.Workers("", false)) != 2 {

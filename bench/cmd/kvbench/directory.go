@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 
@@ -16,6 +17,8 @@ func newDirectory(log *slog.Logger) *cobra.Command {
 		o         = dirbench.Defaults
 		nodeFlags string
 		raftTLS   bool
+		quota     bool
+		qo        = dirbench.QuotaDefaults
 	)
 	cmd := measureCommand(&cobra.Command{
 		Use:   "directory",
@@ -28,12 +31,22 @@ catch-up. Writes the figures as JSON.
 With --raft-tls it measures only the commit throughput, with Raft over mutual TLS and
 on plain TCP (--insecure-raft), both with the API over TLS, on a fresh cluster per
 transport and round in alternating order, and writes the comparison
-(bench/results/directory-raft-tls.json unless --out says otherwise).`,
+(bench/results/directory-raft-tls.json unless --out says otherwise).
+
+With --block-quota it measures the per-worker block quota instead: one worker fills
+--quota blocks (the RSS growth per block is the bytes per entry), then stores --flood
+times as many again past it; the nodes' RSS growth over quota x bytes/entry must stay
+under 1.2 (bench/results/directory-quota.json unless --out says otherwise).`,
 		Example: `  kvbench directory --out bench/results/directory.json
   kvbench directory --scale 0.5 --latency-rate 500000 --out -
-  kvbench directory --raft-tls --scale 0.2`,
+  kvbench directory --raft-tls --scale 0.2
+  kvbench directory --block-quota --quota 1048576 --flood 2`,
 	}, dirbench.Tool, log, func(ctx context.Context) (*benchjson.Results, error) {
 		o.Log, o.NodeFlags = log, strings.Fields(nodeFlags)
+		if quota {
+			qo.Log, qo.Dir, qo.Logs, qo.BatchBlocks, qo.Inflight = log, o.Dir, o.Logs, o.BatchBlocks, o.Inflight
+			return dirbench.RunQuota(ctx, qo)
+		}
 		if raftTLS {
 			return dirbench.RunRaftTLS(ctx, o)
 		}
@@ -41,8 +54,15 @@ transport and round in alternating order, and writes the comparison
 	})
 	run := cmd.RunE
 	cmd.RunE = func(c *cobra.Command, args []string) error {
-		if raftTLS && !c.Flags().Changed("out") {
-			if err := c.Flags().Set("out", "bench/results/"+dirbench.RaftTLSTool+".json"); err != nil {
+		if raftTLS && quota {
+			return fmt.Errorf("--raft-tls and --block-quota are different runs: give one")
+		}
+		if (raftTLS || quota) && !c.Flags().Changed("out") {
+			tool := dirbench.RaftTLSTool
+			if quota {
+				tool = dirbench.QuotaTool
+			}
+			if err := c.Flags().Set("out", "bench/results/"+tool+".json"); err != nil {
 				return err
 			}
 		}
@@ -61,5 +81,8 @@ transport and round in alternating order, and writes the comparison
 	fl.BoolVar(&o.Logs, "logs", false, "print the nodes' logs at the end")
 	fl.BoolVar(&raftTLS, "raft-tls", false, "compare commit throughput with Raft over mutual TLS and on plain TCP instead")
 	fl.IntVar(&o.Rounds, "rounds", dirbench.DefaultRounds, "with --raft-tls: rounds per transport (the figures are the medians)")
+	fl.BoolVar(&quota, "block-quota", false, "measure the per-worker block quota instead: RSS growth of a worker flooded past it")
+	fl.IntVar(&qo.Quota, "quota", qo.Quota, "with --block-quota: the directory's --worker-block-quota")
+	fl.Float64Var(&qo.Flood, "flood", qo.Flood, "with --block-quota: blocks stored past the quota, as a multiple of it")
 	return cmd
 }

@@ -177,10 +177,28 @@ func (x *Command) GetTimeUnixNano() int64 {
 
 // RegisterCommand registers (or re-registers) a worker with a new epoch.
 type RegisterCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Worker        *WorkerSpec            `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Worker *WorkerSpec            `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	// SHA-256 of the worker token the leader drew for this registration
+	// (empty when the directory enforces no roles). Publish, Heartbeat and
+	// Deregister calls for the worker must carry the token itself.
+	TokenHash []byte `protobuf:"bytes,2,opt,name=token_hash,json=tokenHash,proto3" json:"token_hash,omitempty"`
+	// Name of the agent credential that registered the worker ("" when the
+	// directory enforces no roles). A live worker owned by another
+	// credential is not taken over, unless override is set.
+	Owner string `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Set by the leader for an administrator's registration: it may take
+	// over a live worker of any owner.
+	Override bool `protobuf:"varint,4,opt,name=override,proto3" json:"override,omitempty"`
+	// Most blocks the worker may hold in the index (0: no bound), stamped by
+	// the leader from its configuration so that every replica enforces the
+	// same bound.
+	BlockQuota uint64 `protobuf:"varint,5,opt,name=block_quota,json=blockQuota,proto3" json:"block_quota,omitempty"`
+	// Most live workers the owner may hold (0: no bound), stamped by the
+	// leader like block_quota.
+	MaxOwnerWorkers uint32 `protobuf:"varint,6,opt,name=max_owner_workers,json=maxOwnerWorkers,proto3" json:"max_owner_workers,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RegisterCommand) Reset() {
@@ -218,6 +236,41 @@ func (x *RegisterCommand) GetWorker() *WorkerSpec {
 		return x.Worker
 	}
 	return nil
+}
+
+func (x *RegisterCommand) GetTokenHash() []byte {
+	if x != nil {
+		return x.TokenHash
+	}
+	return nil
+}
+
+func (x *RegisterCommand) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *RegisterCommand) GetOverride() bool {
+	if x != nil {
+		return x.Override
+	}
+	return false
+}
+
+func (x *RegisterCommand) GetBlockQuota() uint64 {
+	if x != nil {
+		return x.BlockQuota
+	}
+	return 0
+}
+
+func (x *RegisterCommand) GetMaxOwnerWorkers() uint32 {
+	if x != nil {
+		return x.MaxOwnerWorkers
+	}
+	return 0
 }
 
 // PublishCommand applies event batches, each independently accepted or
@@ -686,9 +739,16 @@ const file_kvdir_v1_command_proto_rawDesc = "" +
 	"\x04type\x18\x02 \x01(\x0e2\x15.kvdir.v1.CommandTypeR\x04type\x12\x18\n" +
 	"\apayload\x18\x03 \x01(\fR\apayload\x12\x1c\n" +
 	"\tignorable\x18\x04 \x01(\bR\tignorable\x12$\n" +
-	"\x0etime_unix_nano\x18\x05 \x01(\x03R\ftimeUnixNano\"?\n" +
+	"\x0etime_unix_nano\x18\x05 \x01(\x03R\ftimeUnixNano\"\xdd\x01\n" +
 	"\x0fRegisterCommand\x12,\n" +
-	"\x06worker\x18\x01 \x01(\v2\x14.kvdir.v1.WorkerSpecR\x06worker\"@\n" +
+	"\x06worker\x18\x01 \x01(\v2\x14.kvdir.v1.WorkerSpecR\x06worker\x12\x1d\n" +
+	"\n" +
+	"token_hash\x18\x02 \x01(\fR\ttokenHash\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x1a\n" +
+	"\boverride\x18\x04 \x01(\bR\boverride\x12\x1f\n" +
+	"\vblock_quota\x18\x05 \x01(\x04R\n" +
+	"blockQuota\x12*\n" +
+	"\x11max_owner_workers\x18\x06 \x01(\rR\x0fmaxOwnerWorkers\"@\n" +
 	"\x0ePublishCommand\x12.\n" +
 	"\abatches\x18\x01 \x03(\v2\x14.kvdir.v1.EventBatchR\abatches\":\n" +
 	"\fLoadsCommand\x12*\n" +

@@ -429,8 +429,20 @@ type Worker struct {
 	// reported, over its recent session records (reset at registration);
 	// internal/cachecheck reads it.
 	CacheAccounting *CacheAccounting `protobuf:"bytes,14,opt,name=cache_accounting,json=cacheAccounting,proto3" json:"cache_accounting,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Name of the agent credential that registered it ("" when the directory
+	// enforces no roles).
+	Owner string `protobuf:"bytes,15,opt,name=owner,proto3" json:"owner,omitempty"`
+	// SHA-256 of the worker token of this epoch (see RegisterCommand).
+	// Directory reads leave it out.
+	TokenHash []byte `protobuf:"bytes,16,opt,name=token_hash,json=tokenHash,proto3" json:"token_hash,omitempty"`
+	// Most blocks it may hold in the index (0: no bound), as stamped at its
+	// registration.
+	BlockQuota uint64 `protobuf:"varint,17,opt,name=block_quota,json=blockQuota,proto3" json:"block_quota,omitempty"`
+	// Blocks its events stored past block_quota in this epoch, which the
+	// directory did not keep.
+	DroppedBlocks uint64 `protobuf:"varint,18,opt,name=dropped_blocks,json=droppedBlocks,proto3" json:"dropped_blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
@@ -559,6 +571,34 @@ func (x *Worker) GetCacheAccounting() *CacheAccounting {
 		return x.CacheAccounting
 	}
 	return nil
+}
+
+func (x *Worker) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *Worker) GetTokenHash() []byte {
+	if x != nil {
+		return x.TokenHash
+	}
+	return nil
+}
+
+func (x *Worker) GetBlockQuota() uint64 {
+	if x != nil {
+		return x.BlockQuota
+	}
+	return 0
+}
+
+func (x *Worker) GetDroppedBlocks() uint64 {
+	if x != nil {
+		return x.DroppedBlocks
+	}
+	return 0
 }
 
 // CacheAccounting compares, for one worker, the cached tokens the routers
@@ -1434,7 +1474,7 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\vprefix_hits\x18\x06 \x01(\x04R\n" +
 	"prefixHits\x12&\n" +
 	"\fview_partial\x18\a \x01(\bH\x00R\vviewPartial\x88\x01\x01B\x0f\n" +
-	"\r_view_partial\"\xa6\x04\n" +
+	"\r_view_partial\"\xa3\x05\n" +
 	"\x06Worker\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.kvdir.v1.WorkerSpecR\x04spec\x12+\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x15.kvdir.v1.WorkerStateR\x05state\x12\x14\n" +
@@ -1454,7 +1494,13 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\x13load_time_unix_nano\x18\v \x01(\x03R\x10loadTimeUnixNano\x12)\n" +
 	"\x10registered_index\x18\f \x01(\x04R\x0fregisteredIndex\x12.\n" +
 	"\x06layout\x18\r \x01(\v2\x16.kvdir.v1.WorkerLayoutR\x06layout\x12D\n" +
-	"\x10cache_accounting\x18\x0e \x01(\v2\x19.kvdir.v1.CacheAccountingR\x0fcacheAccounting\"\xbd\x03\n" +
+	"\x10cache_accounting\x18\x0e \x01(\v2\x19.kvdir.v1.CacheAccountingR\x0fcacheAccounting\x12\x14\n" +
+	"\x05owner\x18\x0f \x01(\tR\x05owner\x12\x1d\n" +
+	"\n" +
+	"token_hash\x18\x10 \x01(\fR\ttokenHash\x12\x1f\n" +
+	"\vblock_quota\x18\x11 \x01(\x04R\n" +
+	"blockQuota\x12%\n" +
+	"\x0edropped_blocks\x18\x12 \x01(\x04R\rdroppedBlocks\"\xbd\x03\n" +
 	"\x0fCacheAccounting\x12\x14\n" +
 	"\x05turns\x18\x01 \x01(\x04R\x05turns\x12\x1b\n" +
 	"\thit_turns\x18\x02 \x01(\x04R\bhitTurns\x12)\n" +
