@@ -13,6 +13,9 @@ LABEL org.opencontainers.image.title="kvdir-enginesim" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY passwd group /etc/
 COPY enginesim healthcheck /usr/local/bin/
+# The KV-event sockets' directory: a volume mounted here is created owned by
+# the image's user, so that the engine can bind its ipc:// endpoints in it.
+COPY --chown=65532:65532 data /run/kvdir
 # HTTP on every interface; KV events PUB bound on 5557, replay ROUTER on 5558.
 ENV KVDIR_ENGINESIM_ADDR=0.0.0.0:8000 \
     KVDIR_ENGINESIM_KV_EVENTS_ENDPOINT=tcp://*:5557 \
