@@ -27,8 +27,9 @@ root="$(cd "$here/../.." && pwd)"
 secrets="${KVDIR_SECRETS:-deploy/secrets}"
 case "$secrets" in /*) ;; *) secrets="$root/$secrets" ;; esac
 export KVDIR_SECRETS_DIR="$secrets"
-# The containers run as the images' user with the secrets' group added, so
-# that they can read the files (mode 0640) through their bind mounts.
+# The containers run as the images' user (65532) with the secrets' group
+# added: files gensecrets gave to that user (it does when run as root) are
+# theirs; files of another user need their group bit (set by secrets_ready).
 KVDIR_SECRETS_GID="$(stat -c %g "$secrets/ca.crt" 2>/dev/null || id -g)"
 export KVDIR_SECRETS_GID
 compose() { $COMPOSE --project-directory "$here" -f "$here/docker-compose.yml" "$@"; }
@@ -40,6 +41,11 @@ secrets_ready() {
     (cd "$root" && "${GO:-go}" run ./deploy/gensecrets --out "$secrets")
   fi
   KVDIR_SECRETS_GID="$(stat -c %g "$secrets/ca.crt")"
+  if [ "$(stat -c %u "$secrets/ca.key")" != 65532 ]; then
+    echo "cluster.sh: $secrets is not owned by the images' user 65532 (gensecrets gives it to them when run as root): making the files group-readable for the containers; the directory will warn about the token files' mode"
+    chmod g+r "$secrets"/*
+    chmod g+rx "$secrets"
+  fi
 }
 
 # ctl ARGS...: kvdirctl in its image on kvdir-net, trusting the cluster's CA,

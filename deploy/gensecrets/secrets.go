@@ -24,16 +24,19 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Modes of what Generate writes. Secrets are readable by their owner and
-// group: the compose containers run as the images' user with the files'
-// group added (group_add), so they can read them through their bind
-// mounts, while the directory holding them (DirMode) lets no one but its
-// owner reach them on the host.
+// Modes of what Generate writes: keys and tokens are readable by their
+// owner only (the directory warns about a token file others may read), the
+// directory holding them is its owner's alone.
 const (
 	DirMode    fs.FileMode = 0o700
-	SecretMode fs.FileMode = 0o640
+	SecretMode fs.FileMode = 0o600
 	PublicMode fs.FileMode = 0o644
 )
+
+// ImageUser is the user (and group) kvdir's container images run as: the
+// owner a root user gives the files, so that the compose containers can
+// read them through their bind mounts.
+const ImageUser = 65532
 
 // Validity of the certificates Generate issues.
 const (
@@ -122,8 +125,14 @@ func (n Node) DNSNames() []string {
 type Options struct {
 	Dir   string // output directory
 	Force bool   // replace existing files instead of keeping them
+	// Owner, if set, is given the directory and every file (chown: needs
+	// root), kept files included.
+	Owner *Owner
 	Now   time.Time
 }
+
+// Owner is a numeric user and group.
+type Owner struct{ UID, GID int }
 
 // Result lists what Generate wrote and what it kept.
 type Result struct {
@@ -185,7 +194,30 @@ func Generate(o Options) (Result, error) {
 	if err := g.update(KubernetesYAML, k8s, SecretMode); err != nil {
 		return res, err
 	}
+	if o.Owner != nil {
+		if err := chownAll(o.Dir, o.Owner.UID, o.Owner.GID); err != nil {
+			return res, err
+		}
+	}
 	return res, nil
+}
+
+// chownAll gives dir and the files in it to uid:gid.
+func chownAll(dir string, uid, gid int) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("chown: %w", err)
+	}
+	paths := []string{dir}
+	for _, e := range ents {
+		paths = append(paths, filepath.Join(dir, e.Name()))
+	}
+	for _, p := range paths {
+		if err := os.Lchown(p, uid, gid); err != nil {
+			return fmt.Errorf("chown %s to %d:%d (only root may; give --owner none to keep the files yours): %w", p, uid, gid, err)
+		}
+	}
+	return nil
 }
 
 type gen struct {

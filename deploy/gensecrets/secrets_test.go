@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -136,7 +137,7 @@ func TestTokensAreDistinctAndRandom(t *testing.T) {
 // TestGenerateKeepsWhatExists checks that a second run writes nothing,
 // that a deleted token comes back alone (certificates unchanged), that a
 // new CA reissues the members' certificates, that --force replaces every
-// secret, and the modes: the directory 0700, keys and tokens 0640.
+// secret, and the modes: the directory 0700, keys and tokens 0600.
 func TestGenerateKeepsWhatExists(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "secrets")
 	generate(t, dir, false)
@@ -261,11 +262,53 @@ func TestRunFlags(t *testing.T) {
 	if code := run([]string{"extra"}, &out, &errb); code != 2 {
 		t.Errorf("run extra: exit %d, want 2", code)
 	}
+	if code := run([]string{"--owner", "x"}, &out, &errb); code != 2 {
+		t.Errorf("run --owner x: exit %d, want 2", code)
+	}
 	dir := filepath.Join(t.TempDir(), "s")
-	if code := run([]string{"--out", dir}, &out, &errb); code != 0 {
+	if code := run([]string{"--out", dir, "--owner", "none"}, &out, &errb); code != 0 {
 		t.Fatalf("run --out: exit %d: %s", code, errb.String())
 	}
 	if !strings.Contains(out.String(), "wrote 18 files, kept 0 existing") {
 		t.Errorf("summary %q", out.String())
+	}
+}
+
+// TestOwner checks --owner's forms and, as root, that the files are given
+// to the images' user.
+func TestOwner(t *testing.T) {
+	for _, c := range []struct {
+		in       string
+		euid     int
+		uid, gid int
+		bad      bool
+	}{
+		{"auto", 0, ImageUser, ImageUser, false}, {"auto", 1000, -1, -1, false}, {"none", 0, -1, -1, false},
+		{"10:20", 1000, 10, 20, false}, {"10", 0, 0, 0, true}, {"a:b", 0, 0, 0, true}, {"-1:2", 0, 0, 0, true},
+	} {
+		own, err := parseOwner(c.in, c.euid)
+		uid, gid := -1, -1
+		if own != nil {
+			uid, gid = own.UID, own.GID
+		}
+		if (err != nil) != c.bad || (!c.bad && (uid != c.uid || gid != c.gid)) {
+			t.Errorf("parseOwner(%q, euid %d) = %+v, %v", c.in, c.euid, own, err)
+		}
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("chown needs root")
+	}
+	dir := filepath.Join(t.TempDir(), "s")
+	if _, err := Generate(Options{Dir: dir, Owner: &Owner{UID: ImageUser, GID: ImageUser}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{".", CAKey, AdminToken, KubernetesYAML} {
+		st, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sys := st.Sys().(*syscall.Stat_t); sys.Uid != ImageUser || sys.Gid != ImageUser {
+			t.Errorf("%s owned by %d:%d, want %d:%d", name, sys.Uid, sys.Gid, ImageUser, ImageUser)
+		}
 	}
 }
