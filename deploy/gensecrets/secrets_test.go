@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kvdir/kvdir/deploy/k8s"
@@ -310,5 +311,75 @@ func TestOwner(t *testing.T) {
 		if sys := st.Sys().(*syscall.Stat_t); sys.Uid != ImageUser || sys.Gid != ImageUser {
 			t.Errorf("%s owned by %d:%d, want %d:%d", name, sys.Uid, sys.Gid, ImageUser, ImageUser)
 		}
+	}
+}
+
+// TestKubernetesSecretsCoverTheManifests checks that every Secret key the
+// manifests in deploy/k8s mount or read (secretKeyRef, secret volumes and
+// their items, the directory's per-pod certificate names) is one the
+// generated kubernetes.yaml provides, so that applying both starts the pods.
+func TestKubernetesSecretsCoverTheManifests(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "secrets")
+	generate(t, dir, false)
+	gen, err := k8s.DecodeStream(KubernetesYAML, readFile(t, dir, KubernetesYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]map[string][]byte{}
+	for _, o := range gen {
+		s := o.Obj.(*corev1.Secret)
+		have[s.Name] = s.Data
+	}
+	_, objs, err := k8s.LoadDir("../k8s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	need := func(where, secret, key string) {
+		t.Helper()
+		if _, ok := have[secret]; !ok {
+			t.Errorf("%s: Secret %s is not generated", where, secret)
+		} else if _, ok := have[secret][key]; key != "" && !ok {
+			t.Errorf("%s: Secret %s has no key %s", where, secret, key)
+		}
+	}
+	refs := 0
+	for _, o := range objs {
+		var spec *corev1.PodSpec
+		switch v := o.Obj.(type) {
+		case *appsv1.Deployment:
+			spec = &v.Spec.Template.Spec
+		case *appsv1.StatefulSet:
+			spec = &v.Spec.Template.Spec
+			for _, n := range Nodes {
+				// KVDIR_DIRECTORY_TLS_CERT is /etc/kvdir/secrets/$(POD_NAME).crt.
+				if strings.HasPrefix(n.Pod, v.Name+"-") {
+					need(o.String(), SecretDirectory, n.Pod+".crt")
+					need(o.String(), SecretDirectory, n.Pod+".key")
+				}
+			}
+		default:
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Secret == nil {
+				continue
+			}
+			refs++
+			need(o.String(), v.Secret.SecretName, "")
+			for _, it := range v.Secret.Items {
+				need(o.String(), v.Secret.SecretName, it.Key)
+			}
+		}
+		for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+			for _, e := range c.Env {
+				if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.Name != "HF_TOKEN" {
+					refs++
+					need(o.String()+" "+e.Name, e.ValueFrom.SecretKeyRef.Name, e.ValueFrom.SecretKeyRef.Key)
+				}
+			}
+		}
+	}
+	if refs < 6 {
+		t.Errorf("only %d Secret references in deploy/k8s: the manifests should mount the generated Secrets", refs)
 	}
 }
