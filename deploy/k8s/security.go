@@ -42,6 +42,13 @@ func checkSecurity(objs []Object, ws []workload) []error {
 					checkSecretFile(w.obj, spec, c, v, bad)
 				}
 				for _, role := range []string{"AGENT", "ROUTER", "ADMIN"} {
+					if creds, ok := env(c, "KVDIR_DIRECTORY_AGENT_CREDENTIALS"); ok && role == "AGENT" {
+						// Per-agent credentials instead of the one agent token.
+						if _, ok := secretMount(spec, c, creds); !ok {
+							bad(w.obj, "container %s: KVDIR_DIRECTORY_AGENT_CREDENTIALS %q is not in a mounted Secret", c.Name, creds)
+						}
+						continue
+					}
 					checkSecretToken(w.obj, spec, c, "KVDIR_DIRECTORY_"+role+"_TOKEN", bad)
 				}
 			}
