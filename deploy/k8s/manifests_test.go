@@ -182,6 +182,7 @@ func TestChecksCatchMistakes(t *testing.T) {
 		{"token in the manifest", "router.yaml", "            - name: KVDIR_ROUTER_TOKEN\n              valueFrom:\n                secretKeyRef:\n                  name: kvdir-router-secrets\n                  key: token\n", "            - name: KVDIR_ROUTER_TOKEN\n              value: hunter2\n", "KVDIR_ROUTER_TOKEN must come from a Secret"},
 		{"agent without a token", "vllm.yaml", "            - name: KVDIR_AGENT_TOKEN\n              valueFrom:\n                secretKeyRef:\n                  name: kvdir-agent-secrets\n                  key: token\n", "", "neither KVDIR_AGENT_TOKEN nor KVDIR_AGENT_TOKEN_FILE is set"},
 		{"agent without TLS", "vllm.yaml", "            - name: KVDIR_AGENT_TLS_CA\n              value: /etc/kvdir/tls/ca.crt\n", "", "KVDIR_AGENT_TLS_CA is not set"},
+		{"agent credentials outside the Secret", "directory.yaml", "            - name: KVDIR_DIRECTORY_AGENT_TOKEN\n              valueFrom:\n                secretKeyRef:\n                  name: kvdir-directory-secrets\n                  key: agent.token\n", "            - name: KVDIR_DIRECTORY_AGENT_CREDENTIALS\n              value: /data/agent-credentials\n", `KVDIR_DIRECTORY_AGENT_CREDENTIALS "/data/agent-credentials" is not in a mounted Secret`},
 		{"directory without admin token", "directory.yaml", "            - name: KVDIR_DIRECTORY_ADMIN_TOKEN\n", "            - name: KVDIR_DIRECTORY_ADMIN_TOKN\n", "neither KVDIR_DIRECTORY_ADMIN_TOKEN nor"},
 	}
 	files, err := filepath.Glob("*.yaml")
