@@ -12,6 +12,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -51,6 +52,10 @@ type options struct {
 	reportMode string
 	httpAddr   string
 	token      string
+	tokenFile  string
+	tlsCA      string
+	tlsServer  string
+	dirTLS     *tls.Config
 	dpSize     int
 	log        *slog.Logger
 }
@@ -102,7 +107,10 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.StringVar(&c.WorkerAddress, "worker-address", c.WorkerAddress, "the engine's HTTP base `URL`, e.g. http://10.0.0.7:8000")
 	fs.StringVar(&c.Model, "model", c.Model, "served model `NAME` (part of the content-hash namespace)")
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "block size the engine is expected to use (0: not told); routers hash with the sizes learned from the engine's events, and a different one is warned about and counted")
-	fs.StringVar(&o.token, "token", "", "agent bearer `TOKEN` for the directory: its agent credential's token (--agent-credentials or --agent-token there), which must allow --worker-id (prefer "+p.EnvVar("token")+": flags show in ps)")
+	fs.StringVar(&o.token, "token", "", "agent bearer `TOKEN` for the directory: its agent credential's token (--agent-credentials or --agent-token there), which must allow --worker-id (prefer --token-file or "+p.EnvVar("token")+": flags show in ps)")
+	fs.StringVar(&o.tokenFile, "token-file", "", "`FILE` holding the agent bearer token (surrounding white space ignored)")
+	fs.StringVar(&o.tlsCA, "tls-ca", "", "PEM `FILE` of the CA that signed the directory's certificates: dial the directory over TLS")
+	fs.StringVar(&o.tlsServer, "tls-server-name", "", "`NAME` to verify the directory's certificates against (default: the host of each address)")
 	p.Group("Engine")
 	fs.StringVar(&o.engineKind, "engine-kind", o.engineKind, "engine `KIND`: vllm, sglang, trtllm, enginesim")
 	fs.StringVar(&c.Endpoint, "kv-events-endpoint", c.Endpoint, "engine KV-events `ENDPOINT`")
@@ -138,6 +146,9 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 		return p, nil, cli.Usagef("--data-parallel-size %d: must be 1 to 256", o.dpSize)
 	}
 	if err := pullDefaults(p, o); err != nil {
+		return p, nil, err
+	}
+	if err := o.directorySecurity(); err != nil {
 		return p, nil, err
 	}
 	mode, err := agent.ParseReportMode(o.reportMode)
@@ -213,10 +224,35 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	return serve(ctx, o)
 }
 
+// directorySecurity reads --token-file and --tls-ca.
+func (o *options) directorySecurity() error {
+	if o.tokenFile != "" {
+		if o.token != "" {
+			return cli.Usagef("give --token or --token-file, not both")
+		}
+		t, err := dirclient.ReadToken(o.tokenFile)
+		if err != nil {
+			return cli.Usagef("--token-file: %w", err)
+		}
+		o.token = t
+	}
+	if o.tlsServer != "" && o.tlsCA == "" {
+		return cli.Usagef("--tls-server-name needs --tls-ca")
+	}
+	if o.tlsCA != "" {
+		tc, err := dirclient.LoadTLS(o.tlsCA, o.tlsServer)
+		if err != nil {
+			return cli.Usagef("--tls-ca: %w", err)
+		}
+		o.dirTLS = tc
+	}
+	return nil
+}
+
 // serve runs the agents of every rank and the HTTP server until ctx ends.
 func serve(ctx context.Context, o *options) error {
 	log := o.log
-	dir, err := dirclient.New(dirclient.Config{Addrs: o.directory, Token: o.token, Logger: log})
+	dir, err := dirclient.New(dirclient.Config{Addrs: o.directory, Token: o.token, TLS: o.dirTLS, Logger: log})
 	if err != nil {
 		return fmt.Errorf("directory client: %w", err)
 	}

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -74,5 +76,24 @@ func TestReportModeFlag(t *testing.T) {
 	}
 	if _, _, err := parseFlags([]string{"--kv-report-mode", "sometimes"}, env(base), io.Discard, io.Discard); err == nil || !cli.IsUsage(err) {
 		t.Fatalf("a bad report mode was accepted, or not as a usage error: %v", err)
+	}
+}
+
+// TestDirectorySecurityFlags reads the token from --token-file and refuses
+// it beside --token, and a --tls-server-name without --tls-ca.
+func TestDirectorySecurityFlags(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "agent.token")
+	if err := os.WriteFile(f, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--directory", "a:1", "--worker-id", "w", "--token-file", f}
+	_, o, err := parseFlags(base, env(nil), io.Discard, io.Discard)
+	if err != nil || o.token != "s3cret" {
+		t.Fatalf("--token-file: token %q, err %v", o.token, err)
+	}
+	for _, extra := range [][]string{{"--token", "x"}, {"--tls-server-name", "kvdir-dir1"}, {"--tls-ca", f}} {
+		if _, _, err := parseFlags(append(append([]string{}, base...), extra...), env(nil), io.Discard, io.Discard); err == nil || !cli.IsUsage(err) {
+			t.Errorf("%q accepted, or not as a usage error: %v", extra, err)
+		}
 	}
 }

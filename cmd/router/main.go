@@ -14,6 +14,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +25,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/kvdir/kvdir/internal/admission"
 	"github.com/kvdir/kvdir/internal/cli"
@@ -51,6 +55,8 @@ type options struct {
 	addr, workers, policy, fallback                string
 	profile, tokenizer, tokenizeURL, tokenizeModel string
 	token, explainTokenFile                        string
+	tokenFile, tlsCA, tlsServer                    string
+	dirTLS                                         *tls.Config
 	followLog, calibrate                           bool
 	directory                                      []string
 	hashBalance, seed                              int
@@ -98,7 +104,10 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.Var(cli.StringList(&o.directory), "directory", "comma-separated gRPC addresses (`HOST:PORT,...`) of directory nodes")
 	fs.StringVar(&o.workers, "workers", o.workers, "static workers instead of discovery: `id=url[@model][#rank],...` (model learned from the engine's metrics if omitted; #rank: one data-parallel rank of the engine at url, its load read from that rank's series and its requests sent with "+router.HeaderDataParallelRank+"); with --directory, prefixes are still matched there")
 	fs.StringVar(&c.EngineKind, "engine-kind", "auto", "shape of the engines' /metrics: "+enginemetrics.KindNames+" (auto: detected from each scrape)")
-	fs.StringVar(&o.token, "token", o.token, "bearer `TOKEN` for the directory (prefer "+p.EnvVar("token")+": flags show in ps)")
+	fs.StringVar(&o.token, "token", o.token, "bearer `TOKEN` for the directory (prefer --token-file or "+p.EnvVar("token")+": flags show in ps)")
+	fs.StringVar(&o.tokenFile, "token-file", o.tokenFile, "`FILE` holding the bearer token for the directory (surrounding white space ignored)")
+	fs.StringVar(&o.tlsCA, "tls-ca", o.tlsCA, "PEM `FILE` of the CA that signed the directory's certificates: dial the directory over TLS")
+	fs.StringVar(&o.tlsServer, "tls-server-name", o.tlsServer, "`NAME` to verify the directory's certificates against (default: the host of each address)")
 	fs.DurationVar(&o.cfg.LocalStaleAfter, "follow-stale-after", router.DefaultLocalStaleAfter, "with --follow-log: matches from a replica not heard from the directory for this `DURATION` are marked stale (explain, metrics)")
 	fs.DurationVar(&o.cfg.LocalMaxStale, "follow-max-stale", router.DefaultLocalMaxStale, "with --follow-log: past this `DURATION` without the directory the replica stops answering and the directory (or the fallback policy) does; also the longest /readyz waits at start for the replica's first sync")
 	fs.BoolVar(&o.followLog, "follow-log", false, "keep a local replica of the directory, fed by a node's stream of the committed log, and answer prefix matches from it while it is in sync (the directory answers them otherwise); /readyz waits for its first sync")
@@ -284,6 +293,39 @@ func configure(o *options) (router.Config, error) {
 	return cfg, nil
 }
 
+// directorySecurity reads --token-file and --tls-ca.
+func (o *options) directorySecurity() error {
+	if o.tokenFile != "" {
+		if o.token != "" {
+			return cli.Usagef("give --token or --token-file, not both")
+		}
+		t, err := dirclient.ReadToken(o.tokenFile)
+		if err != nil {
+			return cli.Usagef("--token-file: %w", err)
+		}
+		o.token = t
+	}
+	if o.tlsServer != "" && o.tlsCA == "" {
+		return cli.Usagef("--tls-server-name needs --tls-ca")
+	}
+	if o.tlsCA != "" {
+		tc, err := dirclient.LoadTLS(o.tlsCA, o.tlsServer)
+		if err != nil {
+			return cli.Usagef("--tls-ca: %w", err)
+		}
+		o.dirTLS = tc
+	}
+	return nil
+}
+
+// followDialOptions dials the --follow-log stream as the directory client does.
+func (o *options) followDialOptions() []grpc.DialOption {
+	if o.dirTLS == nil {
+		return nil
+	}
+	return []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(o.dirTLS))}
+}
+
 // serve runs the router until ctx ends. ready, if not nil, receives the
 // listening address.
 func serve(ctx context.Context, o *options, ready chan<- string) error {
@@ -293,14 +335,17 @@ func serve(ctx context.Context, o *options, ready chan<- string) error {
 		return err
 	}
 	if len(o.directory) > 0 {
-		dir, err := dirclient.New(dirclient.Config{Addrs: o.directory, Token: o.token, Logger: log})
+		if err := o.directorySecurity(); err != nil {
+			return err
+		}
+		dir, err := dirclient.New(dirclient.Config{Addrs: o.directory, Token: o.token, TLS: o.dirTLS, Logger: log})
 		if err != nil {
 			return fmt.Errorf("directory client: %w", err)
 		}
 		defer dir.Close()
 		cfg.Directory = dir
 		if o.followLog {
-			fl, err := follow.New(follow.Config{Addrs: o.directory, Token: o.token, Logger: log})
+			fl, err := follow.New(follow.Config{Addrs: o.directory, Token: o.token, DialOptions: o.followDialOptions(), Logger: log})
 			if err != nil {
 				return fmt.Errorf("--follow-log: %w", err)
 			}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvdir/kvdir/internal/testkit"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
@@ -24,6 +23,7 @@ import (
 type Directory struct {
 	d     Docker
 	names []string // container names, kvdir-dir1..3
+	creds *Credentials
 
 	mu    sync.Mutex
 	conns map[string]*nodeConn
@@ -40,6 +40,14 @@ type nodeConn struct {
 // NewDirectory returns a Directory for the named containers.
 func NewDirectory(d Docker, names ...string) *Directory {
 	return &Directory{d: d, names: names, conns: map[string]*nodeConn{}}
+}
+
+// NewSecureDirectory returns a Directory that dials the nodes over TLS
+// with creds (nil: plaintext, no token).
+func NewSecureDirectory(d Docker, creds *Credentials, names ...string) *Directory {
+	c := NewDirectory(d, names...)
+	c.creds = creds
+	return c
 }
 
 // Names returns the nodes' container names.
@@ -78,7 +86,7 @@ func (c *Directory) conn(ctx context.Context, name string, fresh bool) (*nodeCon
 		n.lastLook = time.Now()
 		return n, nil
 	}
-	cc, err := grpc.NewClient(net.JoinHostPort(ip, "7001"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(net.JoinHostPort(ip, "7001"), c.creds.dialOptions(name)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", name, err)
 	}

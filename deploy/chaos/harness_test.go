@@ -101,6 +101,7 @@ type harness struct {
 	d     Docker
 	root  string
 	dir   *Directory
+	creds *Credentials // the CA and admin token of the cluster (deploy/secrets)
 	lb    *Balancer
 	seqs  *SeqMonitor
 	model *Model
@@ -198,7 +199,14 @@ func newHarness(t *testing.T, ctx context.Context) *harness {
 	if out, err := h.compose("up"); err != nil {
 		t.Fatalf("cluster.sh up: %v\n%s", err, out)
 	}
-	h.dir = NewDirectory(h.d, dirNames...)
+	secrets := env("KVDIR_SECRETS", "deploy/secrets")
+	if !filepath.IsAbs(secrets) {
+		secrets = filepath.Join(h.root, secrets)
+	}
+	if h.creds, err = LoadCredentials(secrets); err != nil {
+		t.Fatal(err)
+	}
+	h.dir = NewSecureDirectory(h.d, h.creds, dirNames...)
 	h.routerURLs = []string{
 		"http://127.0.0.1:" + env("KVDIR_ROUTER1_PORT", "28080"),
 		"http://127.0.0.1:" + env("KVDIR_ROUTER2_PORT", "28081"),
@@ -281,7 +289,9 @@ func (h *harness) engine(name string, fresh bool) (string, error) {
 func (h *harness) kvdirctlRun(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
 	defer cancel()
-	return h.d.Run(ctx, append([]string{"run", "--rm", "--network", Network, h.kvdirctl, "--directory", dirAPI}, args...)...)
+	docker, ctl := h.creds.kvdirctl()
+	run := append(append([]string{"run", "--rm", "--network", Network}, docker...), h.kvdirctl, "--directory", dirAPI)
+	return h.d.Run(ctx, append(append(run, ctl...), args...)...)
 }
 
 // digestsAgree runs `kvdirctl status -o json` until every node answers and

@@ -4,7 +4,13 @@
 #   deploy/compose/cluster.sh up      start what has an image, wait until healthy
 #   deploy/compose/cluster.sh down    stop and remove containers, network and data volumes
 #   deploy/compose/cluster.sh ps      list the containers and their health
+#   deploy/compose/cluster.sh ctl ARGS...
+#                                     kvdirctl ARGS on the cluster's network, over TLS
+#                                     with the admin token (e.g. ctl status)
 #
+# The cluster runs with the secrets in KVDIR_SECRETS (default deploy/secrets,
+# relative to the repository): up generates them first if the CA is missing
+# (go run ./deploy/gensecrets; GO overrides the go command).
 # The routers are started only when their image exists (cmd/router may not
 # be built yet); the script says when it leaves them out. COMPOSE overrides
 # the compose command (default docker-compose); KVDIR_IMAGE_PREFIX and
@@ -17,7 +23,39 @@ DOCKER="${DOCKER:-docker}"
 # .env supplies the defaults; the environment wins.
 prefix="${KVDIR_IMAGE_PREFIX:-$(sed -n 's/^KVDIR_IMAGE_PREFIX=//p' "$here/.env")}"
 tag="${KVDIR_IMAGE_TAG:-$(sed -n 's/^KVDIR_IMAGE_TAG=//p' "$here/.env")}"
+root="$(cd "$here/../.." && pwd)"
+secrets="${KVDIR_SECRETS:-deploy/secrets}"
+case "$secrets" in /*) ;; *) secrets="$root/$secrets" ;; esac
+export KVDIR_SECRETS_DIR="$secrets"
+# The containers run as the images' user (65532) with the secrets' group
+# added: files gensecrets gave to that user (it does when run as root) are
+# theirs; files of another user need their group bit (set by secrets_ready).
+KVDIR_SECRETS_GID="$(stat -c %g "$secrets/ca.crt" 2>/dev/null || id -g)"
+export KVDIR_SECRETS_GID
 compose() { $COMPOSE --project-directory "$here" -f "$here/docker-compose.yml" "$@"; }
+
+# secrets_ready: generate the secrets if the CA is missing (existing files are kept).
+secrets_ready() {
+  if [ ! -f "$secrets/ca.crt" ]; then
+    echo "cluster.sh: no secrets in $secrets: generating them (make deploy-secrets)"
+    (cd "$root" && "${GO:-go}" run ./deploy/gensecrets --out "$secrets")
+  fi
+  KVDIR_SECRETS_GID="$(stat -c %g "$secrets/ca.crt")"
+  if [ "$(stat -c %u "$secrets/ca.key")" != 65532 ]; then
+    echo "cluster.sh: $secrets is not owned by the images' user 65532 (gensecrets gives it to them when run as root): making the files group-readable for the containers; the directory will warn about the token files' mode"
+    chmod g+r "$secrets"/*
+    chmod g+rx "$secrets"
+  fi
+}
+
+# ctl ARGS...: kvdirctl in its image on kvdir-net, trusting the cluster's CA,
+# with the admin token.
+ctl() {
+  "$DOCKER" run --rm --pull never --network kvdir-net --group-add "$KVDIR_SECRETS_GID" \
+    -v "$secrets/ca.crt:/etc/kvdir/tls/ca.crt:ro" -v "$secrets/admin.token:/etc/kvdir/tokens/admin:ro" \
+    "${prefix}kvdirctl:$tag" --directory kvdir-dir1:7001,kvdir-dir2:7001,kvdir-dir3:7001 \
+    --tls-ca /etc/kvdir/tls/ca.crt --token-file /etc/kvdir/tokens/admin "$@"
+}
 
 # wait_healthy <timeout seconds> <container...>: until every container's
 # health is "healthy"; fails with their states and last logs otherwise.
@@ -43,6 +81,7 @@ wait_healthy() {
 
 up() {
   local services=() missing=() s img
+  secrets_ready
   for s in $(compose config --services); do
     case "$s" in
       kvdir-dir*) img="${prefix}directory:$tag" ;;
@@ -71,5 +110,6 @@ case "${1:-}" in
   up) up ;;
   down) compose down --volumes --remove-orphans --timeout 40 ;;
   ps) compose ps ;;
-  *) echo "usage: $0 up|down|ps" >&2; exit 2 ;;
+  ctl) shift; ctl "$@" ;;
+  *) echo "usage: $0 up|down|ps|ctl ARGS..." >&2; exit 2 ;;
 esac

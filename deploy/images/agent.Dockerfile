@@ -13,6 +13,9 @@ LABEL org.opencontainers.image.title="kvdir-agent" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY passwd group /etc/
 COPY agent healthcheck /usr/local/bin/
+# The KV-event sockets' directory: a volume mounted here is created owned by
+# the image's user, so that the engine can bind its ipc:// endpoints in it.
+COPY --chown=65532:65532 data /run/kvdir
 ENV KVDIR_AGENT_HTTP_ADDR=0.0.0.0:9400 \
     HEALTHCHECK_URL=http://127.0.0.1:9400/healthz
 EXPOSE 9400

@@ -98,6 +98,7 @@ func Check(objs []Object) error {
 	errs = append(errs, checkEngines(ws)...)
 	errs = append(errs, checkTokenizeURLs(objs, ws)...)
 	errs = append(errs, checkEnvNames(objs)...)
+	errs = append(errs, checkSecurity(objs, ws)...)
 	return errors.Join(errs...)
 }
 

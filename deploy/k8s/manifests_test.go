@@ -17,7 +17,8 @@ import (
 // lists into its Kubernetes API type, rejecting unknown fields, and checks
 // the objects a deployment needs are there: the directory StatefulSet with
 // its Services and disruption budget, the router Deployment with its Service
-// and autoscaler, and vLLM with the agent beside it.
+// and autoscaler, vLLM with the agent beside it, and the directory's
+// NetworkPolicy.
 func TestManifestsDecodeStrictly(t *testing.T) {
 	k, objs, err := LoadDir(".")
 	if err != nil {
@@ -35,7 +36,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		"StatefulSet/kvdir-directory", "Service/kvdir-directory-headless", "Service/kvdir-directory",
 		"PodDisruptionBudget/kvdir-directory",
 		"Deployment/kvdir-router", "Service/kvdir-router", "HorizontalPodAutoscaler/kvdir-router",
-		"Deployment/vllm",
+		"Deployment/vllm", "NetworkPolicy/kvdir-directory",
 	} {
 		if !have[want] {
 			t.Errorf("no %s among the manifests", want)
@@ -165,6 +166,24 @@ func TestChecksCatchMistakes(t *testing.T) {
 		{"tokenize url", "router.yaml", "http://vllm:8000/tokenize", "http://vllm:8001/tokenize", "has no port 8001"},
 		{"variable of the old scheme", "directory.yaml", "name: KVDIR_DIRECTORY_LOG_FORMAT", "name: KVDIR_LOG_FORMAT", "KVDIR_LOG_FORMAT is not read by directory"},
 		{"variable of another binary", "router.yaml", "name: KVDIR_ROUTER_POLICY", "name: KVDIR_AGENT_POLICY", "KVDIR_AGENT_POLICY is not read by router"},
+		// Secure by default.
+		{"no network policy", "networkpolicy.yaml", "  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: kvdir-directory\n", "  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: kvdir-directry\n", "no NetworkPolicy with Ingress selects the directory's pods"},
+		{"raft open to clients", "networkpolicy.yaml", "      ports:\n        - port: api\n    - ports:", "      ports:\n        - port: api\n        - port: raft\n    - ports:", "admits router.yaml#1 Deployment/kvdir-router to the raft port"},
+		{"raft open to everyone", "networkpolicy.yaml", "    - ports:\n        - port: http\n", "    - ports:\n        - port: http\n        - port: raft\n", "admits everyone to the raft port"},
+		{"api open to another namespace", "networkpolicy.yaml", "    - from:\n        - podSelector:\n            matchExpressions:", "    - from:\n        - namespaceSelector: {}\n          podSelector:\n            matchExpressions:", "admits more than this namespace's pods to the api port"},
+		{"router not admitted", "router.yaml", "kvdir.io/directory-client: router", "kvdir.io/directory-client: routr", "no NetworkPolicy rule admits router.yaml#1 Deployment/kvdir-router to the api port"},
+		{"admin not admitted", "networkpolicy.yaml", "values: [agent, router, admin]", "values: [agent, router]", "kvdir.io/directory-client=admin"},
+		{"wildcard kv events", "vllm.yaml", `"endpoint":"tcp://127.0.0.1:5557"`, `"endpoint":"tcp://*:5557"`, `KV-event endpoint "tcp://*:5557" is reachable from outside the pod`},
+		{"replay on all interfaces", "vllm.yaml", `"replay_endpoint":"tcp://127.0.0.1:5558"`, `"replay_endpoint":"tcp://0.0.0.0:5558"`, `KV-event endpoint "tcp://0.0.0.0:5558"`},
+		{"agent binds all interfaces", "vllm.yaml", "              value: tcp://127.0.0.1:5557\n", "              value: tcp://0.0.0.0:5557\n", "the agent binds KV-event endpoint"},
+		{"raft without mutual TLS", "directory.yaml", "            - name: KVDIR_DIRECTORY_LOG_FORMAT\n", "            - name: KVDIR_DIRECTORY_INSECURE_RAFT\n              value: \"true\"\n            - name: KVDIR_DIRECTORY_LOG_FORMAT\n", "KVDIR_DIRECTORY_INSECURE_RAFT: the reference manifests run nothing insecurely"},
+		{"no directory CA", "directory.yaml", "            - name: KVDIR_DIRECTORY_TLS_CA\n              value: /etc/kvdir/secrets/ca.crt\n", "", "KVDIR_DIRECTORY_TLS_CA is not set"},
+		{"key outside the Secret", "directory.yaml", "value: /etc/kvdir/secrets/$(POD_NAME).key", "value: /data/$(POD_NAME).key", "KVDIR_DIRECTORY_TLS_KEY \"/data/$(POD_NAME).key\" is not in a mounted Secret"},
+		{"token in the manifest", "router.yaml", "            - name: KVDIR_ROUTER_TOKEN\n              valueFrom:\n                secretKeyRef:\n                  name: kvdir-router-secrets\n                  key: token\n", "            - name: KVDIR_ROUTER_TOKEN\n              value: hunter2\n", "KVDIR_ROUTER_TOKEN must come from a Secret"},
+		{"agent without a token", "vllm.yaml", "            - name: KVDIR_AGENT_TOKEN\n              valueFrom:\n                secretKeyRef:\n                  name: kvdir-agent-secrets\n                  key: token\n", "", "neither KVDIR_AGENT_TOKEN nor KVDIR_AGENT_TOKEN_FILE is set"},
+		{"agent without TLS", "vllm.yaml", "            - name: KVDIR_AGENT_TLS_CA\n              value: /etc/kvdir/tls/ca.crt\n", "", "KVDIR_AGENT_TLS_CA is not set"},
+		{"agent credentials outside the Secret", "directory.yaml", "            - name: KVDIR_DIRECTORY_AGENT_TOKEN\n              valueFrom:\n                secretKeyRef:\n                  name: kvdir-directory-secrets\n                  key: agent.token\n", "            - name: KVDIR_DIRECTORY_AGENT_CREDENTIALS\n              value: /data/agent-credentials\n", `KVDIR_DIRECTORY_AGENT_CREDENTIALS "/data/agent-credentials" is not in a mounted Secret`},
+		{"directory without admin token", "directory.yaml", "            - name: KVDIR_DIRECTORY_ADMIN_TOKEN\n", "            - name: KVDIR_DIRECTORY_ADMIN_TOKN\n", "neither KVDIR_DIRECTORY_ADMIN_TOKEN nor"},
 	}
 	files, err := filepath.Glob("*.yaml")
 	if err != nil {

@@ -137,6 +137,10 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 		return nil, fmt.Errorf("kvevents: new publisher: set hwm: %w", err)
 	}
 	if bind {
+		if err := removeStaleSocket(cfg.Endpoint); err != nil {
+			p.abort()
+			return nil, err
+		}
 		if err := p.pub.Listen(cfg.Endpoint); err != nil {
 			p.abort()
 			return nil, fmt.Errorf("kvevents: new publisher: bind %s: %w", cfg.Endpoint, err)
@@ -146,6 +150,10 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 	}
 	if cfg.ReplayEndpoint != "" {
 		p.router = zmq4.NewRouter(ctx, zmqOptions(cfg.Logger, false, false)...)
+		if err := removeStaleSocket(cfg.ReplayEndpoint); err != nil {
+			p.abort()
+			return nil, err
+		}
 		if err := p.router.Listen(cfg.ReplayEndpoint); err != nil {
 			p.abort()
 			return nil, fmt.Errorf("kvevents: new publisher: bind replay %s: %w", cfg.ReplayEndpoint, err)

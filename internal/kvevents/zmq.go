@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"math"
+	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -117,4 +120,30 @@ func zmqOptions(logger *log.Logger, dialer, reconnect bool) []zmq4.Option {
 		)
 	}
 	return opts
+}
+
+// removeStaleSocket prepares an ipc:// endpoint for binding, as libzmq
+// does: a socket file left behind by a process that died without closing
+// it (SIGKILL, an engine container killed and restarted on the volume it
+// shares with its agent) would make the bind fail with "address already in
+// use". The file is removed only if it is a socket nothing accepts on, so
+// a live publisher's endpoint still refuses a second bind. Other endpoints
+// are left alone.
+func removeStaleSocket(endpoint string) error {
+	path, ok := strings.CutPrefix(endpoint, "ipc://")
+	if !ok || path == "" {
+		return nil
+	}
+	st, err := os.Lstat(path)
+	if err != nil || st.Mode()&fs.ModeSocket == 0 {
+		return nil
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		_ = c.Close()
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("kvevents: remove stale socket %s: %w", path, err)
+	}
+	return nil
 }

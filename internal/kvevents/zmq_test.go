@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"reflect"
 	"sync/atomic"
 	"testing"
@@ -548,5 +550,41 @@ func TestBindConflicts(t *testing.T) {
 	}
 	if _, err := Replay(context.Background(), "nope", 0); err == nil {
 		t.Fatal("bad replay endpoint accepted")
+	}
+}
+
+// An engine and its agent can share KV events over ipc:// sockets on a
+// shared volume: the engine binds both, the agent connects, and replay
+// works. Socket files left by an engine that was killed do not stop the
+// next one from binding, while a live publisher's socket still refuses a
+// second bind.
+func TestIPCEndpointsSurviveAStaleSocket(t *testing.T) {
+	dir, err := os.MkdirTemp("", "kvipc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	live, replay := filepath.Join(dir, "events.sock"), filepath.Join(dir, "replay.sock")
+	for _, p := range []string{live, replay} {
+		ln, err := net.Listen("unix", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.(*net.UnixListener).SetUnlinkOnClose(false)
+		ln.Close()
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("stale socket %s not left behind: %v", p, err)
+		}
+	}
+	pub := newPub(t, PublisherConfig{Endpoint: "ipc://" + live, ReplayEndpoint: "ipc://" + replay, ReplayLayout: ReplayLayoutNew, Topic: "kvdir"})
+	sub := newSub(t, SubscriberConfig{Endpoint: "ipc://" + live, Topic: "kvdir"})
+	checkStream(t, pub, sub, "kvdir", 5)
+	msgs, err := Replay(testCtx(t), "ipc://"+replay, 0)
+	if err != nil || len(msgs) < 5 {
+		t.Fatalf("replay over ipc: %d messages, %v; want the 5 published and the probes", len(msgs), err)
+	}
+	if p2, err := NewPublisher(context.Background(), PublisherConfig{Endpoint: "ipc://" + live}); err == nil {
+		p2.Close()
+		t.Fatal("a second publisher bound a live publisher's ipc socket")
 	}
 }
