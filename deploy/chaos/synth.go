@@ -216,8 +216,8 @@ func (s *Synthetic) loop(ctx context.Context) {
 	defer close(s.stopped)
 	var (
 		running  bool
-		next     uint64 = uint64(time.Now().UnixNano()) // hash generator
-		chains   [][]uint64                             // resident, oldest first
+		next     uint64     = uint64(time.Now().UnixNano()) // hash generator
+		chains   [][]uint64                                 // resident, oldest first
 		resident int
 		clear    = true // AllCleared before the first blocks of an epoch
 		epoch    uint64
