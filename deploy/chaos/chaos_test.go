@@ -35,7 +35,15 @@ func (r *Results) figures() []benchjson.Figure {
 			benchjson.Figure{Name: f.Name + ".view_converged_seconds", Unit: "s", Measured: f.ViewConvergedSeconds,
 				Note: "from the repair until the directory's view equals what the engines hold"},
 			benchjson.Figure{Name: f.Name + ".following_router_fallbacks", Unit: "requests", Measured: float64(f.FollowingFallbacks),
-				Note: "requests a router following the log placed by hashing, without its replica or the directory"})
+				Note: "requests a router following the log placed by hashing, without its replica or the directory"},
+			benchjson.Figure{Name: f.Name + ".requests_per_second", Unit: "requests/s", Target: benchjson.Min(100),
+				Measured: f.RequestsPerSecond, Note: "requests completed through the routers per second during the fault window"},
+			benchjson.Figure{Name: f.Name + ".block_events_per_second", Unit: "events/s", Target: benchjson.Min(100000),
+				Measured: f.BlockEventsPerSecond, Note: "block events (stored + removed) the directory acknowledged to the synthetic worker per second during the fault window"})
+		if f.Name == "pause-agent" {
+			out = append(out, benchjson.Figure{Name: f.Name + ".resume_to_view_seconds", Unit: "s", Target: benchjson.Max(5),
+				Measured: f.ResumeToViewSeconds, Note: "from docker unpause of the agent until the worker's view equals the engine's cache"})
+		}
 	}
 	return out
 }
@@ -92,9 +100,9 @@ func TestChaos(t *testing.T) {
 		}
 		r := h.run(f)
 		res.Faults = append(res.Faults, r)
-		t.Logf("%s: ok=%v failed=%d lost=%d leader=%.2fs view=%.2fs requests=%d (%.0f s) %v",
+		t.Logf("%s: ok=%v failed=%d lost=%d leader=%.2fs view=%.2fs requests=%d (%.0f s) window %.1f s: %.0f requests/s, %.0f block events/s; %s %v",
 			r.Name, r.OK, r.FailedRequests, r.LostAcknowledgedBatches, r.LeaderRecoverySeconds,
-			r.ViewConvergedSeconds, r.Requests, r.DurationSeconds, r.Problems)
+			r.ViewConvergedSeconds, r.Requests, r.DurationSeconds, r.WindowSeconds, r.RequestsPerSecond, r.BlockEventsPerSecond, r.Detail, r.Problems)
 		t.Logf("%s: %s", r.Name, r.followingSummary())
 		if ctx.Err() != nil {
 			break
@@ -133,6 +141,9 @@ func (h *harness) run(f fault) (r FaultResult) {
 	follow := h.followCounts()
 	r.FollowingRouters = len(follow)
 	load := StartLoad(h.ctx, h.loadConfig())
+	regs0, _, gap0 := h.synth.Stats()
+	acked0 := h.synth.Acked()
+	h.synth.Resume()
 	stopped := false
 	stop := func() {
 		if stopped {
@@ -148,6 +159,12 @@ func (h *harness) run(f fault) (r FaultResult) {
 		if st.Errors > 0 {
 			h.t.Logf("%s: first client error: %s", f.name, st.FirstErr)
 		}
+		if err := h.synth.Pause(30 * time.Second); err != nil {
+			r.problem("%v", err)
+		}
+		el := time.Since(begin).Seconds()
+		r.LoadRequestsPerSecond = float64(completed(h.lb.Records(begin), begin, time.Now())) / el
+		r.LoadEventsPerSecond = float64(h.synth.Acked()-acked0) / el
 	}
 	defer stop()
 	if err := h.waitRequests(begin, warmRequests, 60*time.Second); err != nil {
@@ -176,10 +193,15 @@ func (h *harness) run(f fault) (r FaultResult) {
 			views <- viewResult{sec, n, err}
 		}()
 	}
+	wStart, wAcked := time.Now(), h.synth.Acked()
 	repaired, err := f.inject(h, &r)
 	if err != nil {
 		r.problem("%v", err)
 	}
+	wEnd := time.Now()
+	r.WindowSeconds = wEnd.Sub(wStart).Seconds()
+	r.RequestsPerSecond = float64(completed(h.lb.Records(wStart), wStart, wEnd)) / r.WindowSeconds
+	r.BlockEventsPerSecond = float64(h.synth.Acked()-wAcked) / r.WindowSeconds
 	if !repaired.IsZero() {
 		h.onRepair(repaired)
 	}
@@ -223,6 +245,7 @@ func (h *harness) run(f fault) (r FaultResult) {
 	for _, w := range why {
 		r.problem("acknowledged batches: %s", w)
 	}
+	lost += h.syntheticHeld(&r, regs0, gap0)
 	for _, a := range agentNames {
 		logs, err := h.d.Logs(h.ctx, a, begin)
 		if err != nil {
@@ -254,6 +277,58 @@ func (h *harness) run(f fault) (r FaultResult) {
 	}
 	h.followResults(&r, follow, f.noFallback)
 	return r
+}
+
+// completed counts the requests that completed without failing between
+// from and to.
+func completed(recs []Record, from, to time.Time) int {
+	n := 0
+	for _, rec := range recs {
+		if !rec.End.IsZero() && !rec.Failed() && !rec.End.Before(from) && !rec.End.After(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// syntheticHeld checks, with the synthetic worker paused and flushed,
+// that every node holds its epoch and at least the last batch it had
+// acknowledged, and records its problems and registrations during the
+// fault; it returns the acknowledged batches lost.
+func (h *harness) syntheticHeld(r *FaultResult, regs0 int, gap0 int64) int {
+	regs, _, gap := h.synth.Stats()
+	r.SyntheticRegistrations = regs - regs0
+	for _, p := range h.synth.TakeProblems() {
+		r.problem("%s", p)
+	}
+	lost := int(gap - gap0)
+	if lost > 0 {
+		r.problem("the synthetic worker's batches were refused with GAP: %d acknowledged batches lost", lost)
+	}
+	epoch, seq := h.synth.Position()
+	err := testkit.Poll(h.ctx, 10*time.Second, "every node to hold the synthetic worker's acknowledged batches", func() (bool, string) {
+		var bad []string
+		for name, ws := range h.seqs.Poll(h.ctx) {
+			found := false
+			for _, w := range ws {
+				if w.GetSpec().GetId() != syntheticWorker {
+					continue
+				}
+				found = true
+				if w.Epoch != epoch || w.AppliedSeq < seq {
+					bad = append(bad, fmt.Sprintf("%s: epoch %d applied_seq %d, acknowledged %d in epoch %d", name, w.Epoch, w.AppliedSeq, seq, epoch))
+				}
+			}
+			if !found {
+				bad = append(bad, name+": no synthetic worker")
+			}
+		}
+		return len(bad) == 0, strings.Join(bad, "; ")
+	})
+	if err != nil {
+		r.problem("synthetic worker: %v", err)
+	}
+	return lost
 }
 
 // fallbacks returns each router's kvdir_router_fallbacks_total (requests
