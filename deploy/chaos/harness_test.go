@@ -53,7 +53,7 @@ const (
 	// checked for: at a hundred requests a second, all of them would make
 	// a poll of the view take longer than the view takes to converge.
 	maxRecentProbes = 192
-	afterRequests = 8                // requests completed after recovery before the load stops
+	afterRequests   = 8 // requests completed after recovery before the load stops
 )
 
 // FaultResult is one fault's line in bench/results/chaos.json.
@@ -80,11 +80,11 @@ type FaultResult struct {
 	// during the fault (0: it kept its epoch).
 	SyntheticRegistrations int `json:"synthetic_registrations"`
 	// Fault-specific measurements (0 when the fault has none).
-	ExpiredAfterSeconds  float64 `json:"expired_after_seconds,omitempty"`   // pause-agent, clock-skew: from the pause to the worker's expiry
-	ResumeToViewSeconds  float64 `json:"resume_to_view_seconds,omitempty"`  // pause-agent: from the resume to the view equal to the engine's cache
-	FailedVisiblySeconds float64 `json:"failed_visibly_seconds,omitempty"`  // disk-full: from the fill to the node's readiness failing
-	RestartNeeded        bool    `json:"restart_needed,omitempty"`          // disk-full: the node did not recover without a restart
-	Detail               string  `json:"detail,omitempty"`                  // what the fault saw, in words
+	ExpiredAfterSeconds  float64 `json:"expired_after_seconds,omitempty"`  // pause-agent, clock-skew: from the pause to the worker's expiry
+	ResumeToViewSeconds  float64 `json:"resume_to_view_seconds,omitempty"` // pause-agent: from the resume to the view equal to the engine's cache
+	FailedVisiblySeconds float64 `json:"failed_visibly_seconds,omitempty"` // disk-full: from the fill to the node's readiness failing
+	RestartNeeded        bool    `json:"restart_needed,omitempty"`         // disk-full: the node did not recover without a restart
+	Detail               string  `json:"detail,omitempty"`                 // what the fault saw, in words
 	// Requests sent during the fault's load, and how many of the failed
 	// ones were in flight at a router when it was killed (allowed).
 	Requests                int `json:"requests"`
