@@ -356,9 +356,13 @@ type killedRouter struct {
 func (h *harness) classify(r *FaultResult, since time.Time) {
 	recs := h.lb.Records(since)
 	failed := 0
+	firstReroute := ""
 	for _, rec := range recs {
 		if rec.Rerouted {
 			r.ReroutedBeforeFirstByte++
+			if firstReroute == "" {
+				firstReroute = rec.Start.Format(time.TimeOnly) + " " + rec.RerouteErr
+			}
 		}
 		if !rec.Failed() && !rec.End.IsZero() {
 			continue
@@ -379,7 +383,7 @@ func (h *harness) classify(r *FaultResult, since time.Time) {
 		r.problem("the balancer saw %d failed requests, the client %d", failed, r.FailedRequests)
 	}
 	if r.ReroutedBeforeFirstByte > 0 && h.routerKill == nil {
-		r.problem("%d requests re-routed although no router was killed", r.ReroutedBeforeFirstByte)
+		r.problem("%d requests re-routed although no router was killed (first at %s)", r.ReroutedBeforeFirstByte, firstReroute)
 	}
 	h.routerKill = nil
 }

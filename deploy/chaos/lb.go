@@ -56,6 +56,8 @@ type Record struct {
 	// Rerouted is set when a router failed before any response byte and
 	// the request went to another one.
 	Rerouted bool
+	// RerouteErr is why the first router tried failed, when Rerouted.
+	RerouteErr string
 	// Err is why the client saw a failure ("" for a complete 200).
 	Err string
 	// ClientClosed is set when the client closed the connection before
@@ -238,7 +240,12 @@ func (b *Balancer) front(f int) http.Handler {
 			// Nothing came back: this router is gone or going; the next
 			// one gets the request.
 			b.healthy[i].Store(false)
-			b.update(rec, func(r *Record) { r.Rerouted = true })
+			b.update(rec, func(r *Record) {
+				if !r.Rerouted {
+					r.RerouteErr = fmt.Sprintf("router %d: %v", i+1, err)
+				}
+				r.Rerouted = true
+			})
 		}
 		if resp == nil {
 			b.update(rec, func(r *Record) { r.End, r.Err = time.Now(), fmt.Sprintf("no router answered: %v", lastErr) })
