@@ -68,6 +68,10 @@ var faults = []fault{
 	{name: "restart-engine", inject: restartEngine},
 	{name: "restart-agent", inject: restartAgent},
 	{name: "restart-router", inject: restartRouter},
+	{name: "pause-agent", inject: pauseAgent},
+	{name: "slow-follower-leader-loss", inject: slowFollowerLeaderLoss},
+	{name: "disk-full", inject: diskFull},
+	{name: "clock-skew", inject: clockSkew},
 }
 
 // TestChaos brings up the compose cluster, puts steady load on both routers,
@@ -78,7 +82,7 @@ func TestChaos(t *testing.T) {
 	if os.Getenv("KVDIR_CHAOS") != "1" {
 		t.Skip("chaos tests need Docker; run them with `make test-chaos` (KVDIR_CHAOS=1)")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 11*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	start := time.Now()
 	h := newHarness(t, ctx)
@@ -211,6 +215,9 @@ func (h *harness) run(f fault) (r FaultResult) {
 	}
 	v := <-views
 	r.ViewConvergedSeconds, r.ViewProbes = v.sec, v.probes
+	if f.name == "pause-agent" {
+		r.ResumeToViewSeconds = v.sec
+	}
 	if v.err != nil {
 		r.problem("view under load: %v", v.err)
 	}

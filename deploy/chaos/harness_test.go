@@ -135,8 +135,9 @@ type harness struct {
 	seed  uint64
 	rng   *rand.Rand
 
-	dc    *dirclient.Client // the synthetic worker's client
-	synth *Synthetic
+	dataDir string            // the host tmpfs holding diskNode's data ("" if none)
+	dc      *dirclient.Client // the synthetic worker's client
+	synth   *Synthetic
 
 	routerURLs []string
 	following  []bool // per router: it follows the log (its view says so)
@@ -224,6 +225,9 @@ func newHarness(t *testing.T, ctx context.Context) *harness {
 	if _, err := h.d.Run(ctx, "image", "inspect", h.kvdirctl); err != nil {
 		t.Fatalf("image %s missing: run `make images` (make test-chaos does)", h.kvdirctl)
 	}
+	var unmount func()
+	h.dataDir, unmount = dataTmpfs(t)
+	t.Cleanup(unmount) // after the cluster's removal (cleanups run last first)
 	t.Cleanup(h.teardown)
 	if out, err := h.compose("up"); err != nil {
 		t.Fatalf("cluster.sh up: %v\n%s", err, out)
@@ -298,7 +302,7 @@ func (h *harness) compose(arg string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(h.root, "deploy/compose/cluster.sh"), arg)
-	cmd.Env = append(os.Environ(), clusterEnv()...)
+	cmd.Env = append(os.Environ(), h.clusterEnv()...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
@@ -306,9 +310,13 @@ func (h *harness) compose(arg string) (string, error) {
 // clusterEnv is the compose settings (deploy/compose/.env) the chaos load
 // needs, unless the environment sets them: engines a quarter of real time,
 // a cache (and a replay buffer) large enough that nothing is evicted in a
-// run, so that the test's model of each cache holds.
-func clusterEnv() []string {
+// run, so that the test's model of each cache holds; and diskNode's data
+// on the host's tmpfs, if there is one.
+func (h *harness) clusterEnv() []string {
 	var out []string
+	if h.dataDir != "" {
+		out = append(out, "KVDIR_DIR3_DATA="+h.dataDir)
+	}
 	for _, kv := range [][2]string{
 		{"KVDIR_TIME_SCALE", "0.25"}, {"KVDIR_KV_BLOCKS", "524288"}, {"KVDIR_REPLAY_BUFFER_STEPS", "1000000"},
 	} {
