@@ -104,9 +104,13 @@ func pauseAgent(h *harness, r *FaultResult) (time.Time, error) {
 	return resumed, nil
 }
 
+// slowCPUs is the CPU quota of a slow follower where netem is missing.
+const slowCPUs = "0.05"
+
 // slowFollowerLeaderLoss delays a follower's traffic by 200 ms (netem on
-// its interface, from the host in its network namespace) and kills the
-// leader while it is slow: the fast follower and the slow one must elect a
+// its interface, from the host in its network namespace; where the kernel
+// has no netem, a CPU quota of slowCPUs makes it slow instead) and kills
+// the leader while it is slow: the fast follower and the slow one must elect a
 // leader and serve; then the old leader is started and the delay removed.
 func slowFollowerLeaderLoss(h *harness, r *FaultResult) (time.Time, error) {
 	lv, err := h.dir.WaitLeader(h.ctx, leaderBound, 3, "")
@@ -127,8 +131,18 @@ func slowFollowerLeaderLoss(h *harness, r *FaultResult) (time.Time, error) {
 	netem := func(op string, args ...string) error {
 		return h.host("nsenter", append([]string{"-t", pid, "-n", "tc", "qdisc", op, "dev", "eth0", "root"}, args...)...)
 	}
+	how, undo := "netem delay 200ms", func() error { return netem("del") }
 	if err := netem("add", "netem", "delay", "200ms"); err != nil {
-		return time.Time{}, fmt.Errorf("slowing %s: %w", slow, err)
+		if !strings.Contains(err.Error(), "qdisc kind is unknown") {
+			return time.Time{}, fmt.Errorf("slowing %s: %w", slow, err)
+		}
+		// A kernel without sch_netem: starve the node of CPU instead, so
+		// that it answers late and falls behind.
+		if _, err := h.d.Run(h.ctx, "update", "--cpus", slowCPUs, slow); err != nil {
+			return time.Time{}, fmt.Errorf("slowing %s: %w", slow, err)
+		}
+		how = "CPU quota of " + slowCPUs + " cores (this kernel has no netem)"
+		undo = func() error { _, err := h.d.Run(h.ctx, "update", "--cpus", "0", slow); return err }
 	}
 	unslowed := false
 	unslow := func() error {
@@ -136,10 +150,10 @@ func slowFollowerLeaderLoss(h *harness, r *FaultResult) (time.Time, error) {
 			return nil
 		}
 		unslowed = true
-		return netem("del")
+		return undo()
 	}
 	defer func() { _ = unslow() }()
-	r.Target = lv.Container + " (leader, killed), " + slow + " (slow: +200 ms)"
+	r.Target = lv.Container + " (leader, killed), " + slow + " (slow: " + how + ")"
 	// The slow node must be behind the others' pace for a moment under
 	// the load before the leader goes.
 	select {
@@ -321,16 +335,29 @@ func diskFull(h *harness, r *FaultResult) (time.Time, error) {
 	return repaired, h.rejoin(diskNode)
 }
 
-// fillUp writes zeros to path until the file system is full and returns
-// how many bytes it wrote.
+// fillUp fills the file system of path with one file until no byte is
+// left, and returns the file's size: it allocates what statfs says is
+// free (fallocate, quick on a tmpfs), then writes until ENOSPC.
 func fillUp(path string) (int64, error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return 0, fmt.Errorf("fill: %w", err)
 	}
 	defer f.Close()
-	buf := make([]byte, 1<<20)
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(filepath.Dir(path), &st); err != nil {
+		return 0, fmt.Errorf("fill: statfs: %w", err)
+	}
 	var n int64
+	if free := int64(st.Bavail) * int64(st.Bsize); free > 1<<20 {
+		if err := syscall.Fallocate(int(f.Fd()), 0, 0, free-1<<20); err == nil {
+			n = free - 1<<20
+		}
+	}
+	if _, err := f.Seek(n, io.SeekStart); err != nil {
+		return n, fmt.Errorf("fill: %w", err)
+	}
+	buf := make([]byte, 64<<10)
 	for {
 		k, err := f.Write(buf)
 		n += int64(k)
@@ -339,9 +366,6 @@ func fillUp(path string) (int64, error) {
 		}
 		if err != nil {
 			return n, fmt.Errorf("fill: %w", err)
-		}
-		if k < len(buf) {
-			buf = buf[:max(len(buf)-k, 1)]
 		}
 	}
 }

@@ -82,6 +82,10 @@ func NewBalancer(routers []string) (*Balancer, error) {
 		healthy: make([]atomic.Bool, len(routers)),
 		client: &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: 256, DisableCompression: true,
+			// Below the router's idle timeout (120 s): a connection the
+			// router closes as idle just as a request goes out on it would
+			// fail before any byte, as if the router were gone.
+			IdleConnTimeout: 60 * time.Second,
 			DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
 		}},
 		hc:   &http.Client{Timeout: 500 * time.Millisecond},
@@ -97,7 +101,11 @@ func NewBalancer(routers []string) (*Balancer, error) {
 			}
 			return nil, fmt.Errorf("chaos: balancer front %d: %w", i, err)
 		}
-		srv := &http.Server{Handler: b.front(i), ReadHeaderTimeout: 10 * time.Second}
+		// No idle timeout of its own (it would be ReadHeaderTimeout's):
+		// the load generator's client keeps idle connections without
+		// limit, and a request sent on one the front closes meanwhile
+		// fails with EOF.
+		srv := &http.Server{Handler: b.front(i), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Hour}
 		b.servers = append(b.servers, srv)
 		b.fronts = append(b.fronts, "http://"+ln.Addr().String())
 		go func() { _ = srv.Serve(ln) }()
