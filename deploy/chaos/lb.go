@@ -86,7 +86,7 @@ func NewBalancer(routers []string) (*Balancer, error) {
 			// router closes as idle just as a request goes out on it would
 			// fail before any byte, as if the router were gone.
 			IdleConnTimeout: 60 * time.Second,
-			DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+			DialContext:     (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
 		}},
 		hc:   &http.Client{Timeout: 500 * time.Millisecond},
 		stop: make(chan struct{}),
