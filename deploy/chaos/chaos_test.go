@@ -108,6 +108,7 @@ func TestChaos(t *testing.T) {
 			r.Name, r.OK, r.FailedRequests, r.LostAcknowledgedBatches, r.LeaderRecoverySeconds,
 			r.ViewConvergedSeconds, r.Requests, r.DurationSeconds, r.WindowSeconds, r.RequestsPerSecond, r.BlockEventsPerSecond, r.Detail, r.Problems)
 		t.Logf("%s: %s", r.Name, r.followingSummary())
+		t.Logf("%s: busy cores: %s", r.Name, cpuString(r.CPUCores))
 		if ctx.Err() != nil {
 			break
 		}
@@ -144,6 +145,7 @@ func (h *harness) run(f fault) (r FaultResult) {
 	fallbacks := h.fallbacks()
 	follow := h.followCounts()
 	r.FollowingRouters = len(follow)
+	cpu0 := h.sampleCPU(h.ctx)
 	load := StartLoad(h.ctx, h.loadConfig())
 	regs0, _, gap0 := h.synth.Stats()
 	acked0 := h.synth.Acked()
@@ -166,6 +168,7 @@ func (h *harness) run(f fault) (r FaultResult) {
 		if err := h.synth.Pause(30 * time.Second); err != nil {
 			r.problem("%v", err)
 		}
+		r.CPUCores = coresBetween(cpu0, h.sampleCPU(h.ctx))
 		el := time.Since(begin).Seconds()
 		r.LoadRequestsPerSecond = float64(completed(h.lb.Records(begin), begin, time.Now())) / el
 		r.LoadEventsPerSecond = float64(h.synth.Acked()-acked0) / el

@@ -52,7 +52,7 @@ const (
 	// maxRecentProbes bounds the prompts of a fault's load the view is
 	// checked for: at a hundred requests a second, all of them would make
 	// a poll of the view take longer than the view takes to converge.
-	maxRecentProbes = 192
+	maxRecentProbes = 96
 	afterRequests   = 8 // requests completed after recovery before the load stops
 )
 
@@ -76,6 +76,10 @@ type FaultResult struct {
 	WindowSeconds         float64 `json:"fault_window_seconds"`
 	LoadRequestsPerSecond float64 `json:"load_requests_per_second"`
 	LoadEventsPerSecond   float64 `json:"load_block_events_per_second"`
+	// CPUCores is the machine's busy cores, on average over the fault's
+	// load, by what used them (the containers' cgroups, the test process,
+	// and the rest of the machine: other work on a shared host).
+	CPUCores map[string]float64 `json:"cpu_cores,omitempty"`
 	// SyntheticRegistrations counts the synthetic worker's registrations
 	// during the fault (0: it kept its epoch).
 	SyntheticRegistrations int `json:"synthetic_registrations"`

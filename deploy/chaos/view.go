@@ -169,12 +169,12 @@ func (x Mismatch) String() string {
 }
 
 // CompareView asks the directory node for every probe prompt's matches
-// (eight at a time) and compares them, for each of workers, with the
+// (sixteen at a time) and compares them, for each of workers, with the
 // model's expectation.
 func (m *Model) CompareView(ctx context.Context, dir *Directory, node, model string, probes [][]uint32, served []Served, asOf time.Time, workers []string) ([]Mismatch, error) {
 	got := make([]map[string]int, len(probes))
 	errs := make([]error, len(probes))
-	sem := make(chan struct{}, 8)
+	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
 	for i, p := range probes {
 		wg.Add(1)
