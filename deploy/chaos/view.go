@@ -23,7 +23,8 @@ type Served struct {
 
 // Model is what the test knows of each engine's prefix cache: every prompt
 // each engine ran since its last restart. The engines' caches are far larger
-// than the test's load (32,768 blocks of 16 tokens each), so nothing is
+// than the test's load (the harness starts them with 524,288 blocks of 16
+// tokens each, KVDIR_KV_BLOCKS), so nothing is
 // evicted: an engine holds every full block of every prompt it ran since it
 // started, and the blocks of a prompt p it holds are the leading blocks p
 // shares with one of those prompts.
