@@ -270,7 +270,7 @@ func newHarness(t *testing.T, ctx context.Context) *harness {
 		t.Fatalf("KVDIR_CHAOS_EVENT_RATE: %q is not a number of block events per second", os.Getenv("KVDIR_CHAOS_EVENT_RATE"))
 	}
 	h.dc, err = dirclient.New(dirclient.Config{
-		Addrs: strings.Split(dirAPI, ","), Dialer: h.dialNode, CallTimeout: 10 * time.Second,
+		Addrs: strings.Split(dirAPI, ","), Dialer: h.dialNode,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
