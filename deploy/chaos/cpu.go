@@ -17,11 +17,12 @@ import (
 // fault, as cores busy on average: directory nodes, engines, agents,
 // routers, the test process itself, and everything else on the machine).
 
-// cpuSample is the CPU time used so far by each group, and when.
+// cpuSample is the CPU time used so far by each container (by name) and
+// by the test process, and when.
 type cpuSample struct {
-	at     time.Time
-	groups map[string]time.Duration
-	total  time.Duration // the whole machine (/proc/stat), idle excluded
+	at    time.Time
+	used  map[string]time.Duration
+	total time.Duration // the whole machine (/proc/stat), idle excluded
 }
 
 // cpuGroup names the group of a compose container.
@@ -43,7 +44,7 @@ func cpuGroup(container string) string {
 // v2 cpu.stat), the test process's and the machine's. Containers whose
 // accounting is unreadable are left out.
 func (h *harness) sampleCPU(ctx context.Context) cpuSample {
-	s := cpuSample{at: time.Now(), groups: map[string]time.Duration{}}
+	s := cpuSample{at: time.Now(), used: map[string]time.Duration{}}
 	var names []string
 	names = append(append(append(append(names, dirNames...), engineNames...), agentNames...), routerNames...)
 	for _, n := range names {
@@ -52,12 +53,12 @@ func (h *harness) sampleCPU(ctx context.Context) cpuSample {
 			continue
 		}
 		if d, ok := containerCPU(strings.TrimSpace(out)); ok {
-			s.groups[cpuGroup(n)] += d
+			s.used[n] = d
 		}
 	}
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
-		s.groups["test process"] = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		s.used["test process"] = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	s.total = machineCPU()
 	return s
@@ -126,11 +127,22 @@ func coresBetween(a, b cpuSample) map[string]float64 {
 	if el <= 0 {
 		return nil
 	}
-	out := map[string]float64{}
+	groups := map[string]time.Duration{}
 	var sum time.Duration
-	for g, v := range b.groups {
-		d := v - a.groups[g]
+	for n, v := range b.used {
+		d := v - a.used[n]
+		if d < 0 {
+			d = v // the container was recreated or restarted: counted from 0
+		}
+		g := cpuGroup(n)
+		if n == "test process" {
+			g = n
+		}
+		groups[g] += d
 		sum += d
+	}
+	out := map[string]float64{}
+	for g, d := range groups {
 		out[g] = round2(d.Seconds() / el)
 	}
 	if a.total > 0 && b.total > a.total {
