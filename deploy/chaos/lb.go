@@ -86,7 +86,10 @@ func NewBalancer(routers []string) (*Balancer, error) {
 			// router closes as idle just as a request goes out on it would
 			// fail before any byte, as if the router were gone.
 			IdleConnTimeout: 60 * time.Second,
-			DialContext:     (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+			// Long enough for a SYN retransmission (1 s, then 2 s more): on
+			// the loaded 2-core machine a router's published port once took
+			// over 2 s to accept, with the router alive and serving.
+			DialContext: (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
 		}},
 		hc:   &http.Client{Timeout: 500 * time.Millisecond},
 		stop: make(chan struct{}),
