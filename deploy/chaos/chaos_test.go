@@ -82,7 +82,7 @@ func TestChaos(t *testing.T) {
 	if os.Getenv("KVDIR_CHAOS") != "1" {
 		t.Skip("chaos tests need Docker; run them with `make test-chaos` (KVDIR_CHAOS=1)")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 24*time.Minute)
 	defer cancel()
 	start := time.Now()
 	h := newHarness(t, ctx)

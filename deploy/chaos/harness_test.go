@@ -449,14 +449,16 @@ func (h *harness) probes(since time.Time) [][]uint32 {
 		shuffle(h, rest)
 		recent = append(rest[:maxRecentProbes-len(last)], last...)
 	}
+	// 16 earlier prompts, drawn from the whole run without hashing all of
+	// them (tens of thousands by the last faults).
 	var older []Served
 	for _, s := range h.served() {
 		if s.At.Before(since) {
 			older = append(older, s)
 		}
 	}
-	old := Probes(older)
-	shuffle(h, old)
+	shuffle(h, older)
+	old := Probes(older[:min(len(older), 64)])
 	return append(recent, old[:min(len(old), 16)]...)
 }
 

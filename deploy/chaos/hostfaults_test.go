@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -142,7 +144,11 @@ func slowFollowerLeaderLoss(h *harness, r *FaultResult) (time.Time, error) {
 			return time.Time{}, fmt.Errorf("slowing %s: %w", slow, err)
 		}
 		how = "CPU quota of " + slowCPUs + " cores (this kernel has no netem)"
-		undo = func() error { _, err := h.d.Run(h.ctx, "update", "--cpus", "0", slow); return err }
+		// --cpus 0 leaves the quota as it is: lift it to every core.
+		undo = func() error {
+			_, err := h.d.Run(h.ctx, "update", "--cpus", strconv.Itoa(runtime.NumCPU()), slow)
+			return err
+		}
 	}
 	unslowed := false
 	unslow := func() error {
