@@ -226,10 +226,16 @@ func (b *Balancer) front(f int) http.Handler {
 		b.recs = append(b.recs, rec)
 		b.mu.Unlock()
 
+		// The request to the router outlives the client's connection: a
+		// client that stops reading at [DONE] and closes must not cancel
+		// it, or its connection to the router is closed rather than
+		// reused (see drain).
+		upCtx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), 5*time.Minute)
+		defer cancel()
 		var resp *http.Response
 		var lastErr error
 		for _, i := range b.order(f) {
-			up, err := http.NewRequestWithContext(req.Context(), req.Method, b.routers[i]+req.URL.RequestURI(), bytes.NewReader(body))
+			up, err := http.NewRequestWithContext(upCtx, req.Method, b.routers[i]+req.URL.RequestURI(), bytes.NewReader(body))
 			if err != nil {
 				lastErr = err
 				break
@@ -279,6 +285,7 @@ func (b *Balancer) front(f int) http.Handler {
 			if n > 0 {
 				if _, werr := w.Write(buf[:n]); werr != nil {
 					b.update(rec, func(r *Record) { r.End, r.ClientClosed = time.Now(), true })
+					drain(resp.Body)
 					return
 				}
 				if fl != nil {
@@ -290,6 +297,7 @@ func (b *Balancer) front(f int) http.Handler {
 			}
 			if err != nil && req.Context().Err() != nil {
 				b.update(rec, func(r *Record) { r.End, r.ClientClosed = time.Now(), true })
+				drain(resp.Body)
 				return
 			}
 			if err != nil {
@@ -306,6 +314,15 @@ func (b *Balancer) front(f int) http.Handler {
 			}
 		})
 	})
+}
+
+// drain reads what is left of a router's response (the end of a stream
+// whose client stopped at [DONE]), so that its connection goes back to
+// the pool: closing an unread body closes the connection, and one new
+// connection per request through the published port made the port's proxy
+// drop some (the client saw EOF) on the loaded machine.
+func drain(body io.Reader) {
+	_, _ = io.CopyN(io.Discard, body, 1<<20)
 }
 
 // waitRouters waits until every router is healthy.
