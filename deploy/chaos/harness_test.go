@@ -276,7 +276,7 @@ func newHarness(t *testing.T, ctx context.Context) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.synth, err = NewSynthetic(ctx, SyntheticConfig{Client: h.dc, WorkerID: syntheticWorker, Rate: rate})
+	h.synth, err = NewSynthetic(ctx, SyntheticConfig{Client: h.dc, WorkerID: syntheticWorker, Rate: rate, BlockSize: blockSize})
 	if err != nil {
 		t.Fatal(err)
 	}

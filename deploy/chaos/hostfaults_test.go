@@ -97,7 +97,6 @@ func pauseAgent(h *harness, r *FaultResult) (time.Time, error) {
 	if e := r.ExpiredAfterSeconds; e < (lease-lease/3).Seconds() || e > (lease+3*time.Second).Seconds() {
 		r.problem("%s expired %.1f s after its agent was paused; the lease is %v", w, e, lease)
 	}
-	r.LeaderRecoverySeconds = 0
 	n, err := h.warmUntil(w, func() (bool, string) { return h.registered(w, before[w].GetEpoch(), 0) })
 	r.EngineWarmups = n
 	if err != nil {

@@ -72,7 +72,9 @@ type SyntheticConfig struct {
 	// Resident bounds the blocks the worker holds (default one second of
 	// stores).
 	Resident int
-	Logger   *slog.Logger
+	// BlockSize is the worker's block size in tokens (default 16).
+	BlockSize int
+	Logger    *slog.Logger
 }
 
 // NewSynthetic registers the worker and starts it, paused.
@@ -85,6 +87,9 @@ func NewSynthetic(ctx context.Context, cfg SyntheticConfig) (*Synthetic, error) 
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.BlockSize <= 0 {
+		cfg.BlockSize = 16
 	}
 	s := &Synthetic{cfg: cfg, log: cfg.Logger, run: make(chan bool), stopped: make(chan struct{})}
 	if err := s.register(ctx); err != nil {
@@ -101,7 +106,7 @@ func (s *Synthetic) register(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resp, err := s.cfg.Client.Register(rctx, &kvdirv1.WorkerSpec{
-		Id: s.cfg.WorkerID, Address: "http://synthetic.invalid:8000", Model: SyntheticModel, BlockSize: blockSize,
+		Id: s.cfg.WorkerID, Address: "http://synthetic.invalid:8000", Model: SyntheticModel, BlockSize: uint32(s.cfg.BlockSize),
 	})
 	if err != nil {
 		return fmt.Errorf("register the synthetic worker: %w", err)
