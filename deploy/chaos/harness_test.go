@@ -237,11 +237,13 @@ func newHarness(t *testing.T, ctx context.Context) *harness {
 		t.Fatalf("cluster.sh up: %v\n%s", err, out)
 	}
 	h.dir = NewDirectory(h.d, dirNames...)
-	h.routerURLs = []string{
-		"http://127.0.0.1:" + env("KVDIR_ROUTER1_PORT", "28080"),
-		"http://127.0.0.1:" + env("KVDIR_ROUTER2_PORT", "28081"),
-	}
-	h.lb, err = NewBalancer(h.routerURLs)
+	// The routers at their container addresses, as a Service reaches its
+	// endpoints: through their ports published on the host, Docker's proxy
+	// closed some new connections (EOF) while directory containers were
+	// started again.
+	h.routerURLs = []string{"http://" + routerNames[0] + ":8080", "http://" + routerNames[1] + ":8080"}
+	h.hc.Transport = &http.Transport{DialContext: h.dialContainer, MaxIdleConnsPerHost: 64}
+	h.lb, err = NewBalancer(h.routerURLs, h.dialContainer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,6 +284,22 @@ func newHarness(t *testing.T, ctx context.Context) *harness {
 	}
 	t.Cleanup(func() { h.synth.Close(); h.dc.Close() })
 	return h
+}
+
+// dialContainer dials addr, whose host is an IP address or a container's
+// name on Network (looked up again at each dial: a restarted container may
+// have a new address).
+func (h *harness) dialContainer(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || net.ParseIP(host) != nil {
+		return d.DialContext(ctx, network, addr)
+	}
+	ip, err := h.d.IP(ctx, host)
+	if err != nil || ip == "" {
+		return nil, fmt.Errorf("address of %s: %q %v", host, ip, err)
+	}
+	return d.DialContext(ctx, network, net.JoinHostPort(ip, port))
 }
 
 // syntheticWorker is the synthetic worker's id.

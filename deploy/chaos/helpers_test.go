@@ -156,7 +156,7 @@ func TestBalancer(t *testing.T) {
 	deadURL := dead.URL
 	dead.Close() // connection refused from now on
 
-	b, err := NewBalancer([]string{deadURL, good.URL})
+	b, err := NewBalancer([]string{deadURL, good.URL}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,8 +72,16 @@ func (r *Record) Failed() bool { return !r.End.IsZero() && (r.Err != "" || r.Sta
 // HealthEvery is the Balancer's health-check interval.
 const HealthEvery = 100 * time.Millisecond
 
-// NewBalancer starts one front per router on loopback.
-func NewBalancer(routers []string) (*Balancer, error) {
+// Dialer opens a connection to addr ("host:port"), as net.Dialer's
+// DialContext does.
+type Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// NewBalancer starts one front per router on loopback. dial, if not nil,
+// opens the connections to the routers (default: a TCP dial).
+func NewBalancer(routers []string, dial Dialer) (*Balancer, error) {
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: 10 * time.Second}).DialContext
+	}
 	if len(routers) == 0 {
 		return nil, errors.New("chaos: balancer needs at least one router")
 	}
@@ -86,12 +94,9 @@ func NewBalancer(routers []string) (*Balancer, error) {
 			// router closes as idle just as a request goes out on it would
 			// fail before any byte, as if the router were gone.
 			IdleConnTimeout: 60 * time.Second,
-			// Long enough for a SYN retransmission (1 s, then 2 s more): on
-			// the loaded 2-core machine a router's published port once took
-			// over 2 s to accept, with the router alive and serving.
-			DialContext: (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+			DialContext:     dial,
 		}},
-		hc:   &http.Client{Timeout: 500 * time.Millisecond},
+		hc:   &http.Client{Timeout: 500 * time.Millisecond, Transport: &http.Transport{DialContext: dial}},
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
 	}
