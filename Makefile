@@ -97,14 +97,16 @@ test-e2e: deps ## Process tier: the tests -short skips (e2e/, live dashboard, py
 	$(GO) test -race -count=1 -timeout 20m $(E2E_PKGS)
 
 .PHONY: deps
-deps: ## Install what the tests need beyond Go when root (Debian: python3-zmq, python3-msgpack, haproxy, docker-compose); otherwise say what
+deps: ## Install what the tests need beyond Go when root (Debian: python3-zmq, python3-msgpack, haproxy, docker-compose, iproute2); otherwise say what
 	@missing=""; \
 	/usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null || missing="$$missing python3-zmq python3-msgpack"; \
 	command -v haproxy >/dev/null 2>&1 || missing="$$missing haproxy"; \
 	command -v docker >/dev/null 2>&1 || missing="$$missing docker.io"; \
 	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	command -v tc >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	command -v nsenter >/dev/null 2>&1 || missing="$$missing util-linux"; \
 	if [ -n "$$missing" ]; then \
-	  echo "the tests need$$missing (Debian packages): python3-zmq and python3-msgpack for the libzmq interop test, haproxy for the replay baseline, docker.io and docker-compose for the chaos tests"; \
+	  echo "the tests need$$missing (Debian packages): python3-zmq and python3-msgpack for the libzmq interop test, haproxy for the replay baseline, docker.io and docker-compose for the chaos tests, iproute2 (tc) and util-linux (nsenter) for its slow-follower fault"; \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	  else echo "run as root, or: sudo apt-get install$$missing" >&2; exit 1; fi; \
 	fi

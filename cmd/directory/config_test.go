@@ -416,3 +416,22 @@ func TestRunStartFailure(t *testing.T) {
 		t.Errorf("exit %d, stderr: %s", code, stderr.String())
 	}
 }
+
+func TestTestClockOffset(t *testing.T) {
+	for _, c := range []struct {
+		env  []string
+		want time.Duration
+		bad  bool
+	}{
+		{nil, 0, false},
+		{[]string{"KVDIR_TEST_DIRECTORY_CLOCK_OFFSET=+5m"}, 5 * time.Minute, false},
+		{[]string{"OTHER=1", "KVDIR_TEST_DIRECTORY_CLOCK_OFFSET=-90s"}, -90 * time.Second, false},
+		{[]string{"KVDIR_TEST_DIRECTORY_CLOCK_OFFSET="}, 0, false},
+		{[]string{"KVDIR_TEST_DIRECTORY_CLOCK_OFFSET=soon"}, 0, true},
+	} {
+		got, err := testClockOffset(c.env)
+		if (err != nil) != c.bad || got != c.want {
+			t.Errorf("testClockOffset(%q) = %v, %v; want %v (error %v)", c.env, got, err, c.want, c.bad)
+		}
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,6 +74,13 @@ func run(args, env []string, stdout, stderr io.Writer, sigs <-chan os.Signal) in
 	cfg, err := s.nodeConfig(log)
 	if err != nil {
 		return p.Exit(err)
+	}
+	if cfg.TestClockOffset, err = testClockOffset(env); err != nil {
+		return p.Exit(err)
+	}
+	if cfg.TestClockOffset != 0 {
+		log.Warn("test hook: this node's clock is offset (fault injection; never in production)",
+			"variable", testClockOffsetVar, "offset", cfg.TestClockOffset)
 	}
 	reg := prometheus.NewRegistry()
 	for _, c := range []prometheus.Collector{
@@ -165,4 +173,26 @@ func skipAdvice(index uint64) string {
 	return fmt.Sprintf("if it is not wanted (every node stops at it: an entry from outside the cluster, such as a forged Raft message), "+
 		"restart every node that stopped there with --skip-undecodable-entry %d to apply it as a no-op; "+
 		"if a newer build wrote it, run that build here instead (see the directory's README)", index)
+}
+
+// testClockOffsetVar is the fault-injection hook of node.Config.TestClockOffset:
+// a duration (e.g. "+5m", "-90s") by which this node's clock reads off. It
+// is read from the environment only, never a flag, and named outside the
+// KVDIR_DIRECTORY_ variables so that no configuration sets it by mistake.
+const testClockOffsetVar = "KVDIR_TEST_DIRECTORY_CLOCK_OFFSET"
+
+// testClockOffset reads testClockOffsetVar from env ("KEY=value" items).
+func testClockOffset(env []string) (time.Duration, error) {
+	for _, kv := range env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k != testClockOffsetVar || v == "" {
+			continue
+		}
+		d, err := time.ParseDuration(strings.TrimPrefix(v, "+"))
+		if err != nil {
+			return 0, cli.Usagef("%s: %v", testClockOffsetVar, err)
+		}
+		return d, nil
+	}
+	return 0, nil
 }

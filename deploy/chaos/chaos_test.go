@@ -35,7 +35,15 @@ func (r *Results) figures() []benchjson.Figure {
 			benchjson.Figure{Name: f.Name + ".view_converged_seconds", Unit: "s", Measured: f.ViewConvergedSeconds,
 				Note: "from the repair until the directory's view equals what the engines hold"},
 			benchjson.Figure{Name: f.Name + ".following_router_fallbacks", Unit: "requests", Measured: float64(f.FollowingFallbacks),
-				Note: "requests a router following the log placed by hashing, without its replica or the directory"})
+				Note: "requests a router following the log placed by hashing, without its replica or the directory"},
+			benchjson.Figure{Name: f.Name + ".requests_per_second", Unit: "requests/s", Target: benchjson.Min(100),
+				Measured: f.RequestsPerSecond, Note: "requests completed through the routers per second during the fault window"},
+			benchjson.Figure{Name: f.Name + ".block_events_per_second", Unit: "events/s", Target: benchjson.Min(100000),
+				Measured: f.BlockEventsPerSecond, Note: "block events (stored + removed) the directory acknowledged to the synthetic worker per second during the fault window"})
+		if f.Name == "pause-agent" {
+			out = append(out, benchjson.Figure{Name: f.Name + ".resume_to_view_seconds", Unit: "s", Target: benchjson.Max(5),
+				Measured: f.ResumeToViewSeconds, Note: "from docker unpause of the agent until the worker's view equals the engine's cache"})
+		}
 	}
 	return out
 }
@@ -60,6 +68,10 @@ var faults = []fault{
 	{name: "restart-engine", inject: restartEngine},
 	{name: "restart-agent", inject: restartAgent},
 	{name: "restart-router", inject: restartRouter},
+	{name: "pause-agent", inject: pauseAgent},
+	{name: "slow-follower-leader-loss", inject: slowFollowerLeaderLoss},
+	{name: "disk-full", inject: diskFull},
+	{name: "clock-skew", inject: clockSkew},
 }
 
 // TestChaos brings up the compose cluster, puts steady load on both routers,
@@ -70,7 +82,7 @@ func TestChaos(t *testing.T) {
 	if os.Getenv("KVDIR_CHAOS") != "1" {
 		t.Skip("chaos tests need Docker; run them with `make test-chaos` (KVDIR_CHAOS=1)")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 11*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 24*time.Minute)
 	defer cancel()
 	start := time.Now()
 	h := newHarness(t, ctx)
@@ -92,10 +104,11 @@ func TestChaos(t *testing.T) {
 		}
 		r := h.run(f)
 		res.Faults = append(res.Faults, r)
-		t.Logf("%s: ok=%v failed=%d lost=%d leader=%.2fs view=%.2fs requests=%d (%.0f s) %v",
+		t.Logf("%s: ok=%v failed=%d lost=%d leader=%.2fs view=%.2fs requests=%d (%.0f s) window %.1f s: %.0f requests/s, %.0f block events/s; %s %v",
 			r.Name, r.OK, r.FailedRequests, r.LostAcknowledgedBatches, r.LeaderRecoverySeconds,
-			r.ViewConvergedSeconds, r.Requests, r.DurationSeconds, r.Problems)
+			r.ViewConvergedSeconds, r.Requests, r.DurationSeconds, r.WindowSeconds, r.RequestsPerSecond, r.BlockEventsPerSecond, r.Detail, r.Problems)
 		t.Logf("%s: %s", r.Name, r.followingSummary())
+		t.Logf("%s: busy cores: %s", r.Name, cpuString(r.CPUCores))
 		if ctx.Err() != nil {
 			break
 		}
@@ -132,7 +145,11 @@ func (h *harness) run(f fault) (r FaultResult) {
 	fallbacks := h.fallbacks()
 	follow := h.followCounts()
 	r.FollowingRouters = len(follow)
+	cpu0 := h.sampleCPU(h.ctx)
 	load := StartLoad(h.ctx, h.loadConfig())
+	regs0, _, gap0 := h.synth.Stats()
+	acked0 := h.synth.Acked()
+	h.synth.Resume()
 	stopped := false
 	stop := func() {
 		if stopped {
@@ -148,6 +165,13 @@ func (h *harness) run(f fault) (r FaultResult) {
 		if st.Errors > 0 {
 			h.t.Logf("%s: first client error: %s", f.name, st.FirstErr)
 		}
+		if err := h.synth.Pause(30 * time.Second); err != nil {
+			r.problem("%v", err)
+		}
+		r.CPUCores = coresBetween(cpu0, h.sampleCPU(h.ctx))
+		el := time.Since(begin).Seconds()
+		r.LoadRequestsPerSecond = float64(completed(h.lb.Records(begin), begin, time.Now())) / el
+		r.LoadEventsPerSecond = float64(h.synth.Acked()-acked0) / el
 	}
 	defer stop()
 	if err := h.waitRequests(begin, warmRequests, 60*time.Second); err != nil {
@@ -176,10 +200,15 @@ func (h *harness) run(f fault) (r FaultResult) {
 			views <- viewResult{sec, n, err}
 		}()
 	}
+	wStart, wAcked := time.Now(), h.synth.Acked()
 	repaired, err := f.inject(h, &r)
 	if err != nil {
 		r.problem("%v", err)
 	}
+	wEnd := time.Now()
+	r.WindowSeconds = wEnd.Sub(wStart).Seconds()
+	r.RequestsPerSecond = float64(completed(h.lb.Records(wStart), wStart, wEnd)) / r.WindowSeconds
+	r.BlockEventsPerSecond = float64(h.synth.Acked()-wAcked) / r.WindowSeconds
 	if !repaired.IsZero() {
 		h.onRepair(repaired)
 	}
@@ -189,6 +218,9 @@ func (h *harness) run(f fault) (r FaultResult) {
 	}
 	v := <-views
 	r.ViewConvergedSeconds, r.ViewProbes = v.sec, v.probes
+	if f.name == "pause-agent" {
+		r.ResumeToViewSeconds = v.sec
+	}
 	if v.err != nil {
 		r.problem("view under load: %v", v.err)
 	}
@@ -223,6 +255,7 @@ func (h *harness) run(f fault) (r FaultResult) {
 	for _, w := range why {
 		r.problem("acknowledged batches: %s", w)
 	}
+	lost += h.syntheticHeld(&r, regs0, gap0)
 	for _, a := range agentNames {
 		logs, err := h.d.Logs(h.ctx, a, begin)
 		if err != nil {
@@ -256,6 +289,58 @@ func (h *harness) run(f fault) (r FaultResult) {
 	return r
 }
 
+// completed counts the requests that completed without failing between
+// from and to.
+func completed(recs []Record, from, to time.Time) int {
+	n := 0
+	for _, rec := range recs {
+		if !rec.End.IsZero() && !rec.Failed() && !rec.End.Before(from) && !rec.End.After(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// syntheticHeld checks, with the synthetic worker paused and flushed,
+// that every node holds its epoch and at least the last batch it had
+// acknowledged, and records its problems and registrations during the
+// fault; it returns the acknowledged batches lost.
+func (h *harness) syntheticHeld(r *FaultResult, regs0 int, gap0 int64) int {
+	regs, _, gap := h.synth.Stats()
+	r.SyntheticRegistrations = regs - regs0
+	for _, p := range h.synth.TakeProblems() {
+		r.problem("%s", p)
+	}
+	lost := int(gap - gap0)
+	if lost > 0 {
+		r.problem("the synthetic worker's batches were refused with GAP: %d acknowledged batches lost", lost)
+	}
+	epoch, seq := h.synth.Position()
+	err := testkit.Poll(h.ctx, 10*time.Second, "every node to hold the synthetic worker's acknowledged batches", func() (bool, string) {
+		var bad []string
+		for name, ws := range h.seqs.Poll(h.ctx) {
+			found := false
+			for _, w := range ws {
+				if w.GetSpec().GetId() != syntheticWorker {
+					continue
+				}
+				found = true
+				if w.Epoch != epoch || w.AppliedSeq < seq {
+					bad = append(bad, fmt.Sprintf("%s: epoch %d applied_seq %d, acknowledged %d in epoch %d", name, w.Epoch, w.AppliedSeq, seq, epoch))
+				}
+			}
+			if !found {
+				bad = append(bad, name+": no synthetic worker")
+			}
+		}
+		return len(bad) == 0, strings.Join(bad, "; ")
+	})
+	if err != nil {
+		r.problem("synthetic worker: %v", err)
+	}
+	return lost
+}
+
 // fallbacks returns each router's kvdir_router_fallbacks_total (requests
 // placed without the directory), -1 when unreadable.
 func (h *harness) fallbacks() []float64 {
@@ -281,9 +366,13 @@ type killedRouter struct {
 func (h *harness) classify(r *FaultResult, since time.Time) {
 	recs := h.lb.Records(since)
 	failed := 0
+	firstReroute := ""
 	for _, rec := range recs {
 		if rec.Rerouted {
 			r.ReroutedBeforeFirstByte++
+			if firstReroute == "" {
+				firstReroute = rec.Start.Format(time.TimeOnly) + " " + rec.RerouteErr
+			}
 		}
 		if !rec.Failed() && !rec.End.IsZero() {
 			continue
@@ -304,7 +393,7 @@ func (h *harness) classify(r *FaultResult, since time.Time) {
 		r.problem("the balancer saw %d failed requests, the client %d", failed, r.FailedRequests)
 	}
 	if r.ReroutedBeforeFirstByte > 0 && h.routerKill == nil {
-		r.problem("%d requests re-routed although no router was killed", r.ReroutedBeforeFirstByte)
+		r.problem("%d requests re-routed although no router was killed (first at %s)", r.ReroutedBeforeFirstByte, firstReroute)
 	}
 	h.routerKill = nil
 }

@@ -3,9 +3,12 @@ package chaos
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/loadgen"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/workload"
@@ -44,8 +48,13 @@ const (
 	digestBound   = 30 * time.Second // equal digests at one applied index
 	drainBound    = 30 * time.Second // a drained engine idle
 	partitionHold = 5 * time.Second  // how long a partition lasts
+	pauseBound    = 30 * time.Second // a paused agent's worker expired by the directory
 	warmRequests  = 10               // requests completed before a fault is injected
-	afterRequests = 8                // requests completed after recovery before the load stops
+	// maxRecentProbes bounds the prompts of a fault's load the view is
+	// checked for: at a hundred requests a second, all of them would make
+	// a poll of the view take longer than the view takes to converge.
+	maxRecentProbes = 96
+	afterRequests   = 8 // requests completed after recovery before the load stops
 )
 
 // FaultResult is one fault's line in bench/results/chaos.json.
@@ -58,6 +67,29 @@ type FaultResult struct {
 	ViewConvergedSeconds    float64 `json:"view_converged_seconds"`
 
 	Target string `json:"target"`
+	// The load held during the fault window (from the injection until
+	// the repair and the recovery it waits for): requests completed per
+	// second through the routers, and block events per second the
+	// directory acknowledged to the synthetic worker. WindowSeconds is the
+	// window's length; the Load* fields cover the fault's whole load.
+	RequestsPerSecond     float64 `json:"requests_per_second"`
+	BlockEventsPerSecond  float64 `json:"block_events_per_second"`
+	WindowSeconds         float64 `json:"fault_window_seconds"`
+	LoadRequestsPerSecond float64 `json:"load_requests_per_second"`
+	LoadEventsPerSecond   float64 `json:"load_block_events_per_second"`
+	// CPUCores is the machine's busy cores, on average over the fault's
+	// load, by what used them (the containers' cgroups, the test process,
+	// and the rest of the machine: other work on a shared host).
+	CPUCores map[string]float64 `json:"cpu_cores,omitempty"`
+	// SyntheticRegistrations counts the synthetic worker's registrations
+	// during the fault (0: it kept its epoch).
+	SyntheticRegistrations int `json:"synthetic_registrations"`
+	// Fault-specific measurements (0 when the fault has none).
+	ExpiredAfterSeconds  float64 `json:"expired_after_seconds,omitempty"`  // pause-agent, clock-skew: from the pause to the worker's expiry
+	ResumeToViewSeconds  float64 `json:"resume_to_view_seconds,omitempty"` // pause-agent: from the resume to the view equal to the engine's cache
+	FailedVisiblySeconds float64 `json:"failed_visibly_seconds,omitempty"` // disk-full: from the fill to the node's readiness failing
+	RestartNeeded        bool    `json:"restart_needed,omitempty"`         // disk-full: the node did not recover without a restart
+	Detail               string  `json:"detail,omitempty"`                 // what the fault saw, in words
 	// Requests sent during the fault's load, and how many of the failed
 	// ones were in flight at a router when it was killed (allowed).
 	Requests                int `json:"requests"`
@@ -108,6 +140,10 @@ type harness struct {
 	hc    *http.Client
 	seed  uint64
 	rng   *rand.Rand
+
+	dataDir string            // the host tmpfs holding diskNode's data ("" if none)
+	dc      *dirclient.Client // the synthetic worker's client
+	synth   *Synthetic
 
 	routerURLs []string
 	following  []bool // per router: it follows the log (its view says so)
@@ -195,6 +231,9 @@ func newHarness(t *testing.T, ctx context.Context) *harness {
 	if _, err := h.d.Run(ctx, "image", "inspect", h.kvdirctl); err != nil {
 		t.Fatalf("image %s missing: run `make images` (make test-chaos does)", h.kvdirctl)
 	}
+	var unmount func()
+	h.dataDir, unmount = dataTmpfs(t)
+	t.Cleanup(unmount) // after the cluster's removal (cleanups run last first)
 	t.Cleanup(h.teardown)
 	if out, err := h.compose("up"); err != nil {
 		t.Fatalf("cluster.sh up: %v\n%s", err, out)
@@ -207,11 +246,13 @@ func newHarness(t *testing.T, ctx context.Context) *harness {
 		t.Fatal(err)
 	}
 	h.dir = NewSecureDirectory(h.d, h.creds, dirNames...)
-	h.routerURLs = []string{
-		"http://127.0.0.1:" + env("KVDIR_ROUTER1_PORT", "28080"),
-		"http://127.0.0.1:" + env("KVDIR_ROUTER2_PORT", "28081"),
-	}
-	h.lb, err = NewBalancer(h.routerURLs)
+	// The routers at their container addresses, as a Service reaches its
+	// endpoints: through their ports published on the host, Docker's proxy
+	// closed some new connections (EOF) while directory containers were
+	// started again.
+	h.routerURLs = []string{"http://" + routerNames[0] + ":8080", "http://" + routerNames[1] + ":8080"}
+	h.hc.Transport = &http.Transport{DialContext: h.dialContainer, MaxIdleConnsPerHost: 64}
+	h.lb, err = NewBalancer(h.routerURLs, h.dialContainer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +276,57 @@ func newHarness(t *testing.T, ctx context.Context) *harness {
 	if _, err := h.dir.WaitLeader(ctx, leaderBound, 3, ""); err != nil {
 		t.Fatalf("no leader: %v", err)
 	}
+	rate, err := strconv.Atoi(env("KVDIR_CHAOS_EVENT_RATE", "100000"))
+	if err != nil || rate < 0 {
+		t.Fatalf("KVDIR_CHAOS_EVENT_RATE: %q is not a number of block events per second", os.Getenv("KVDIR_CHAOS_EVENT_RATE"))
+	}
+	h.dc, err = dirclient.New(dirclient.Config{
+		Addrs: strings.Split(dirAPI, ","), Dialer: h.dialNode,
+		TLS: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: h.creds.CA}, Token: h.creds.Token,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.synth, err = NewSynthetic(ctx, SyntheticConfig{Client: h.dc, WorkerID: syntheticWorker, Rate: rate, BlockSize: blockSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.synth.Close(); h.dc.Close() })
 	return h
+}
+
+// dialContainer dials addr, whose host is an IP address or a container's
+// name on Network (looked up again at each dial: a restarted container may
+// have a new address).
+func (h *harness) dialContainer(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || net.ParseIP(host) != nil {
+		return d.DialContext(ctx, network, addr)
+	}
+	ip, err := h.d.IP(ctx, host)
+	if err != nil || ip == "" {
+		return nil, fmt.Errorf("address of %s: %q %v", host, ip, err)
+	}
+	return d.DialContext(ctx, network, net.JoinHostPort(ip, port))
+}
+
+// syntheticWorker is the synthetic worker's id.
+const syntheticWorker = "chaos-synthetic-1"
+
+// dialNode dials a directory node by its advertised address (its
+// container name), at its current address on Network.
+func (h *harness) dialNode(ctx context.Context, addr string) (net.Conn, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	ip, err := h.d.IP(ctx, host)
+	if err != nil || ip == "" {
+		return nil, fmt.Errorf("address of %s: %q %v", host, ip, err)
+	}
+	return (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", net.JoinHostPort(ip, port))
 }
 
 // compose runs deploy/compose/cluster.sh.
@@ -243,8 +334,29 @@ func (h *harness) compose(arg string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(h.root, "deploy/compose/cluster.sh"), arg)
+	cmd.Env = append(os.Environ(), h.clusterEnv()...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
+}
+
+// clusterEnv is the compose settings (deploy/compose/.env) the chaos load
+// needs, unless the environment sets them: engines a quarter of real time,
+// a cache (and a replay buffer) large enough that nothing is evicted in a
+// run, so that the test's model of each cache holds; and diskNode's data
+// on the host's tmpfs, if there is one.
+func (h *harness) clusterEnv() []string {
+	var out []string
+	if h.dataDir != "" {
+		out = append(out, "KVDIR_DIR3_DATA="+h.dataDir)
+	}
+	for _, kv := range [][2]string{
+		{"KVDIR_TIME_SCALE", "0.25"}, {"KVDIR_KV_BLOCKS", "524288"}, {"KVDIR_REPLAY_BUFFER_STEPS", "1000000"},
+	} {
+		if os.Getenv(kv[0]) == "" {
+			out = append(out, kv[0]+"="+kv[1])
+		}
+	}
+	return out
 }
 
 // teardown keeps the logs of a failed run and removes the cluster.
@@ -359,14 +471,24 @@ func (h *harness) served() []Served { return FromRecords(h.lb.Records(time.Time{
 // began and a sample of earlier ones.
 func (h *harness) probes(since time.Time) [][]uint32 {
 	recent := Probes(FromRecords(h.lb.Records(since)))
+	if len(recent) > maxRecentProbes {
+		// The latest ones (most likely not yet in the directory) and a
+		// sample of the others.
+		last := recent[len(recent)-maxRecentProbes/4:]
+		rest := append([][]uint32(nil), recent[:len(recent)-len(last)]...)
+		shuffle(h, rest)
+		recent = append(rest[:maxRecentProbes-len(last)], last...)
+	}
+	// 16 earlier prompts, drawn from the whole run without hashing all of
+	// them (tens of thousands by the last faults).
 	var older []Served
 	for _, s := range h.served() {
 		if s.At.Before(since) {
 			older = append(older, s)
 		}
 	}
-	old := Probes(older)
-	shuffle(h, old)
+	shuffle(h, older)
+	old := Probes(older[:min(len(older), 64)])
 	return append(recent, old[:min(len(old), 16)]...)
 }
 
@@ -543,7 +665,12 @@ func (h *harness) loadConfig() LoadConfig {
 		u, _ := h.engine(e, false)
 		engines = append(engines, loadgen.Engine{ID: e, URL: u})
 	}
-	return LoadConfig{URLs: h.lb.Fronts(), Engines: engines, Model: model, BlockSize: blockSize, ChunkSec: 6, Seed: h.seed * 1000}
+	rate, err := strconv.ParseFloat(env("KVDIR_CHAOS_SESSION_RATE", "55"), 64)
+	if err != nil {
+		h.t.Errorf("KVDIR_CHAOS_SESSION_RATE: %v", err)
+	}
+	return LoadConfig{URLs: h.lb.Fronts(), Engines: engines, Model: model, BlockSize: blockSize, ChunkSec: 6, Seed: h.seed * 1000,
+		SessionRate: rate, Short: true}
 }
 
 // warmUp sends a fresh prompt straight to an engine, so that it publishes

@@ -2,12 +2,17 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -151,7 +156,7 @@ func TestBalancer(t *testing.T) {
 	deadURL := dead.URL
 	dead.Close() // connection refused from now on
 
-	b, err := NewBalancer([]string{deadURL, good.URL})
+	b, err := NewBalancer([]string{deadURL, good.URL}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,5 +193,28 @@ func TestBalancer(t *testing.T) {
 		return !b.Healthy(0) && b.Healthy(1), "health checks"
 	}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestFillUp fills a small tmpfs (root only: it mounts one) and checks
+// that nothing is left.
+func TestFillUp(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("mount: %v: %s", err, out)
+	}
+	defer func() { _ = exec.Command("umount", dir).Run() }()
+	n, err := fillUp(filepath.Join(dir, "fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 7<<20 {
+		t.Fatalf("filled %d bytes of 8 MiB", n)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "more"), make([]byte, 4096), 0o600); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("a write after the fill: %v, want ENOSPC", err)
 	}
 }

@@ -56,6 +56,8 @@ type Record struct {
 	// Rerouted is set when a router failed before any response byte and
 	// the request went to another one.
 	Rerouted bool
+	// RerouteErr is why the first router tried failed, when Rerouted.
+	RerouteErr string
 	// Err is why the client saw a failure ("" for a complete 200).
 	Err string
 	// ClientClosed is set when the client closed the connection before
@@ -70,8 +72,16 @@ func (r *Record) Failed() bool { return !r.End.IsZero() && (r.Err != "" || r.Sta
 // HealthEvery is the Balancer's health-check interval.
 const HealthEvery = 100 * time.Millisecond
 
-// NewBalancer starts one front per router on loopback.
-func NewBalancer(routers []string) (*Balancer, error) {
+// Dialer opens a connection to addr ("host:port"), as net.Dialer's
+// DialContext does.
+type Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// NewBalancer starts one front per router on loopback. dial, if not nil,
+// opens the connections to the routers (default: a TCP dial).
+func NewBalancer(routers []string, dial Dialer) (*Balancer, error) {
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: 10 * time.Second}).DialContext
+	}
 	if len(routers) == 0 {
 		return nil, errors.New("chaos: balancer needs at least one router")
 	}
@@ -80,9 +90,13 @@ func NewBalancer(routers []string) (*Balancer, error) {
 		healthy: make([]atomic.Bool, len(routers)),
 		client: &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: 256, DisableCompression: true,
-			DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+			// Below the router's idle timeout (120 s): a connection the
+			// router closes as idle just as a request goes out on it would
+			// fail before any byte, as if the router were gone.
+			IdleConnTimeout: 60 * time.Second,
+			DialContext:     dial,
 		}},
-		hc:   &http.Client{Timeout: 500 * time.Millisecond},
+		hc:   &http.Client{Timeout: 500 * time.Millisecond, Transport: &http.Transport{DialContext: dial}},
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
 	}
@@ -95,7 +109,11 @@ func NewBalancer(routers []string) (*Balancer, error) {
 			}
 			return nil, fmt.Errorf("chaos: balancer front %d: %w", i, err)
 		}
-		srv := &http.Server{Handler: b.front(i), ReadHeaderTimeout: 10 * time.Second}
+		// No idle timeout of its own (it would be ReadHeaderTimeout's):
+		// the load generator's client keeps idle connections without
+		// limit, and a request sent on one the front closes meanwhile
+		// fails with EOF.
+		srv := &http.Server{Handler: b.front(i), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Hour}
 		b.servers = append(b.servers, srv)
 		b.fronts = append(b.fronts, "http://"+ln.Addr().String())
 		go func() { _ = srv.Serve(ln) }()
@@ -213,10 +231,16 @@ func (b *Balancer) front(f int) http.Handler {
 		b.recs = append(b.recs, rec)
 		b.mu.Unlock()
 
+		// The request to the router outlives the client's connection: a
+		// client that stops reading at [DONE] and closes must not cancel
+		// it, or its connection to the router is closed rather than
+		// reused (see drain).
+		upCtx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), 5*time.Minute)
+		defer cancel()
 		var resp *http.Response
 		var lastErr error
 		for _, i := range b.order(f) {
-			up, err := http.NewRequestWithContext(req.Context(), req.Method, b.routers[i]+req.URL.RequestURI(), bytes.NewReader(body))
+			up, err := http.NewRequestWithContext(upCtx, req.Method, b.routers[i]+req.URL.RequestURI(), bytes.NewReader(body))
 			if err != nil {
 				lastErr = err
 				break
@@ -238,7 +262,12 @@ func (b *Balancer) front(f int) http.Handler {
 			// Nothing came back: this router is gone or going; the next
 			// one gets the request.
 			b.healthy[i].Store(false)
-			b.update(rec, func(r *Record) { r.Rerouted = true })
+			b.update(rec, func(r *Record) {
+				if !r.Rerouted {
+					r.RerouteErr = fmt.Sprintf("router %d: %v", i+1, err)
+				}
+				r.Rerouted = true
+			})
 		}
 		if resp == nil {
 			b.update(rec, func(r *Record) { r.End, r.Err = time.Now(), fmt.Sprintf("no router answered: %v", lastErr) })
@@ -261,6 +290,7 @@ func (b *Balancer) front(f int) http.Handler {
 			if n > 0 {
 				if _, werr := w.Write(buf[:n]); werr != nil {
 					b.update(rec, func(r *Record) { r.End, r.ClientClosed = time.Now(), true })
+					drain(resp.Body)
 					return
 				}
 				if fl != nil {
@@ -272,6 +302,7 @@ func (b *Balancer) front(f int) http.Handler {
 			}
 			if err != nil && req.Context().Err() != nil {
 				b.update(rec, func(r *Record) { r.End, r.ClientClosed = time.Now(), true })
+				drain(resp.Body)
 				return
 			}
 			if err != nil {
@@ -288,6 +319,15 @@ func (b *Balancer) front(f int) http.Handler {
 			}
 		})
 	})
+}
+
+// drain reads what is left of a router's response (the end of a stream
+// whose client stopped at [DONE]), so that its connection goes back to
+// the pool: closing an unread body closes the connection, and one new
+// connection per request through the published port made the port's proxy
+// drop some (the client saw EOF) on the loaded machine.
+func drain(body io.Reader) {
+	_, _ = io.CopyN(io.Discard, body, 1<<20)
 }
 
 // waitRouters waits until every router is healthy.

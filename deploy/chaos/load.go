@@ -22,6 +22,13 @@ type LoadConfig struct {
 	BlockSize int // tokens per trace block and engine block
 	ChunkSec  float64
 	Seed      uint64
+	// SessionRate is the new chat sessions per second (default 2, about
+	// 4 requests/s); each has 2-3 turns.
+	SessionRate float64
+	// Short makes the sessions cheap to serve: 256-token system prompts
+	// and documents, 32-token user turns, 4 output tokens and 1 s of think
+	// time, so that a few cores can serve a hundred requests a second.
+	Short bool
 }
 
 // Load is a running load.
@@ -49,11 +56,20 @@ type LoadStats struct {
 
 // chunkTrace returns chunk n's records.
 func chunkTrace(cfg LoadConfig, n int) ([]workload.Record, error) {
-	recs, err := workload.GenerateSessions(workload.SessionsConfig{
-		Sessions: 14, Tenants: 2, SystemTokens: 512, DocumentTokens: 768, FirstUserTokens: 64,
+	rate := cfg.SessionRate
+	if rate <= 0 {
+		rate = 2
+	}
+	sc := workload.SessionsConfig{
+		Sessions: int(rate*cfg.ChunkSec) + 2, Tenants: 2, SystemTokens: 512, DocumentTokens: 768, FirstUserTokens: 64,
 		UserTokens: 48, OutputTokens: 12, MinTurns: 2, MaxTurns: 3, ThinkTimeSec: 1.5,
-		SessionRate: 2, Jitter: 0.3, BlockSize: cfg.BlockSize, Seed: cfg.Seed + uint64(n),
-	})
+		SessionRate: rate, Jitter: 0.3, BlockSize: cfg.BlockSize, Seed: cfg.Seed + uint64(n),
+	}
+	if cfg.Short {
+		sc.SystemTokens, sc.DocumentTokens, sc.FirstUserTokens, sc.UserTokens = 256, 256, 32, 32
+		sc.OutputTokens, sc.ThinkTimeSec = 4, 1
+	}
+	recs, err := workload.GenerateSessions(sc)
 	if err != nil {
 		return nil, err
 	}

@@ -23,7 +23,8 @@ type Served struct {
 
 // Model is what the test knows of each engine's prefix cache: every prompt
 // each engine ran since its last restart. The engines' caches are far larger
-// than the test's load (32,768 blocks of 16 tokens each), so nothing is
+// than the test's load (the harness starts them with 524,288 blocks of 16
+// tokens each, KVDIR_KV_BLOCKS), so nothing is
 // evicted: an engine holds every full block of every prompt it ran since it
 // started, and the blocks of a prompt p it holds are the leading blocks p
 // shares with one of those prompts.
@@ -79,6 +80,31 @@ type Expectation struct{ Min, Max int }
 // holds according to the requests in served plus the direct ones: Min
 // counts requests completed by asOf, Max every request.
 func (m *Model) Expect(p []uint32, served []Served, asOf time.Time) map[string]Expectation {
+	return m.index(served).expect(p, asOf)
+}
+
+// expectIndex is the requests a Model knows of, by their first block: only
+// a request sharing a prompt's first block can hold any block of it.
+type expectIndex struct {
+	bs      int
+	byFirst map[uint64][]Served
+}
+
+// firstBlock keys a prompt's first block (ok false if it has none).
+func firstBlock(p []uint32, bs int) (uint64, bool) {
+	if len(p) < bs {
+		return 0, false
+	}
+	h := fnv.New64a()
+	for _, t := range p[:bs] {
+		_, _ = h.Write([]byte{byte(t), byte(t >> 8), byte(t >> 16), byte(t >> 24)})
+	}
+	return h.Sum64(), true
+}
+
+// index indexes served and the direct requests, leaving out those an
+// engine's restart has since dropped.
+func (m *Model) index(served []Served) *expectIndex {
 	m.mu.Lock()
 	all := append(append([]Served(nil), served...), m.direct...)
 	restarts := make(map[string]time.Time, len(m.restarts))
@@ -86,12 +112,26 @@ func (m *Model) Expect(p []uint32, served []Served, asOf time.Time) map[string]E
 		restarts[k] = v
 	}
 	m.mu.Unlock()
-	out := map[string]Expectation{}
+	ix := &expectIndex{bs: m.BlockSize, byFirst: map[uint64][]Served{}}
 	for _, s := range all {
 		if s.At.Before(restarts[s.Worker]) {
 			continue // run by the engine's previous incarnation
 		}
-		n := commonBlocks(p, s.Prompt, m.BlockSize)
+		if k, ok := firstBlock(s.Prompt, m.BlockSize); ok {
+			ix.byFirst[k] = append(ix.byFirst[k], s)
+		}
+	}
+	return ix
+}
+
+func (ix *expectIndex) expect(p []uint32, asOf time.Time) map[string]Expectation {
+	out := map[string]Expectation{}
+	k, ok := firstBlock(p, ix.bs)
+	if !ok {
+		return out
+	}
+	for _, s := range ix.byFirst[k] {
+		n := commonBlocks(p, s.Prompt, ix.bs)
 		e := out[s.Worker]
 		e.Max = max(e.Max, n)
 		if !s.Done.IsZero() && !s.Done.After(asOf) {
@@ -130,12 +170,12 @@ func (x Mismatch) String() string {
 }
 
 // CompareView asks the directory node for every probe prompt's matches
-// (eight at a time) and compares them, for each of workers, with the
+// (sixteen at a time) and compares them, for each of workers, with the
 // model's expectation.
 func (m *Model) CompareView(ctx context.Context, dir *Directory, node, model string, probes [][]uint32, served []Served, asOf time.Time, workers []string) ([]Mismatch, error) {
 	got := make([]map[string]int, len(probes))
 	errs := make([]error, len(probes))
-	sem := make(chan struct{}, 8)
+	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
 	for i, p := range probes {
 		wg.Add(1)
@@ -148,11 +188,12 @@ func (m *Model) CompareView(ctx context.Context, dir *Directory, node, model str
 	}
 	wg.Wait()
 	var out []Mismatch
+	ix := m.index(served)
 	for i, p := range probes {
 		if errs[i] != nil {
 			return nil, fmt.Errorf("match probe %d: %w", i, errs[i])
 		}
-		want := m.Expect(p, served, asOf)
+		want := ix.expect(p, asOf)
 		for _, w := range workers {
 			if g, e := got[i][w], want[w]; g < e.Min || g > e.Max {
 				out = append(out, Mismatch{Prompt: i, Worker: w, Got: g, Want: e})

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -86,6 +87,11 @@ type Config struct {
 	CallTimeout time.Duration
 	// Logger receives failovers and reconnections (default slog.Default()).
 	Logger *slog.Logger
+	// Dialer, if set, opens the connections in place of a TCP dial of the
+	// address: for a client outside the network the nodes' advertised
+	// addresses resolve in (a test harness on a container host), which
+	// maps those names to reachable addresses. Nil: dial the address.
+	Dialer func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // Client is a directory client. It is safe for concurrent use.
@@ -153,6 +159,9 @@ func New(cfg Config) (*Client, error) {
 		suspect: make(map[string]time.Time),
 		tokens:  make(map[string]string),
 		pubs:    make(map[*Publisher]struct{}),
+	}
+	if cfg.Dialer != nil {
+		c.dialOpts = append(c.dialOpts, grpc.WithContextDialer(cfg.Dialer))
 	}
 	for _, a := range cfg.Addrs {
 		a = strings.TrimSpace(a)
@@ -240,7 +249,11 @@ func (c *Client) connLocked(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := c.conns[addr]; ok {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(addr, c.dialOpts...)
+	target := addr
+	if c.cfg.Dialer != nil {
+		target = "passthrough:///" + addr // the Dialer resolves it
+	}
+	cc, err := grpc.NewClient(target, c.dialOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("dirclient: connection to %s: %w", addr, err)
 	}

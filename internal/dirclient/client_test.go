@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -477,5 +478,37 @@ func TestWatchWorkersReconnects(t *testing.T) {
 	stop := errors.New("enough")
 	if err := cl.WatchWorkers(testCtx(t, 10*time.Second), "", func(*kvdirv1.WatchWorkersResponse) error { return stop }); err != stop {
 		t.Fatalf("watch with a failing callback: %v", err)
+	}
+}
+
+// TestDialer checks that a client with a Dialer reaches nodes through it,
+// by names that do not resolve: the dialer maps them to the nodes.
+func TestDialer(t *testing.T) {
+	c := dirtest.New(t, 1, nil)
+	c.Leader()
+	var dialed []string
+	var mu sync.Mutex
+	cl, err := New(Config{Addrs: []string{"node-one.invalid:7001"}, Dialer: func(ctx context.Context, addr string) (net.Conn, error) {
+		mu.Lock()
+		dialed = append(dialed, addr)
+		mu.Unlock()
+		if addr != "node-one.invalid:7001" {
+			return nil, fmt.Errorf("unknown %s", addr)
+		}
+		return (&net.Dialer{}).DialContext(ctx, "tcp", c.APIAddr(0))
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := cl.Status(ctx); err != nil {
+		t.Fatalf("status through the dialer: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(dialed) == 0 {
+		t.Fatal("the dialer was not used")
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -43,7 +42,7 @@ func (s *agentService) Register(ctx context.Context, req *kvdirv1.RegisterReques
 	return proposeOrForward(ctx, n, kvdirv1.CommandType_COMMAND_TYPE_REGISTER, cmd,
 		func(res any, index uint64) (*kvdirv1.RegisterResponse, error) {
 			epoch := res.(*raftfsm.RegisterResult).Epoch
-			n.leases.renew(req.Worker.Id, epoch, nil, time.Now())
+			n.leases.renew(req.Worker.Id, epoch, nil, n.now())
 			return &kvdirv1.RegisterResponse{
 				Epoch: epoch, NextSeq: 1, RaftIndex: index, WorkerToken: token,
 			}, nil
@@ -80,7 +79,7 @@ func (s *agentService) Heartbeat(ctx context.Context, req *kvdirv1.HeartbeatRequ
 		n.metrics.loadsClamped.Inc()
 	}
 	resp.Known = true
-	n.leases.renew(req.WorkerId, req.Epoch, req.Load, time.Now())
+	n.leases.renew(req.WorkerId, req.Epoch, req.Load, n.now())
 	return resp, nil
 }
 

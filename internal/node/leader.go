@@ -112,7 +112,7 @@ func (n *Node) leaderLoop() {
 			return
 		case isLeader := <-leaderCh:
 			if isLeader {
-				n.leases.restart(time.Now())
+				n.leases.restart(n.now())
 				n.log.Info("became leader; lease clocks restarted")
 			}
 			continue
@@ -121,7 +121,7 @@ func (n *Node) leaderLoop() {
 		if n.raft.State() != raft.Leader {
 			continue
 		}
-		now := time.Now()
+		now := n.now()
 		for _, w := range n.leases.expired(n.fsm.Workers("", false), n.cfg.Lease, now) {
 			n.log.Info("expiring worker: lease lapsed", "worker", w.Spec.Id, "epoch", w.Epoch)
 			if _, _, err := n.propose(kvdirv1.CommandType_COMMAND_TYPE_EXPIRE_WORKER,

@@ -69,6 +69,13 @@ type Config struct {
 	LoadInterval time.Duration
 	// SessionTTL forgets sessions not recorded for this long (default 24h).
 	SessionTTL time.Duration
+	// TestClockOffset is a fault-injection hook, for tests only: it offsets
+	// every reading of the wall clock the node uses for leases and for the
+	// timestamps it writes into the log (proposal times, the sessions'
+	// expiry cutoff), as if this node's clock were that far off. Readings
+	// keep Go's monotonic clock, as a skewed host's would, so elapsed times
+	// on one node are unchanged. Zero: the real clock.
+	TestClockOffset time.Duration
 
 	// SnapshotInterval and SnapshotThreshold are Raft's: how often to check
 	// and how many new log entries make a snapshot (defaults 30s, 8192).
@@ -508,4 +515,13 @@ func waitFuture(ctx context.Context, fut raft.Future, maxWait time.Duration) err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// now reads the clock the node uses for leases and log timestamps: the
+// wall clock, offset by Config.TestClockOffset.
+func (n *Node) now() time.Time {
+	if n.cfg.TestClockOffset == 0 {
+		return time.Now()
+	}
+	return time.Now().Add(n.cfg.TestClockOffset)
 }

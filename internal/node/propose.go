@@ -30,7 +30,7 @@ func (n *Node) start(t kvdirv1.CommandType, payload proto.Message) (*pending, er
 	if n.raft.State() != raft.Leader {
 		return nil, errNotLeader
 	}
-	data, err := raftfsm.Encode(t, payload, time.Now().UnixNano())
+	data, err := raftfsm.Encode(t, payload, n.now().UnixNano())
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "encode command: %v", err)
 	}
