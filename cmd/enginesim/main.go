@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/simengine"
 )
 
@@ -40,6 +41,7 @@ type config struct {
 	seed             uint64
 	defaultMaxTokens int
 	maxBodyBytes     int64
+	maxMsgBytes      int64
 
 	eventsEndpoint    string
 	replayEndpoint    string
@@ -122,6 +124,7 @@ func newProgram(cfg *config, getenv func(string) string, stdout, stderr io.Write
 	fs.StringVar(&cfg.eventsEndpoint, "kv-events-endpoint", "", "ZMQ PUB `endpoint` for KV events, e.g. tcp://*:5557 (binds if it contains * or ::, else connects, as vLLM); empty disables events")
 	fs.StringVar(&cfg.replayEndpoint, "kv-events-replay-endpoint", "", "ZMQ ROUTER `endpoint` for replay requests, e.g. tcp://*:5558; empty disables replay")
 	fs.StringVar(&cfg.topic, "kv-events-topic", "", "topic frame of every event message")
+	fs.Int64Var(&cfg.maxMsgBytes, "kv-events-max-message-bytes", kvevents.DefaultMaxMessageBytes, "largest inbound ZMQ message (subscriptions, replay requests) in `bytes`; a peer declaring a larger one is disconnected and counted")
 	fs.StringVar(&cfg.eventsForm, "kv-events-form", "array", "event encoding: array (vLLM <= v0.25) or map (v0.26+)")
 	fs.StringVar(&cfg.replayLayout, "replay-layout", "old", "replay reply framing: old (vLLM <= v0.25) or new (v0.26+)")
 	fs.IntVar(&cfg.replayBufferSteps, "replay-buffer-steps", 10000, "event batches kept for replay")
@@ -147,6 +150,9 @@ func (c *config) check() error {
 	}
 	if c.defaultMaxTokens < 1 {
 		return fmt.Errorf("--default-max-tokens %d, want >= 1", c.defaultMaxTokens)
+	}
+	if c.maxMsgBytes < 1 {
+		return fmt.Errorf("--kv-events-max-message-bytes %d: want at least 1", c.maxMsgBytes)
 	}
 	if c.maxBodyBytes < 1 {
 		return fmt.Errorf("--max-body-bytes %d, want >= 1", c.maxBodyBytes)

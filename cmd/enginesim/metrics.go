@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvdir/kvdir/internal/kvevents"
 )
 
 // ttftBuckets are vLLM's time_to_first_token_seconds buckets.
@@ -66,7 +68,11 @@ func newMetricsOf(c prometheus.Collector, ttftName string, labels prometheus.Lab
 			ConstLabels: labels,
 		}),
 	}
-	m.reg.MustRegister(c, m.ttft)
+	oversized := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "kvdir_enginesim_zmtp_oversized_total",
+		Help: "ZMQ connections closed because the peer declared a message over --kv-events-max-message-bytes.",
+	}, func() float64 { return float64(kvevents.OversizedMessages()) })
+	m.reg.MustRegister(c, m.ttft, oversized)
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 	return m
 }

@@ -150,6 +150,8 @@ func newPublisher(ctx context.Context, cfg config) (*kvevents.Publisher, error) 
 		BufferSteps: cfg.replayBufferSteps,
 		DPRank:      cfg.dpRank,
 		Seed:        cfg.seed,
+
+		MaxMessageBytes: cfg.maxMsgBytes,
 	}
 	switch cfg.eventsForm {
 	case "array":
