@@ -109,6 +109,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.BoolVar(&c.Bind, "kv-events-bind", c.Bind, "bind the KV-events address (the engine's PUB connects)")
 	fs.StringVar(&c.ReplayEndpoint, "kv-events-replay-endpoint", c.ReplayEndpoint, "engine replay (ROUTER) `ENDPOINT`; empty disables replay")
 	fs.StringVar(&c.Topic, "topic", c.Topic, "KV-events topic prefix")
+	fs.Int64Var(&c.MaxMessageBytes, "kv-events-max-message-bytes", kvevents.DefaultMaxMessageBytes, "largest ZMQ message accepted from the engine (live or replayed) in `bytes`; a peer declaring a larger one is disconnected and counted in kvdir_agent_zmtp_oversized_total")
 	fs.StringVar(&c.PullURL, "kv-events-pull-url", c.PullURL, "TensorRT-LLM pull `URL` (trtllm-serve's POST /kv_cache_events, e.g. http://engine:8000/kv_cache_events), polled instead of a ZeroMQ endpoint; exclusive with --kv-events-endpoint; sets --engine-kind trtllm and --block-size 32 unless given")
 	fs.DurationVar(&c.PullInterval, "kv-events-pull-interval", agent.DefaultPullInterval, "how often --kv-events-pull-url is polled")
 	fs.Var(cli.Choice(&o.reportMode, "incremental", "full"), "kv-report-mode", "how the engine reports stores: incremental (vLLM's default) or full (vLLM's kv_cache_report_mode=\"full\", which re-sends the stores of reused prefixes without removals; each held block then counts once)")
@@ -121,6 +122,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.IntVar(&c.MapCapacity, "map-capacity", c.MapCapacity, "engine-hash map capacity (about 2x the engine's KV blocks)")
 	fs.IntVar(&c.QueueLimit, "queue-limit", c.QueueLimit, "unacknowledged batches buffered before dropping and resynchronising")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "fixed heartbeat interval (0: a third of the directory's lease)")
+	fs.DurationVar(&c.EngineDownAfter, "engine-down-after", c.EngineDownAfter, "how long the engine's metrics URL may go unanswered (refused, timed out, 502-504) before the worker is deregistered, until it answers again (0: half the directory's lease)")
 	return p, o
 }
 
