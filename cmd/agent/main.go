@@ -28,6 +28,7 @@ import (
 	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/dirclient"
+	"github.com/kvdir/kvdir/internal/httpserve"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
@@ -50,6 +51,7 @@ type options struct {
 	engineKind string
 	reportMode string
 	httpAddr   string
+	httpIdle   time.Duration
 	token      string
 	dpSize     int
 	log        *slog.Logger
@@ -117,6 +119,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.StringVar(&c.MetricsURL, "metrics-url", c.MetricsURL, "engine metrics `URL` (default worker-address + /metrics): vLLM's or SGLang's Prometheus text or trtllm-serve's JSON iteration stats, as --engine-kind says (detected for vllm and enginesim); with --data-parallel-size each rank reads its own series")
 	p.Group("Agent")
 	fs.StringVar(&o.httpAddr, "http-addr", o.httpAddr, "`HOST:PORT` of the agent's /metrics and /healthz")
+	fs.DurationVar(&o.httpIdle, "http-idle-timeout", httpserve.DefaultIdleTimeout, "how long an idle keep-alive connection to --http-addr is kept")
 	fs.DurationVar(&c.BatchInterval, "batch-interval", c.BatchInterval, "longest wait before a batch is sent")
 	fs.IntVar(&c.BatchBlocks, "batch-blocks", c.BatchBlocks, "blocks that make a batch full")
 	fs.IntVar(&c.MapCapacity, "map-capacity", c.MapCapacity, "engine-hash map capacity (about 2x the engine's KV blocks)")
@@ -271,7 +274,7 @@ func serve(ctx context.Context, o *options) error {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := httpserve.New(mux, httpserve.Timeouts{Idle: o.httpIdle}, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	go func() {
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("agent: http server", "err", err)

@@ -20,9 +20,11 @@ import (
 	"math"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/httpserve"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/simengine"
 )
@@ -42,6 +44,7 @@ type config struct {
 	defaultMaxTokens int
 	maxBodyBytes     int64
 	maxMsgBytes      int64
+	httpIdle         time.Duration
 
 	eventsEndpoint    string
 	replayEndpoint    string
@@ -111,6 +114,7 @@ func newProgram(cfg *config, getenv func(string) string, stdout, stderr io.Write
 	fs.Var(loraFlag{&cfg.loraModules}, "lora-modules", "LoRA adapters served beside --model, as vLLM's flag: name=path items (comma-separated or the flag repeated) or a JSON object {\"name\",\"path\",\"base_model_name\"}; requests naming an adapter are cached in its own namespace and their KV events carry lora_id and lora_name")
 	fs.IntVar(&cfg.defaultMaxTokens, "default-max-tokens", 16, "completion length when a request sets neither max_tokens nor max_completion_tokens")
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", 8<<20, "largest accepted request body in `bytes`")
+	fs.DurationVar(&cfg.httpIdle, "http-idle-timeout", httpserve.DefaultIdleTimeout, "how long an idle keep-alive connection is kept (request headers must arrive within 10s, bodies within 30s)")
 	p.Group("Engine model")
 	fs.StringVar(&cfg.profile, "profile", costmodel.DefaultProfileName, "timing profile: a built-in `name` ("+strings.Join(costmodel.ProfileNames(), ", ")+") or a JSON profile file path")
 	fs.IntVar(&cfg.blockSize, "block-size", simengine.DefaultBlockSize, "tokens per KV block")

@@ -44,6 +44,9 @@ type Config struct {
 	APIAdvertise string
 	// HTTPAddr serves /metrics, /healthz and /readyz ("" disables it).
 	HTTPAddr string
+	// HTTPIdleTimeout closes keep-alive connections to HTTPAddr idle for
+	// that long (0: httpserve.DefaultIdleTimeout).
+	HTTPIdleTimeout time.Duration
 	// DataDir holds raft.db (log and stable store) and snapshots/.
 	DataDir string
 
