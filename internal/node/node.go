@@ -67,6 +67,10 @@ type Config struct {
 	// long (partitioned, or removed from the cluster) refuses reads, so
 	// that clients move to a node that has (default 15s).
 	MaxStaleness time.Duration
+	// ReadyMaxLag: the node is not ready (/readyz) while its applied index
+	// is more than this many entries behind the commit index (the
+	// leader's, for a follower) (default DefaultReadyMaxLag).
+	ReadyMaxLag uint64
 	// LoadInterval is how often the leader commits the loads it gathered
 	// from heartbeats (default 1s).
 	LoadInterval time.Duration
@@ -165,6 +169,7 @@ type Node struct {
 	auth    *authorizer
 	guard   *entryGuard  // undecodable entries
 	members *raftMembers // the transport's view of the configuration (RaftTLS)
+	commits commitWatch  // the leader's commit index, as sent (catchup.go)
 
 	writeErr  errorBox
 	stop      chan struct{}
@@ -283,6 +288,7 @@ func (n *Node) startRaft() error {
 	if n.cfg.RaftAdvertise == "" { // an injected transport and no address given
 		n.cfg.RaftAdvertise = string(trans.LocalAddr())
 	}
+	trans = watchTransport(trans, &n.commits, n.stop)
 	hasState, err := raft.HasExistingState(logs, stable, snaps)
 	if err != nil {
 		return fmt.Errorf("node: read raft state: %w", err)

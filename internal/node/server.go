@@ -188,8 +188,8 @@ func (n *Node) ready() error {
 	if _, id := n.raft.LeaderWithID(); id == "" {
 		return errors.New("no leader known")
 	}
-	if commit, applied := n.raft.CommitIndex(), n.fsm.AppliedIndex(); commit > applied+10_000 {
-		return fmt.Errorf("catching up: applied %d of %d", applied, commit)
+	if err := n.catchUpErr(); err != nil {
+		return err
 	}
 	if err := n.writeErr.get(); err != nil {
 		return fmt.Errorf("writes failing: %v", err)
