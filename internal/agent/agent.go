@@ -188,6 +188,7 @@ type Agent struct {
 	last          uint64
 
 	pull *pullState // with Config.PullURL: the poller's state and metrics
+	lim  kvevents.Limits
 }
 
 // New returns an Agent publishing through dir.
@@ -211,6 +212,7 @@ func New(cfg Config, dir *dirclient.Client) (*Agent, error) {
 	a.tr.SetBlockSize(cfg.BlockSize)
 	a.tr.SetReportMode(cfg.ReportMode)
 	a.m = newMetrics(a)
+	a.lim = kvevents.NewLimits(cfg.MaxMessageBytes, a.m.oversized.Inc)
 	if cfg.PullURL != "" {
 		a.pull = newPullState(a)
 	}
@@ -559,9 +561,7 @@ func (a *Agent) engineRestarted(ctx context.Context) {
 }
 
 // limits bound the replay replies as the live stream.
-func (a *Agent) limits() kvevents.Limits {
-	return kvevents.Limits{MaxMessageBytes: a.cfg.MaxMessageBytes, OnOversized: a.m.oversized.Inc}
-}
+func (a *Agent) limits() kvevents.Limits { return a.lim }
 
 // startupReplay rebuilds, before any live event, what the engine's replay
 // buffer still holds: without it, a restarted agent would leave the

@@ -127,11 +127,12 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 	if cfg.HWM <= 0 {
 		cfg.HWM = DefaultHWM
 	}
-	pubEP, err := limitedEndpoint(cfg.Endpoint, cfg.MaxMessageBytes, cfg.OnOversized)
+	lim := NewLimits(cfg.MaxMessageBytes, cfg.OnOversized)
+	pubEP, err := limitedEndpoint(cfg.Endpoint, lim)
 	if err != nil {
 		return nil, fmt.Errorf("kvevents: new publisher: %w", err)
 	}
-	replayEP, err := limitedEndpoint(cfg.ReplayEndpoint, cfg.MaxMessageBytes, cfg.OnOversized)
+	replayEP, err := limitedEndpoint(cfg.ReplayEndpoint, lim)
 	if err != nil {
 		return nil, fmt.Errorf("kvevents: new publisher: %w", err)
 	}

@@ -67,7 +67,7 @@ func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, erro
 	if err := checkEndpoint(cfg.Endpoint); err != nil {
 		return nil, fmt.Errorf("kvevents: new subscriber: %w", err)
 	}
-	endpoint, err := limitedEndpoint(cfg.Endpoint, cfg.MaxMessageBytes, cfg.OnOversized)
+	endpoint, err := limitedEndpoint(cfg.Endpoint, NewLimits(cfg.MaxMessageBytes, cfg.OnOversized))
 	if err != nil {
 		return nil, fmt.Errorf("kvevents: new subscriber: %w", err)
 	}
@@ -209,10 +209,19 @@ func Replay(ctx context.Context, endpoint string, fromSeq uint64) ([]Msg, error)
 }
 
 // Limits bound what a socket reads, as SubscriberConfig's fields of the
-// same names.
+// same names. A Limits used for many Replay calls should come from
+// NewLimits, which registers OnOversized once rather than at every call.
 type Limits struct {
 	MaxMessageBytes int64
 	OnOversized     func()
+	hook            uint64
+}
+
+// NewLimits returns Limits with onOversized registered once.
+func NewLimits(maxMessageBytes int64, onOversized func()) Limits {
+	l := Limits{MaxMessageBytes: maxMessageBytes, OnOversized: onOversized}
+	l.hook = registerHook(onOversized)
+	return l
 }
 
 // ReplayLimited is Replay with a bound on each reply's size.
@@ -220,7 +229,7 @@ func ReplayLimited(ctx context.Context, endpoint string, fromSeq uint64, lim Lim
 	if err := checkEndpoint(endpoint); err != nil {
 		return nil, fmt.Errorf("kvevents: replay: %w", err)
 	}
-	dialEP, err := limitedEndpoint(endpoint, lim.MaxMessageBytes, lim.OnOversized)
+	dialEP, err := limitedEndpoint(endpoint, lim)
 	if err != nil {
 		return nil, fmt.Errorf("kvevents: replay: %w", err)
 	}

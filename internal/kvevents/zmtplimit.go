@@ -42,6 +42,16 @@ var (
 	hookID atomic.Uint64
 )
 
+// registerHook registers f and returns its id; 0 for a nil f.
+func registerHook(f func()) uint64 {
+	if f == nil {
+		return 0
+	}
+	id := hookID.Add(1)
+	hooks.Store(id, f)
+	return id
+}
+
 // limit is what a limited address carries.
 type limit struct {
 	max  uint64
@@ -272,13 +282,15 @@ func registerLimitTransports() error {
 var plainTransport bool
 
 // limitedEndpoint rewrites a tcp:// or ipc:// endpoint to use the limited
-// transport with max bytes per message, calling onOversized (if not nil)
-// for each connection closed for breaking it; other endpoints (inproc) are
-// returned as they are. max <= 0 means DefaultMaxMessageBytes.
-func limitedEndpoint(endpoint string, max int64, onOversized func()) (string, error) {
+// transport with lim.MaxMessageBytes per message, calling lim.OnOversized
+// (if not nil) for each connection closed for breaking it; other endpoints
+// (inproc) are returned as they are. A MaxMessageBytes <= 0 means
+// DefaultMaxMessageBytes.
+func limitedEndpoint(endpoint string, lim Limits) (string, error) {
 	if plainTransport {
 		return endpoint, nil
 	}
+	max := lim.MaxMessageBytes
 	if max <= 0 {
 		max = DefaultMaxMessageBytes
 	}
@@ -298,10 +310,9 @@ func limitedEndpoint(endpoint string, max int64, onOversized func()) (string, er
 	if err := registerLimitTransports(); err != nil {
 		return "", fmt.Errorf("kvevents: register limited transports: %w", err)
 	}
-	l := limit{max: uint64(max)}
-	if onOversized != nil {
-		l.hook = hookID.Add(1)
-		hooks.Store(l.hook, onOversized)
+	l := limit{max: uint64(max), hook: lim.hook}
+	if l.hook == 0 {
+		l.hook = registerHook(lim.OnOversized)
 	}
 	return to + "://" + l.String() + "@" + rest, nil
 }
