@@ -3,12 +3,15 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvdir/kvdir/internal/ctlview"
+	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/testkit/fleet"
+	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
 // TestEngineDownBehindLiveAgent kills an engine whose agent stays up: the
@@ -27,16 +30,30 @@ func TestEngineDownBehindLiveAgent(t *testing.T) {
 	e := f.Engines[0]
 	warm := warmEngine(t, ctx, f, e)
 
+	dir, err := dirclient.New(dirclient.Config{Addrs: strings.Split(f.DirectoryAddrs(), ",")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
 	e.Sim.Kill9()
 	killed := time.Now()
-	var down ctlview.Worker
+	var state string
 	testkit.Eventually(t, 2*lease, e.WorkerID+" out of the directory", func() (bool, string) {
-		w, ok := ctlWorker(t, f, e.WorkerID)
-		down = w
-		return !ok || w.State != "ACTIVE", fmt.Sprintf("%s, %d blocks", w.State, w.Blocks)
+		resp, err := dir.ListWorkers(ctx, "", true)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, w := range resp.GetWorkers() {
+			if w.GetSpec().GetId() == e.WorkerID {
+				state = w.GetState().String()
+				return w.GetState() != kvdirv1.WorkerState_WORKER_STATE_ACTIVE, state
+			}
+		}
+		state = "gone"
+		return true, state
 	})
 	took := time.Since(killed)
-	t.Logf("engine killed: %s marked %q %v later (lease %v)", e.WorkerID, down.State, took.Round(time.Millisecond), lease)
+	t.Logf("engine killed: %s %s %v later (lease %v)", e.WorkerID, state, took.Round(time.Millisecond), lease)
 	if took > lease {
 		t.Errorf("worker still ACTIVE %v after its engine died, want within the lease (%v)", took, lease)
 	}

@@ -125,7 +125,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.IntVar(&c.MapCapacity, "map-capacity", c.MapCapacity, "engine-hash map capacity (about 2x the engine's KV blocks)")
 	fs.IntVar(&c.QueueLimit, "queue-limit", c.QueueLimit, "unacknowledged batches buffered before dropping and resynchronising")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "fixed heartbeat interval (0: a third of the directory's lease)")
-	fs.DurationVar(&c.EngineDownAfter, "engine-down-after", c.EngineDownAfter, "how long the engine's metrics URL may go unanswered (refused, timed out, 502-504) before the worker is deregistered, until it answers again (0: half the directory's lease)")
+	fs.DurationVar(&c.EngineDownAfter, "engine-down-after", c.EngineDownAfter, "how long the engine's metrics URL may go unanswered (refused, timed out, 502-504; from the first failed probe, at least 3 in a row) before the worker is deregistered, until it answers again (0: half the directory's lease)")
 	return p, o
 }
 

@@ -96,8 +96,9 @@ type Config struct {
 	// reports it (DefaultHeartbeatInterval until known).
 	HeartbeatInterval time.Duration
 	// EngineDownAfter is how long the engine's metrics endpoint may go
-	// without answering (refused, timed out, or a gateway's 502-504)
-	// before the agent deregisters the worker; it registers again, and
+	// without answering (refused, timed out, or a gateway's 502-504; from
+	// the first failed probe, and at least three probes in a row) before
+	// the agent deregisters the worker; it registers again, and
 	// rebuilds, once the endpoint answers. 0 means half the directory's
 	// lease. Without a MetricsURL the engine is not watched.
 	EngineDownAfter time.Duration
@@ -858,7 +859,8 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 		interval = DefaultHeartbeatInterval
 	}
 	lease := time.Duration(0)
-	lastOK := time.Now() // the engine answered (or the agent started)
+	var failingSince time.Time // first of the probes failing in a row
+	fails := 0
 	down := false
 	t := time.NewTimer(interval)
 	defer t.Stop()
@@ -870,7 +872,9 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 		}
 		load, reached := a.scrape(ctx, down)
 		if reached {
-			lastOK = time.Now()
+			failingSince, fails = time.Time{}, 0
+		} else if fails++; fails == 1 {
+			failingSince = time.Now()
 		}
 		switch {
 		case down && reached:
@@ -881,11 +885,11 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 			default:
 			}
 		case down:
-		case !reached && time.Since(lastOK) >= a.engineDownAfter(lease):
+		case !reached && fails >= minDownProbes && time.Since(failingSince) >= a.engineDownAfter(lease):
 			down = true
 			a.engineDown.Store(true)
 			a.log.Warn("agent: the engine's metrics endpoint has not answered; taking the worker out of the directory",
-				"worker", a.cfg.WorkerID, "for", time.Since(lastOK).Round(time.Millisecond), "url", a.cfg.MetricsURL)
+				"worker", a.cfg.WorkerID, "probes", fails, "for", time.Since(failingSince).Round(time.Millisecond), "url", a.cfg.MetricsURL)
 			select {
 			case a.engineGoneC <- struct{}{}:
 			default:
@@ -900,15 +904,28 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 				}
 			}
 		}
-		t.Reset(interval)
+		next := interval
+		if !reached && !down {
+			// Probe a failing engine more often, so that it is taken out
+			// soon after engineDownAfter rather than up to an interval
+			// later.
+			next = max(interval/4, 10*time.Millisecond)
+		}
+		t.Reset(next)
 	}
 }
 
+// minDownProbes is how many probes in a row must fail before the engine
+// is taken for gone, however short engineDownAfter is.
+const minDownProbes = 3
+
 // engineDownAfter is how long the engine's metrics endpoint may fail to
-// answer before the worker is taken out: Config.EngineDownAfter, or half
-// the directory's lease (so that routers stop placing there within the
-// lease), or half of three default heartbeat intervals until the lease is
-// known.
+// answer, from the first failed probe of a run of at least minDownProbes,
+// before the worker is taken out: Config.EngineDownAfter, or half the
+// directory's lease (the first failure comes at most a heartbeat interval,
+// a third of the lease, after the engine died, so routers stop placing
+// there within the lease), or half of three default heartbeat intervals
+// until the lease is known.
 func (a *Agent) engineDownAfter(lease time.Duration) time.Duration {
 	switch {
 	case a.cfg.EngineDownAfter > 0:
