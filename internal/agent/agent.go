@@ -93,7 +93,8 @@ type Config struct {
 	// resynchronised (default dirclient.DefaultQueueLimit).
 	QueueLimit int
 	// HeartbeatInterval is fixed if set; otherwise lease/3 as the directory
-	// reports it (DefaultHeartbeatInterval until known).
+	// reports it (every 250 ms until known, for at most 5 s, then
+	// DefaultHeartbeatInterval).
 	HeartbeatInterval time.Duration
 	// EngineDownAfter is how long the engine's metrics endpoint may go
 	// without answering (refused, timed out, or a gateway's 502-504; from
@@ -856,8 +857,11 @@ func (a *Agent) flush(ctx context.Context) {
 func (a *Agent) heartbeatLoop(ctx context.Context) {
 	interval := a.cfg.HeartbeatInterval
 	if interval <= 0 {
-		interval = DefaultHeartbeatInterval
+		// Until a heartbeat reports the lease: soon, so that the interval
+		// (and the engine watch) follow the lease from the start.
+		interval = leaseUnknownInterval
 	}
+	started := time.Now()
 	lease := time.Duration(0)
 	var failingSince time.Time // first of the probes failing in a row
 	fails := 0
@@ -904,6 +908,9 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 				}
 			}
 		}
+		if lease == 0 && a.cfg.HeartbeatInterval <= 0 && time.Since(started) > leaseUnknownFor {
+			interval = DefaultHeartbeatInterval // the directory is not answering
+		}
 		next := interval
 		if !reached && !down {
 			// Probe a failing engine more often, so that it is taken out
@@ -914,6 +921,13 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 		t.Reset(next)
 	}
 }
+
+// The heartbeat interval until the directory reports its lease, for at
+// most leaseUnknownFor (then DefaultHeartbeatInterval).
+const (
+	leaseUnknownInterval = 250 * time.Millisecond
+	leaseUnknownFor      = 5 * time.Second
+)
 
 // minDownProbes is how many probes in a row must fail before the engine
 // is taken for gone, however short engineDownAfter is.
