@@ -22,12 +22,12 @@ func serve(t *testing.T, to Timeouts) string {
 }
 
 func TestIdleConnectionClosed(t *testing.T) {
-	addr := serve(t, Timeouts{Idle: 200 * time.Millisecond})
+	addr := serve(t, Timeouts{Idle: time.Second})
 	took, err := testkit.IdleClosed(addr, "/", 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if took < 150*time.Millisecond {
+	if took < 500*time.Millisecond {
 		t.Fatalf("closed %v after the response, before the idle timeout", took)
 	}
 }
