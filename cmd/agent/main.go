@@ -29,6 +29,7 @@ import (
 	"github.com/kvdir/kvdir/internal/agent"
 	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/dirclient"
+	"github.com/kvdir/kvdir/internal/httpserve"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
@@ -51,6 +52,7 @@ type options struct {
 	engineKind string
 	reportMode string
 	httpAddr   string
+	httpIdle   time.Duration
 	token      string
 	tokenFile  string
 	tlsCA      string
@@ -117,6 +119,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.BoolVar(&c.Bind, "kv-events-bind", c.Bind, "bind the KV-events address (the engine's PUB connects)")
 	fs.StringVar(&c.ReplayEndpoint, "kv-events-replay-endpoint", c.ReplayEndpoint, "engine replay (ROUTER) `ENDPOINT`; empty disables replay")
 	fs.StringVar(&c.Topic, "topic", c.Topic, "KV-events topic prefix")
+	fs.Int64Var(&c.MaxMessageBytes, "kv-events-max-message-bytes", kvevents.DefaultMaxMessageBytes, "largest ZMQ message accepted from the engine (live or replayed) in `bytes`; a peer declaring a larger one is disconnected and counted in kvdir_agent_zmtp_oversized_total")
 	fs.StringVar(&c.PullURL, "kv-events-pull-url", c.PullURL, "TensorRT-LLM pull `URL` (trtllm-serve's POST /kv_cache_events, e.g. http://engine:8000/kv_cache_events), polled instead of a ZeroMQ endpoint; exclusive with --kv-events-endpoint; sets --engine-kind trtllm and --block-size 32 unless given")
 	fs.DurationVar(&c.PullInterval, "kv-events-pull-interval", agent.DefaultPullInterval, "how often --kv-events-pull-url is polled")
 	fs.Var(cli.Choice(&o.reportMode, "incremental", "full"), "kv-report-mode", "how the engine reports stores: incremental (vLLM's default) or full (vLLM's kv_cache_report_mode=\"full\", which re-sends the stores of reused prefixes without removals; each held block then counts once)")
@@ -124,11 +127,13 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.StringVar(&c.MetricsURL, "metrics-url", c.MetricsURL, "engine metrics `URL` (default worker-address + /metrics): vLLM's or SGLang's Prometheus text or trtllm-serve's JSON iteration stats, as --engine-kind says (detected for vllm and enginesim); with --data-parallel-size each rank reads its own series")
 	p.Group("Agent")
 	fs.StringVar(&o.httpAddr, "http-addr", o.httpAddr, "`HOST:PORT` of the agent's /metrics and /healthz")
+	fs.DurationVar(&o.httpIdle, "http-idle-timeout", httpserve.DefaultIdleTimeout, "how long an idle keep-alive connection to --http-addr is kept")
 	fs.DurationVar(&c.BatchInterval, "batch-interval", c.BatchInterval, "longest wait before a batch is sent")
 	fs.IntVar(&c.BatchBlocks, "batch-blocks", c.BatchBlocks, "blocks that make a batch full")
 	fs.IntVar(&c.MapCapacity, "map-capacity", c.MapCapacity, "engine-hash map capacity (about 2x the engine's KV blocks)")
 	fs.IntVar(&c.QueueLimit, "queue-limit", c.QueueLimit, "unacknowledged batches buffered before dropping and resynchronising")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "fixed heartbeat interval (0: a third of the directory's lease)")
+	fs.DurationVar(&c.EngineDownAfter, "engine-down-after", c.EngineDownAfter, "how long the engine's metrics URL may go unanswered (refused, timed out, 502-504; from the first failed probe, at least 3 in a row) before the worker is deregistered, until it answers again (0: half the directory's lease)")
 	return p, o
 }
 
@@ -305,7 +310,7 @@ func serve(ctx context.Context, o *options) error {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := httpserve.New(mux, httpserve.Timeouts{Idle: o.httpIdle}, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	go func() {
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("agent: http server", "err", err)

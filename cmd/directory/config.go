@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/cli"
+	"github.com/kvdir/kvdir/internal/httpserve"
 	"github.com/kvdir/kvdir/internal/node"
 )
 
@@ -78,6 +79,7 @@ func newSettings(env []string, stdout, stderr io.Writer) *settings {
 	fs.StringVar(&c.APIAddr, "api-addr", c.APIAddr, "address the gRPC API listens on (port 0 picks a free port)")
 	fs.StringVar(&c.APIAdvertise, "api-advertise", "", "gRPC address other nodes and clients dial (default: the address listened on)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", c.HTTPAddr, "address serving /metrics, /healthz and /readyz (\"off\" or empty disables it)")
+	fs.DurationVar(&c.HTTPIdleTimeout, "http-idle-timeout", httpserve.DefaultIdleTimeout, "how long an idle keep-alive connection to --http-addr is kept")
 	fs.StringVar(&c.DataDir, "data-dir", "", "`DIR` for raft.db (Raft log, BoltDB) and snapshots/ (default: kvdir-data/NODE_ID)")
 	cli.SetPlaceholder(fs, "node-id", "ID")
 	for _, n := range []string{"raft-addr", "raft-advertise", "api-addr", "api-advertise", "http-addr"} {

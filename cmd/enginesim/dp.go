@@ -41,6 +41,7 @@ func (s *server) addRanks(ctx context.Context) error {
 			return fmt.Errorf("data-parallel rank %d: %w", r, err)
 		}
 		s.ranks = append(s.ranks, rs)
+		rs.metrics.reg.Unregister(rs.metrics.oversized) // rank 0 exports the process's count
 		gatherers = append(gatherers, rs.metrics.reg)
 	}
 	s.metrics.handler = promhttp.HandlerFor(gatherers, promhttp.HandlerOpts{})

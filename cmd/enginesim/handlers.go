@@ -87,8 +87,16 @@ func badRequest(w http.ResponseWriter, format string, args ...any) {
 	writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf(format, args...))
 }
 
+// bodyReadTimeout bounds reading a request body (the server has no
+// whole-request read timeout, which would cancel long streams).
+const bodyReadTimeout = 30 * time.Second
+
 // decodeBody reads a JSON body into v, writing the error response itself.
 func (s *server) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(bodyReadTimeout)) == nil {
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
 	body := http.MaxBytesReader(w, r.Body, s.cfg.maxBodyBytes)
 	dec := json.NewDecoder(body)
 	var raw json.RawMessage

@@ -20,9 +20,12 @@ import (
 	"math"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/kvdir/kvdir/internal/cli"
 	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/httpserve"
+	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/simengine"
 )
 
@@ -40,6 +43,8 @@ type config struct {
 	seed             uint64
 	defaultMaxTokens int
 	maxBodyBytes     int64
+	maxMsgBytes      int64
+	httpIdle         time.Duration
 
 	eventsEndpoint    string
 	replayEndpoint    string
@@ -109,6 +114,7 @@ func newProgram(cfg *config, getenv func(string) string, stdout, stderr io.Write
 	fs.Var(loraFlag{&cfg.loraModules}, "lora-modules", "LoRA adapters served beside --model, as vLLM's flag: name=path items (comma-separated or the flag repeated) or a JSON object {\"name\",\"path\",\"base_model_name\"}; requests naming an adapter are cached in its own namespace and their KV events carry lora_id and lora_name")
 	fs.IntVar(&cfg.defaultMaxTokens, "default-max-tokens", 16, "completion length when a request sets neither max_tokens nor max_completion_tokens")
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", 8<<20, "largest accepted request body in `bytes`")
+	fs.DurationVar(&cfg.httpIdle, "http-idle-timeout", httpserve.DefaultIdleTimeout, "how long an idle keep-alive connection is kept (request headers must arrive within 10s, bodies within 30s)")
 	p.Group("Engine model")
 	fs.StringVar(&cfg.profile, "profile", costmodel.DefaultProfileName, "timing profile: a built-in `name` ("+strings.Join(costmodel.ProfileNames(), ", ")+") or a JSON profile file path")
 	fs.IntVar(&cfg.blockSize, "block-size", simengine.DefaultBlockSize, "tokens per KV block")
@@ -122,6 +128,7 @@ func newProgram(cfg *config, getenv func(string) string, stdout, stderr io.Write
 	fs.StringVar(&cfg.eventsEndpoint, "kv-events-endpoint", "", "ZMQ PUB `endpoint` for KV events, e.g. tcp://*:5557 (binds if it contains * or ::, else connects, as vLLM); empty disables events")
 	fs.StringVar(&cfg.replayEndpoint, "kv-events-replay-endpoint", "", "ZMQ ROUTER `endpoint` for replay requests, e.g. tcp://*:5558; empty disables replay")
 	fs.StringVar(&cfg.topic, "kv-events-topic", "", "topic frame of every event message")
+	fs.Int64Var(&cfg.maxMsgBytes, "kv-events-max-message-bytes", kvevents.DefaultMaxMessageBytes, "largest inbound ZMQ message (subscriptions, replay requests) in `bytes`; a peer declaring a larger one is disconnected and counted")
 	fs.StringVar(&cfg.eventsForm, "kv-events-form", "array", "event encoding: array (vLLM <= v0.25) or map (v0.26+)")
 	fs.StringVar(&cfg.replayLayout, "replay-layout", "old", "replay reply framing: old (vLLM <= v0.25) or new (v0.26+)")
 	fs.IntVar(&cfg.replayBufferSteps, "replay-buffer-steps", 10000, "event batches kept for replay")
@@ -147,6 +154,9 @@ func (c *config) check() error {
 	}
 	if c.defaultMaxTokens < 1 {
 		return fmt.Errorf("--default-max-tokens %d, want >= 1", c.defaultMaxTokens)
+	}
+	if c.maxMsgBytes < 1 {
+		return fmt.Errorf("--kv-events-max-message-bytes %d: want at least 1", c.maxMsgBytes)
 	}
 	if c.maxBodyBytes < 1 {
 		return fmt.Errorf("--max-body-bytes %d, want >= 1", c.maxBodyBytes)

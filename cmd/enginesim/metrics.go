@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvdir/kvdir/internal/kvevents"
 )
 
 // ttftBuckets are vLLM's time_to_first_token_seconds buckets.
@@ -22,6 +24,9 @@ type metrics struct {
 	reg     *prometheus.Registry
 	ttft    prometheus.Histogram
 	handler http.Handler
+	// oversized counts for the whole process: one rank of several
+	// behind one server exports it (see addRanks).
+	oversized prometheus.Collector
 }
 
 type statsCollector struct {
@@ -66,7 +71,12 @@ func newMetricsOf(c prometheus.Collector, ttftName string, labels prometheus.Lab
 			ConstLabels: labels,
 		}),
 	}
-	m.reg.MustRegister(c, m.ttft)
+	oversized := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "kvdir_enginesim_zmtp_oversized_total",
+		Help: "ZMQ connections closed because the peer declared a message over --kv-events-max-message-bytes.",
+	}, func() float64 { return float64(kvevents.OversizedMessages()) })
+	m.oversized = oversized
+	m.reg.MustRegister(c, m.ttft, oversized)
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 	return m
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/costmodel"
+	"github.com/kvdir/kvdir/internal/httpserve"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	"github.com/kvdir/kvdir/internal/simengine"
 	"github.com/kvdir/kvdir/internal/tokenize"
@@ -82,11 +83,10 @@ func newServer(ctx context.Context, cfg config, logger *slog.Logger) (*server, e
 		s.closePublishers()
 		return nil, fmt.Errorf("listen %s: %w", cfg.addr, err)
 	}
-	s.httpSrv = &http.Server{
-		Handler:           s.routes(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}
+	// No whole-request read timeout: it would cancel long streamed
+	// completions; bodies have their own deadline (readBody).
+	s.httpSrv = httpserve.New(s.routes(), httpserve.Timeouts{ReadHeader: 10 * time.Second, Read: -1, Idle: cfg.httpIdle},
+		slog.NewLogLogger(logger.Handler(), slog.LevelWarn))
 	return s, nil
 }
 
@@ -150,6 +150,8 @@ func newPublisher(ctx context.Context, cfg config) (*kvevents.Publisher, error) 
 		BufferSteps: cfg.replayBufferSteps,
 		DPRank:      cfg.dpRank,
 		Seed:        cfg.seed,
+
+		MaxMessageBytes: cfg.maxMsgBytes,
 	}
 	switch cfg.eventsForm {
 	case "array":

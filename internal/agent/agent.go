@@ -50,6 +50,11 @@ type Config struct {
 	// replay, and every gap then clears and rebuilds.
 	ReplayEndpoint string
 	Topic          string
+	// MaxMessageBytes bounds one inbound ZMQ message (live or replayed):
+	// a connection whose peer declares a larger one is closed and counted
+	// (kvdir_agent_zmtp_oversized_total). 0 means
+	// kvevents.DefaultMaxMessageBytes.
+	MaxMessageBytes int64
 
 	// PullURL, instead of Endpoint, is a TensorRT-LLM engine's pull-only
 	// KV-events endpoint (trtllm-serve's POST /kv_cache_events), polled
@@ -88,11 +93,19 @@ type Config struct {
 	// resynchronised (default dirclient.DefaultQueueLimit).
 	QueueLimit int
 	// HeartbeatInterval is fixed if set; otherwise lease/3 as the directory
-	// reports it (DefaultHeartbeatInterval until known).
+	// reports it (every 250 ms until known, for at most 5 s, then
+	// DefaultHeartbeatInterval).
 	HeartbeatInterval time.Duration
-	ReplayTimeout     time.Duration
-	RegisterRetry     time.Duration
-	ShutdownTimeout   time.Duration
+	// EngineDownAfter is how long the engine's metrics endpoint may go
+	// without answering (refused, timed out, or a gateway's 502-504; from
+	// the first failed probe, and at least three probes in a row) before
+	// the agent deregisters the worker; it registers again, and
+	// rebuilds, once the endpoint answers. 0 means half the directory's
+	// lease. Without a MetricsURL the engine is not watched.
+	EngineDownAfter time.Duration
+	ReplayTimeout   time.Duration
+	RegisterRetry   time.Duration
+	ShutdownTimeout time.Duration
 
 	Logger *slog.Logger
 }
@@ -138,6 +151,14 @@ type Agent struct {
 	healthy    atomic.Bool
 	reregister chan uint64 // epochs a heartbeat found unknown
 
+	// The engine's metrics endpoint stopped answering (engineDown, set by
+	// the heartbeat goroutine, cleared by the main loop once it answers
+	// again): the worker is out of the directory and not registered again
+	// until then. engineGoneC and engineUp carry the two transitions.
+	engineDown  atomic.Bool
+	engineGoneC chan struct{}
+	engineUp    chan struct{}
+
 	// Engine restarts seen by the heartbeat: its prefix-cache counters went
 	// down. The main loop acts on one only if no restart was handled since
 	// the sample before the drop (restartGen then still equals the value
@@ -169,6 +190,7 @@ type Agent struct {
 	last          uint64
 
 	pull *pullState // with Config.PullURL: the poller's state and metrics
+	lim  kvevents.Limits
 }
 
 // New returns an Agent publishing through dir.
@@ -184,12 +206,15 @@ func New(cfg Config, dir *dirclient.Client) (*Agent, error) {
 		hc:           &http.Client{Timeout: 2 * time.Second},
 		tr:           NewTranslator(cfg.Model, cfg.MapCapacity, cfg.Logger),
 		reregister:   make(chan uint64, 1),
+		engineGoneC:  make(chan struct{}, 1),
+		engineUp:     make(chan struct{}, 1),
 		counterReset: make(chan uint64, 1),
 		lastQueries:  -1,
 	}
 	a.tr.SetBlockSize(cfg.BlockSize)
 	a.tr.SetReportMode(cfg.ReportMode)
 	a.m = newMetrics(a)
+	a.lim = kvevents.NewLimits(cfg.MaxMessageBytes, a.m.oversized.Inc)
 	if cfg.PullURL != "" {
 		a.pull = newPullState(a)
 	}
@@ -250,6 +275,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		var err error
 		sub, err = kvevents.NewSubscriber(ctx, kvevents.SubscriberConfig{
 			Endpoint: a.cfg.Endpoint, Bind: a.cfg.Bind, Topic: a.cfg.Topic,
+			MaxMessageBytes: a.cfg.MaxMessageBytes, OnOversized: a.m.oversized.Inc,
 		})
 		if err != nil {
 			return fmt.Errorf("agent: subscribe: %w", err)
@@ -291,8 +317,12 @@ loop:
 				break loop
 			}
 			a.handlePull(ctx, p)
+		case <-a.engineGoneC:
+			a.engineGone(ctx)
+		case <-a.engineUp:
+			a.engineBack(ctx)
 		case <-tick.C:
-			if a.pub == nil && time.Since(a.lastReg) >= a.cfg.RegisterRetry {
+			if a.pub == nil && !a.engineDown.Load() && time.Since(a.lastReg) >= a.cfg.RegisterRetry {
 				a.register(ctx)
 			}
 			a.flush(ctx)
@@ -374,9 +404,13 @@ func (a *Agent) register(ctx context.Context) {
 	a.registered = a.registered || a.pub != nil
 }
 
-// registerEpoch registers the worker and reports whether it succeeded.
+// registerEpoch registers the worker and reports whether it succeeded. It
+// does not while the engine is down (engineBack registers).
 func (a *Agent) registerEpoch(ctx context.Context) bool {
 	a.lastReg = time.Now()
+	if a.engineDown.Load() {
+		return false
+	}
 	if a.pub != nil {
 		a.pub.Close()
 		a.pub = nil
@@ -400,6 +434,60 @@ func (a *Agent) registerEpoch(ctx context.Context) bool {
 	a.m.registers.Inc()
 	a.log.Info("agent: registered", "worker", a.cfg.WorkerID, "epoch", resp.Epoch)
 	return true
+}
+
+// engineGone takes the worker out of the directory: the engine stopped
+// answering, so routers must not place there, and its blocks are stale.
+// It deregisters the current epoch (if that fails, the heartbeats have
+// stopped and the lease lapses), keeping the engine-hash map for the
+// rebuild when the engine answers again.
+func (a *Agent) engineGone(ctx context.Context) {
+	a.m.engineDowns.Inc()
+	a.healthy.Store(false)
+	a.pending, a.pendingBlocks = nil, 0
+	if a.pub == nil {
+		return
+	}
+	ep := a.pub.Epoch()
+	a.pub.Close()
+	a.pub = nil
+	a.epoch.Store(0)
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := a.dir.Deregister(dctx, a.cfg.WorkerID, ep); err != nil {
+		a.log.Warn("agent: deregister after the engine went away; the lease will lapse", "epoch", ep, "err", err)
+		return
+	}
+	a.log.Warn("agent: deregistered the worker: its engine does not answer", "worker", a.cfg.WorkerID, "epoch", ep)
+}
+
+// engineBack registers the worker again once its engine answers and
+// rebuilds its view as at start-up, from the engine's replay buffer: the
+// engine may have restarted (its buffer then starts at its first batch,
+// and the view becomes exactly its cache) or only been unreachable (its
+// buffer may no longer reach back to its first batch: the view is then
+// reported partial). The engine-hash map starts over.
+func (a *Agent) engineBack(ctx context.Context) {
+	a.engineDown.Store(false)
+	a.restartGen.Add(1) // a counter drop seen meanwhile is handled here
+	a.trMu.Lock()
+	held := a.tr.Len() > 0
+	a.tr.Reset()
+	a.trMu.Unlock()
+	a.pending, a.pendingBlocks = nil, 0
+	a.haveLive, a.lastLive, a.last = false, 0, 0
+	a.setPartial(false, "")
+	if !a.registerEpoch(ctx) {
+		return // the main loop retries, with a rebuild
+	}
+	a.registered = true
+	if a.cfg.ReplayEndpoint == "" || a.pull != nil {
+		if held {
+			a.setPartial(true, "the engine was unreachable and has no replay endpoint; blocks it still holds are not in the directory until it stores them again")
+		}
+		return
+	}
+	a.startupReplay(ctx)
 }
 
 // publisherStopped handles a refusal or a fatal publisher error: register
@@ -474,6 +562,9 @@ func (a *Agent) engineRestarted(ctx context.Context) {
 	a.setPartial(false, "")
 }
 
+// limits bound the replay replies as the live stream.
+func (a *Agent) limits() kvevents.Limits { return a.lim }
+
 // startupReplay rebuilds, before any live event, what the engine's replay
 // buffer still holds: without it, a restarted agent would leave the
 // directory's view of a busy engine empty until the engine's next event.
@@ -483,7 +574,7 @@ func (a *Agent) startupReplay(ctx context.Context) {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, a.cfg.ReplayTimeout)
-	msgs, err := kvevents.Replay(rctx, a.cfg.ReplayEndpoint, 0)
+	msgs, err := kvevents.ReplayLimited(rctx, a.cfg.ReplayEndpoint, 0, a.limits())
 	cancel()
 	if err != nil || len(msgs) == 0 {
 		if err != nil {
@@ -554,7 +645,7 @@ func (a *Agent) rebuild(ctx context.Context) {
 	}
 	start := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, a.cfg.ReplayTimeout)
-	msgs, err := kvevents.Replay(rctx, a.cfg.ReplayEndpoint, 0)
+	msgs, err := kvevents.ReplayLimited(rctx, a.cfg.ReplayEndpoint, 0, a.limits())
 	cancel()
 	var first, next uint64
 	if len(msgs) > 0 {
@@ -621,7 +712,7 @@ func (a *Agent) catchUp(ctx context.Context, from uint64, m kvevents.Msg) {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, a.cfg.ReplayTimeout)
-	msgs, err := kvevents.Replay(rctx, a.cfg.ReplayEndpoint, from)
+	msgs, err := kvevents.ReplayLimited(rctx, a.cfg.ReplayEndpoint, from, a.limits())
 	cancel()
 	next := from
 	var got []kvevents.Msg
@@ -758,12 +849,23 @@ func (a *Agent) flush(ctx context.Context) {
 	}
 }
 
-// heartbeatLoop renews the lease with the engine's load.
+// heartbeatLoop renews the lease with the engine's load. It also watches
+// the engine: when its metrics endpoint has not answered for
+// engineDownAfter, it stops heartbeating and has the main loop deregister
+// the worker; once the endpoint answers again, the main loop registers
+// anew (see engineGone and engineBack).
 func (a *Agent) heartbeatLoop(ctx context.Context) {
 	interval := a.cfg.HeartbeatInterval
 	if interval <= 0 {
-		interval = DefaultHeartbeatInterval
+		// Until a heartbeat reports the lease: soon, so that the interval
+		// (and the engine watch) follow the lease from the start.
+		interval = leaseUnknownInterval
 	}
+	started := time.Now()
+	lease := time.Duration(0)
+	var failingSince time.Time // first of the probes failing in a row
+	fails := 0
+	down := false
 	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
@@ -772,13 +874,106 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if ep := a.epoch.Load(); ep != 0 {
-			if lease := a.heartbeat(ctx, ep); lease > 0 && a.cfg.HeartbeatInterval <= 0 {
-				interval = max(lease/3, 10*time.Millisecond)
+		load, reached := a.scrape(ctx, down)
+		if reached {
+			failingSince, fails = time.Time{}, 0
+		} else if fails++; fails == 1 {
+			failingSince = time.Now()
+		}
+		switch {
+		case down && reached:
+			down = false
+			a.log.Info("agent: the engine answers again", "worker", a.cfg.WorkerID)
+			select {
+			case a.engineUp <- struct{}{}:
+			default:
+			}
+		case down:
+		case !reached && fails >= minDownProbes && time.Since(failingSince) >= a.engineDownAfter(lease):
+			down = true
+			a.engineDown.Store(true)
+			a.log.Warn("agent: the engine's metrics endpoint has not answered; taking the worker out of the directory",
+				"worker", a.cfg.WorkerID, "probes", fails, "for", time.Since(failingSince).Round(time.Millisecond), "url", a.cfg.MetricsURL)
+			select {
+			case a.engineGoneC <- struct{}{}:
+			default:
+			}
+		default:
+			if ep := a.epoch.Load(); ep != 0 && !a.engineDown.Load() {
+				if l := a.heartbeat(ctx, ep, load); l > 0 {
+					lease = l
+					if a.cfg.HeartbeatInterval <= 0 {
+						interval = max(lease/3, 10*time.Millisecond)
+					}
+				}
 			}
 		}
-		t.Reset(interval)
+		if lease == 0 && a.cfg.HeartbeatInterval <= 0 && time.Since(started) > leaseUnknownFor {
+			interval = DefaultHeartbeatInterval // the directory is not answering
+		}
+		next := interval
+		if !reached && !down {
+			// Probe a failing engine more often, so that it is taken out
+			// soon after engineDownAfter rather than up to an interval
+			// later.
+			next = max(interval/4, 10*time.Millisecond)
+		}
+		t.Reset(next)
 	}
+}
+
+// The heartbeat interval until the directory reports its lease, for at
+// most leaseUnknownFor (then DefaultHeartbeatInterval).
+const (
+	leaseUnknownInterval = 250 * time.Millisecond
+	leaseUnknownFor      = 5 * time.Second
+)
+
+// minDownProbes is how many probes in a row must fail before the engine
+// is taken for gone, however short engineDownAfter is.
+const minDownProbes = 3
+
+// engineDownAfter is how long the engine's metrics endpoint may fail to
+// answer, from the first failed probe of a run of at least minDownProbes,
+// before the worker is taken out: Config.EngineDownAfter, or half the
+// directory's lease (the first failure comes at most a heartbeat interval,
+// a third of the lease, after the engine died, so routers stop placing
+// there within the lease), or half of three default heartbeat intervals
+// until the lease is known.
+func (a *Agent) engineDownAfter(lease time.Duration) time.Duration {
+	switch {
+	case a.cfg.EngineDownAfter > 0:
+		return a.cfg.EngineDownAfter
+	case lease > 0:
+		return lease / 2
+	}
+	return 3 * DefaultHeartbeatInterval / 2
+}
+
+// scrape reads the engine's load and reports whether the engine answered
+// (always true without a metrics URL). After an outage (wasDown) a drop
+// of the counters is not sent as a restart: engineBack handles it.
+func (a *Agent) scrape(ctx context.Context, wasDown bool) (*kvdirv1.Load, bool) {
+	if a.cfg.MetricsURL == "" {
+		return nil, true
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	l, fresh, err := scrapeLoad(ctx, a.hc, a.cfg.MetricsURL, LoadOptions(a.cfg))
+	if err != nil {
+		a.log.Debug("agent: scrape engine metrics", "err", err)
+		return nil, !errors.Is(err, errEngineUnreachable)
+	}
+	if fresh {
+		// A drained TensorRT-LLM read has zero counters that are not a
+		// restart.
+		if wasDown {
+			a.lastQueries, a.lastGen = float64(l.GetPrefixQueries()), a.restartGen.Load()
+		} else {
+			a.watchCounters(float64(l.GetPrefixQueries()))
+		}
+	}
+	return l, true
 }
 
 // watchCounters notices an engine restart that published nothing yet: its
@@ -794,25 +989,11 @@ func (a *Agent) watchCounters(queries float64) {
 	a.lastQueries, a.lastGen = queries, gen
 }
 
-// heartbeat sends one heartbeat and returns the lease the directory
-// reported (0 if unknown).
-func (a *Agent) heartbeat(ctx context.Context, ep uint64) time.Duration {
+// heartbeat sends one heartbeat with load and returns the lease the
+// directory reported (0 if unknown).
+func (a *Agent) heartbeat(ctx context.Context, ep uint64, load *kvdirv1.Load) time.Duration {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var load *kvdirv1.Load
-	if a.cfg.MetricsURL != "" {
-		l, fresh, err := scrapeLoad(ctx, a.hc, a.cfg.MetricsURL, LoadOptions(a.cfg))
-		if err != nil {
-			a.log.Debug("agent: scrape engine metrics", "err", err)
-		} else {
-			load = l
-			if fresh {
-				// A drained TensorRT-LLM read has zero counters that are
-				// not a restart.
-				a.watchCounters(float64(l.GetPrefixQueries()))
-			}
-		}
-	}
 	if a.partial.Load() {
 		if load == nil {
 			load = &kvdirv1.Load{}

@@ -79,10 +79,13 @@ func (c Config) Validate() error {
 		name string
 		v    time.Duration
 	}{{"batch interval", c.BatchInterval}, {"heartbeat interval", c.HeartbeatInterval}, {"replay timeout", c.ReplayTimeout},
-		{"register retry", c.RegisterRetry}, {"shutdown timeout", c.ShutdownTimeout}} {
+		{"register retry", c.RegisterRetry}, {"shutdown timeout", c.ShutdownTimeout}, {"engine down after", c.EngineDownAfter}} {
 		if d.v < 0 {
 			return fmt.Errorf("agent: %s %v is negative (0 means the default)", d.name, d.v)
 		}
+	}
+	if c.MaxMessageBytes < 0 {
+		return fmt.Errorf("agent: max message bytes %d is negative (0 means the default)", c.MaxMessageBytes)
 	}
 	return nil
 }

@@ -90,6 +90,11 @@ func toU64(v float64) uint64 {
 
 // scrapeLoad fetches and parses url as o says; fresh is false when the
 // engine reported no iteration since the last read (see parseLoadFresh).
+// errEngineUnreachable is wrapped by scrape errors that say the engine is
+// not there (no HTTP answer, or a gateway's 502, 503 or 504), as opposed to
+// an engine that answers with something unexpected.
+var errEngineUnreachable = errors.New("engine unreachable")
+
 func scrapeLoad(ctx context.Context, hc *http.Client, url string, o enginemetrics.Options) (load *kvdirv1.Load, fresh bool, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -97,10 +102,14 @@ func scrapeLoad(ctx context.Context, hc *http.Client, url string, o enginemetric
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, false, fmt.Errorf("agent: scrape %s: %w", url, err)
+		return nil, false, fmt.Errorf("agent: scrape %s: %w: %w", url, errEngineUnreachable, err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return nil, false, fmt.Errorf("agent: scrape %s: %w: status %s", url, errEngineUnreachable, resp.Status)
+	default:
 		return nil, false, fmt.Errorf("agent: scrape %s: status %s", url, resp.Status)
 	}
 	l, fresh, err := parseLoadFresh(resp.Body, o)

@@ -26,6 +26,8 @@ type metrics struct {
 	malformed    prometheus.Counter
 	heartbeats   *prometheus.CounterVec
 	lag          prometheus.Histogram
+	oversized    prometheus.Counter
+	engineDowns  prometheus.Counter
 }
 
 // translatorCollector exports the Translator's counters.
@@ -80,13 +82,15 @@ func newMetrics(a *Agent) *metrics {
 		decodeErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_agent_decode_errors_total", Help: "Engine messages that could not be decoded or framed."}),
 		malformed:    prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_agent_skipped_engine_events_total", Help: "Engine events the decoder skipped (malformed or of unknown type)."}),
 		heartbeats:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_agent_heartbeats_total", Help: "Heartbeats, by result."}, []string{"result"}),
+		oversized:    prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_agent_zmtp_oversized_total", Help: "ZMQ connections to the engine (events or replay) closed because the peer declared a message over --kv-events-max-message-bytes."}),
+		engineDowns:  prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_agent_engine_down_total", Help: "Times the engine's metrics endpoint stopped answering for --engine-down-after and the worker was deregistered until it answers again."}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "kvdir_agent_publish_lag_seconds", Help: "Time from receiving the oldest event of a batch to handing the batch to the publisher.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.gaps, m.replays, m.rebuilds, m.partial, m.resyncs, m.restarts, m.batches, m.dropped,
-		m.registers, m.refusals, m.duplicates, m.decodeErrors, m.malformed, m.heartbeats, m.lag} {
+		m.registers, m.refusals, m.duplicates, m.decodeErrors, m.malformed, m.heartbeats, m.lag, m.oversized, m.engineDowns} {
 		f(c)
 	}
 	f(&translatorCollector{

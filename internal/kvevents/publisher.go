@@ -64,6 +64,12 @@ type PublisherConfig struct {
 	Seed uint64
 	// Logger receives zmq4's diagnostics; nil discards them.
 	Logger *log.Logger
+	// MaxMessageBytes bounds one inbound message (subscriptions on the
+	// PUB socket, requests on the replay socket) on tcp and ipc endpoints,
+	// as SubscriberConfig.MaxMessageBytes (default DefaultMaxMessageBytes).
+	MaxMessageBytes int64
+	// OnOversized, if set, is called for each connection closed for it.
+	OnOversized func()
 }
 
 // PublisherStats counts what a Publisher did.
@@ -121,6 +127,15 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 	if cfg.HWM <= 0 {
 		cfg.HWM = DefaultHWM
 	}
+	lim := NewLimits(cfg.MaxMessageBytes, cfg.OnOversized)
+	pubEP, err := limitedEndpoint(cfg.Endpoint, lim)
+	if err != nil {
+		return nil, fmt.Errorf("kvevents: new publisher: %w", err)
+	}
+	replayEP, err := limitedEndpoint(cfg.ReplayEndpoint, lim)
+	if err != nil {
+		return nil, fmt.Errorf("kvevents: new publisher: %w", err)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	p := &Publisher{
 		cfg:    cfg,
@@ -141,12 +156,12 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 			p.abort()
 			return nil, err
 		}
-		if err := p.pub.Listen(cfg.Endpoint); err != nil {
+		if err := p.pub.Listen(pubEP); err != nil {
 			p.abort()
 			return nil, fmt.Errorf("kvevents: new publisher: bind %s: %w", cfg.Endpoint, err)
 		}
 	} else {
-		dialInBackground(ctx, &p.wg, p.pub, cfg.Endpoint)
+		dialInBackground(ctx, &p.wg, p.pub, pubEP)
 	}
 	if cfg.ReplayEndpoint != "" {
 		p.router = zmq4.NewRouter(ctx, zmqOptions(cfg.Logger, false, false)...)
@@ -154,7 +169,7 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 			p.abort()
 			return nil, err
 		}
-		if err := p.router.Listen(cfg.ReplayEndpoint); err != nil {
+		if err := p.router.Listen(replayEP); err != nil {
 			p.abort()
 			return nil, fmt.Errorf("kvevents: new publisher: bind replay %s: %w", cfg.ReplayEndpoint, err)
 		}

@@ -26,6 +26,12 @@ type SubscriberConfig struct {
 	Topic string
 	// Logger receives zmq4's diagnostics; nil discards them.
 	Logger *log.Logger
+	// MaxMessageBytes bounds one inbound message on tcp and ipc endpoints:
+	// a connection whose peer declares a larger one is closed and counted
+	// by OversizedMessages (default DefaultMaxMessageBytes).
+	MaxMessageBytes int64
+	// OnOversized, if set, is called for each such connection.
+	OnOversized func()
 }
 
 // SubscriberStats counts what a Subscriber saw.
@@ -61,6 +67,10 @@ func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, erro
 	if err := checkEndpoint(cfg.Endpoint); err != nil {
 		return nil, fmt.Errorf("kvevents: new subscriber: %w", err)
 	}
+	endpoint, err := limitedEndpoint(cfg.Endpoint, NewLimits(cfg.MaxMessageBytes, cfg.OnOversized))
+	if err != nil {
+		return nil, fmt.Errorf("kvevents: new subscriber: %w", err)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	s := &Subscriber{
 		sock:   zmq4.NewSub(ctx, zmqOptions(cfg.Logger, !cfg.Bind, !cfg.Bind)...),
@@ -77,12 +87,12 @@ func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, erro
 		return nil, fmt.Errorf("kvevents: new subscriber: subscribe: %w", err)
 	}
 	if cfg.Bind {
-		if err := s.sock.Listen(cfg.Endpoint); err != nil {
+		if err := s.sock.Listen(endpoint); err != nil {
 			s.abort()
 			return nil, fmt.Errorf("kvevents: new subscriber: bind %s: %w", cfg.Endpoint, err)
 		}
 	} else {
-		dialInBackground(ctx, &s.wg, s.sock, cfg.Endpoint)
+		dialInBackground(ctx, &s.wg, s.sock, endpoint)
 	}
 	s.wg.Add(1)
 	go s.pump()
@@ -195,14 +205,39 @@ func (s *Subscriber) Close() error {
 // whole exchange, including connecting. On a malformed reply it returns the
 // messages received so far and an error wrapping ErrBadFrames.
 func Replay(ctx context.Context, endpoint string, fromSeq uint64) ([]Msg, error) {
+	return ReplayLimited(ctx, endpoint, fromSeq, Limits{})
+}
+
+// Limits bound what a socket reads, as SubscriberConfig's fields of the
+// same names. A Limits used for many Replay calls should come from
+// NewLimits, which registers OnOversized once rather than at every call.
+type Limits struct {
+	MaxMessageBytes int64
+	OnOversized     func()
+	hook            uint64
+}
+
+// NewLimits returns Limits with onOversized registered once.
+func NewLimits(maxMessageBytes int64, onOversized func()) Limits {
+	l := Limits{MaxMessageBytes: maxMessageBytes, OnOversized: onOversized}
+	l.hook = registerHook(onOversized)
+	return l
+}
+
+// ReplayLimited is Replay with a bound on each reply's size.
+func ReplayLimited(ctx context.Context, endpoint string, fromSeq uint64, lim Limits) ([]Msg, error) {
 	if err := checkEndpoint(endpoint); err != nil {
+		return nil, fmt.Errorf("kvevents: replay: %w", err)
+	}
+	dialEP, err := limitedEndpoint(endpoint, lim)
+	if err != nil {
 		return nil, fmt.Errorf("kvevents: replay: %w", err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	dealer := zmq4.NewDealer(ctx, zmqOptions(nil, true, false)...)
 	defer dealer.Close()
-	if err := dealer.Dial(endpoint); err != nil {
+	if err := dealer.Dial(dialEP); err != nil {
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}

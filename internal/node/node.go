@@ -44,6 +44,9 @@ type Config struct {
 	APIAdvertise string
 	// HTTPAddr serves /metrics, /healthz and /readyz ("" disables it).
 	HTTPAddr string
+	// HTTPIdleTimeout closes keep-alive connections to HTTPAddr idle for
+	// that long (0: httpserve.DefaultIdleTimeout).
+	HTTPIdleTimeout time.Duration
 	// DataDir holds raft.db (log and stable store) and snapshots/.
 	DataDir string
 
@@ -64,6 +67,10 @@ type Config struct {
 	// long (partitioned, or removed from the cluster) refuses reads, so
 	// that clients move to a node that has (default 15s).
 	MaxStaleness time.Duration
+	// ReadyMaxLag: the node is not ready (/readyz) while its applied index
+	// is more than this many entries behind the commit index (the
+	// leader's, for a follower) (default DefaultReadyMaxLag).
+	ReadyMaxLag uint64
 	// LoadInterval is how often the leader commits the loads it gathered
 	// from heartbeats (default 1s).
 	LoadInterval time.Duration
@@ -169,6 +176,7 @@ type Node struct {
 	auth    *authorizer
 	guard   *entryGuard  // undecodable entries
 	members *raftMembers // the transport's view of the configuration (RaftTLS)
+	commits commitWatch  // the leader's commit index, as sent (catchup.go)
 
 	writeErr  errorBox
 	stop      chan struct{}
@@ -287,6 +295,7 @@ func (n *Node) startRaft() error {
 	if n.cfg.RaftAdvertise == "" { // an injected transport and no address given
 		n.cfg.RaftAdvertise = string(trans.LocalAddr())
 	}
+	trans = watchTransport(trans, &n.commits, n.stop)
 	hasState, err := raft.HasExistingState(logs, stable, snaps)
 	if err != nil {
 		return fmt.Errorf("node: read raft state: %w", err)

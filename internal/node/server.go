@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/kvdir/kvdir/internal/httpserve"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -167,7 +169,7 @@ func (n *Node) startHTTP() error {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	n.http = httpserve.New(mux, httpserve.Timeouts{Idle: n.cfg.HTTPIdleTimeout}, slog.NewLogLogger(n.log.Handler(), slog.LevelWarn))
 	go func() {
 		if err := n.http.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			n.log.Error("HTTP server stopped", "err", err)
@@ -186,8 +188,8 @@ func (n *Node) ready() error {
 	if _, id := n.raft.LeaderWithID(); id == "" {
 		return errors.New("no leader known")
 	}
-	if commit, applied := n.raft.CommitIndex(), n.fsm.AppliedIndex(); commit > applied+10_000 {
-		return fmt.Errorf("catching up: applied %d of %d", applied, commit)
+	if err := n.catchUpErr(); err != nil {
+		return err
 	}
 	if err := n.writeErr.get(); err != nil {
 		return fmt.Errorf("writes failing: %v", err)
