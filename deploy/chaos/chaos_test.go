@@ -221,8 +221,13 @@ func (h *harness) run(f fault) (r FaultResult) {
 	if f.name == "pause-agent" {
 		r.ResumeToViewSeconds = v.sec
 	}
-	if v.err != nil {
+	switch {
+	case v.err != nil:
 		r.problem("view under load: %v", v.err)
+	case v.sec > viewBound.Seconds():
+		// A poll begun before the deadline can end past it: the bound
+		// holds for the view, not for the poll.
+		r.problem("view under load: equal %.1fs after the repair, past the %v bound", v.sec, viewBound)
 	}
 	if err := h.waitRequests(time.Now(), afterRequests, 60*time.Second); err != nil {
 		r.problem("load after the repair: %v", err)

@@ -130,6 +130,14 @@ func (c *Directory) Status(ctx context.Context, name string) (*kvdirv1.StatusRes
 	})
 }
 
+// Snapshot asks one node to take a Raft snapshot now.
+func (c *Directory) Snapshot(ctx context.Context, name string) error {
+	_, err := call(ctx, c, name, func(ctx context.Context, n *nodeConn) (*kvdirv1.SnapshotResponse, error) {
+		return n.admin.Snapshot(ctx, &kvdirv1.SnapshotRequest{})
+	})
+	return err
+}
+
 // Workers lists one node's workers, gone ones included.
 func (c *Directory) Workers(ctx context.Context, name string) ([]*kvdirv1.Worker, error) {
 	return call(ctx, c, name, func(ctx context.Context, n *nodeConn) ([]*kvdirv1.Worker, error) {

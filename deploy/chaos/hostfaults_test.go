@@ -303,17 +303,29 @@ func diskFull(h *harness, r *FaultResult) (time.Time, error) {
 		return os.Remove(fill)
 	}
 	defer func() { _ = free() }()
+	// The node may not need a new byte for a while: its log store reuses
+	// the pages that compaction freed. A snapshot needs new files, so ask
+	// for one now and then until the node says its writes fail.
 	var why string
+	var asked time.Time
 	err = testkit.Poll(h.ctx, 30*time.Second, diskNode+" to fail its readiness", func() (bool, string) {
 		code, body, err := h.readyz(diskNode)
 		if err != nil {
 			return false, err.Error()
 		}
 		why = body
+		if code == http.StatusOK && time.Since(asked) > 3*time.Second {
+			asked = time.Now()
+			ctx, cancel := context.WithTimeout(h.ctx, 10*time.Second)
+			if err := h.dir.Snapshot(ctx, diskNode); err != nil {
+				r.Detail = "snapshot on the full disk: " + err.Error()
+			}
+			cancel()
+		}
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "writes failing"), fmt.Sprintf("%d %s", code, body)
 	})
 	r.FailedVisiblySeconds = time.Since(at).Seconds()
-	r.Detail = fmt.Sprintf("filled %d MB; readiness: %s", n>>20, why)
+	r.Detail = fmt.Sprintf("filled %d MB; readiness: %s; %s", n>>20, why, r.Detail)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("the full disk went unnoticed: %w", err)
 	}

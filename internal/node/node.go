@@ -281,6 +281,7 @@ func (n *Node) startRaft() error {
 		}
 		snaps = s
 	}
+	snaps = &recordingSnapshotStore{SnapshotStore: snaps, failed: &n.writeErr}
 	if err := n.guard.check(logs, stable, snaps); err != nil {
 		return err
 	}
@@ -454,6 +455,44 @@ func (s *recordingLogStore) IsMonotonic() bool {
 func (s *recordingLogStore) record(err error) error {
 	if err != nil {
 		s.failed.set(fmt.Errorf("raft log store: %w", err))
+	}
+	return err
+}
+
+// recordingSnapshotStore records every failure to write a snapshot: a full
+// disk shows there first when the log store has free pages to reuse.
+type recordingSnapshotStore struct {
+	raft.SnapshotStore
+	failed *errorBox
+}
+
+func (s *recordingSnapshotStore) Create(version raft.SnapshotVersion, index, term uint64, configuration raft.Configuration,
+	configurationIndex uint64, trans raft.Transport) (raft.SnapshotSink, error) {
+	sink, err := s.SnapshotStore.Create(version, index, term, configuration, configurationIndex, trans)
+	if err != nil {
+		s.failed.set(fmt.Errorf("raft snapshot store: %w", err))
+		return nil, err
+	}
+	return &recordingSink{SnapshotSink: sink, failed: s.failed}, nil
+}
+
+type recordingSink struct {
+	raft.SnapshotSink
+	failed *errorBox
+}
+
+func (k *recordingSink) Write(p []byte) (int, error) {
+	n, err := k.SnapshotSink.Write(p)
+	if err != nil {
+		k.failed.set(fmt.Errorf("raft snapshot store: %w", err))
+	}
+	return n, err
+}
+
+func (k *recordingSink) Close() error {
+	err := k.SnapshotSink.Close()
+	if err != nil {
+		k.failed.set(fmt.Errorf("raft snapshot store: %w", err))
 	}
 	return err
 }
