@@ -396,6 +396,9 @@ func (h *harness) recreate(service string, extra ...string) error {
 	cmd := exec.CommandContext(ctx, "docker-compose", "--project-directory", dir, "-f", filepath.Join(dir, "docker-compose.yml"),
 		"up", "-d", "--no-deps", "--no-build", service)
 	cmd.Env = append(append(os.Environ(), h.clusterEnv()...), extra...)
+	if h.creds != nil { // what compose/cluster.sh exports for the secrets' mounts
+		cmd.Env = append(cmd.Env, "KVDIR_SECRETS_DIR="+h.creds.Dir, fmt.Sprintf("KVDIR_SECRETS_GID=%d", h.creds.GID))
+	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("docker-compose up %s: %w: %s", service, err, out)
 	}
