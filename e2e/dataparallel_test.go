@@ -82,7 +82,7 @@ func TestDataParallelBehindOneServer(t *testing.T) {
 	for i, addr := range testkit.FreeAddrs(t, 2) {
 		name := fmt.Sprintf("router-%d", i)
 		r := &fleet.Router{URL: "http://" + addr, Proc: startProc(t, name, f.Bin("router"), "--addr", addr,
-			"--directory", f.DirectoryAddrs(), "--policy", "kvdir", "--match-timeout", "200ms", "--share-intents=false", "--log-level", "warn")}
+			"--directory", f.DirectoryAddrs(), "--policy", "kvdir", "--match-timeout", "200ms", "--share-intents=false", "--explain", "open", "--log-level", "warn")}
 		if err := f.WaitRouterWorkers(ctx, r, 3, 60*time.Second); err != nil {
 			t.Fatal(err)
 		}
