@@ -295,26 +295,11 @@ func configure(o *options) (router.Config, error) {
 
 // directorySecurity reads --token-file and --tls-ca.
 func (o *options) directorySecurity() error {
-	if o.tokenFile != "" {
-		if o.token != "" {
-			return cli.Usagef("give --token or --token-file, not both")
-		}
-		t, err := dirclient.ReadToken(o.tokenFile)
-		if err != nil {
-			return cli.Usagef("--token-file: %w", err)
-		}
-		o.token = t
+	tok, tc, err := dirclient.Security{Token: o.token, TokenFile: o.tokenFile, CAFile: o.tlsCA, ServerName: o.tlsServer}.Load()
+	if err != nil {
+		return cli.Usage(err)
 	}
-	if o.tlsServer != "" && o.tlsCA == "" {
-		return cli.Usagef("--tls-server-name needs --tls-ca")
-	}
-	if o.tlsCA != "" {
-		tc, err := dirclient.LoadTLS(o.tlsCA, o.tlsServer)
-		if err != nil {
-			return cli.Usagef("--tls-ca: %w", err)
-		}
-		o.dirTLS = tc
-	}
+	o.token, o.dirTLS = tok, tc
 	return nil
 }
 

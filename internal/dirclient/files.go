@@ -36,3 +36,37 @@ func ReadToken(file string) (string, error) {
 	}
 	return t, nil
 }
+
+// Security is how a command reaches the directory: a bearer token given
+// inline or in a file, and a CA (with an optional server name) for TLS.
+type Security struct {
+	Token, TokenFile, CAFile, ServerName string
+}
+
+// Load returns the token and the TLS configuration (nil: plaintext) that s
+// names. The errors name the flags --token, --token-file, --tls-ca and
+// --tls-server-name, which every command spells the same way.
+func (s Security) Load() (string, *tls.Config, error) {
+	token := s.Token
+	if s.TokenFile != "" {
+		if token != "" {
+			return "", nil, fmt.Errorf("give --token or --token-file, not both")
+		}
+		t, err := ReadToken(s.TokenFile)
+		if err != nil {
+			return "", nil, fmt.Errorf("--token-file: %w", err)
+		}
+		token = t
+	}
+	if s.ServerName != "" && s.CAFile == "" {
+		return "", nil, fmt.Errorf("--tls-server-name needs --tls-ca")
+	}
+	if s.CAFile == "" {
+		return token, nil, nil
+	}
+	tc, err := LoadTLS(s.CAFile, s.ServerName)
+	if err != nil {
+		return "", nil, fmt.Errorf("--tls-ca: %w", err)
+	}
+	return token, tc, nil
+}
