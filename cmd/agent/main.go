@@ -297,7 +297,7 @@ func serve(ctx context.Context, o *options) error {
 	})
 	srv := httpserve.New(mux, httpserve.Timeouts{Idle: o.httpIdle}, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	go func() {
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := httpserve.Serve(srv, lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("agent: http server", "err", err)
 		}
 	}()

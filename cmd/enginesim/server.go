@@ -318,7 +318,7 @@ func (s *server) serve(ctx context.Context, ready func(*server)) error {
 	}
 	s.log.Info("enginesim listening", attrs...)
 	errc := make(chan error, 1)
-	go func() { errc <- s.httpSrv.Serve(s.listener) }()
+	go func() { errc <- httpserve.Serve(s.httpSrv, s.listener) }()
 	if ready != nil {
 		ready(s)
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/enginemetrics"
 	"github.com/kvdir/kvdir/internal/follow"
+	"github.com/kvdir/kvdir/internal/httpserve"
 	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/router"
 	"github.com/kvdir/kvdir/internal/tokenize"
@@ -357,7 +358,8 @@ func serve(ctx context.Context, o *options, ready chan<- string) error {
 	if err != nil {
 		return fmt.Errorf("listen on --addr %s: %w", o.addr, err)
 	}
-	// Headers must arrive within 10 s and an idle keep-alive connection
+	// Headers must arrive within 10 s of a request's first byte and a
+	// connection waiting for a request (idle, or fresh and not used yet)
 	// is closed after 2 min; the body's deadline (--body-timeout) is set by
 	// the handler, which clears it once the body is in, so that a long
 	// streamed answer is not cut the way an http.Server ReadTimeout would.
@@ -367,7 +369,7 @@ func serve(ctx context.Context, o *options, ready chan<- string) error {
 	runErr := make(chan error, 1)
 	go func() { runErr <- srv.Run(runCtx) }()
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(ln) }()
+	go func() { serveErr <- httpserve.Serve(hs, ln) }()
 	log.Info("router: serving", "addr", ln.Addr().String(), "policy", pol.Name(), "fallback", fb.Name(),
 		"directory", strings.Join(o.directory, ","), "static_workers", len(cfg.Static))
 	if ready != nil {

@@ -9,10 +9,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/httpserve"
 	"github.com/kvdir/kvdir/internal/testkit"
 )
 
@@ -109,14 +111,14 @@ func NewBalancer(routers []string, dial Dialer) (*Balancer, error) {
 			}
 			return nil, fmt.Errorf("chaos: balancer front %d: %w", i, err)
 		}
-		// No idle timeout of its own (it would be ReadHeaderTimeout's):
-		// the load generator's client keeps idle connections without
-		// limit, and a request sent on one the front closes meanwhile
-		// fails with EOF.
+		// Idle connections, fresh ones too (the load generator's client
+		// parks connections it dialed and did not need), are kept an hour:
+		// the client keeps them without limit, and a request sent on one
+		// the front closes meanwhile fails with EOF.
 		srv := &http.Server{Handler: b.front(i), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Hour}
 		b.servers = append(b.servers, srv)
 		b.fronts = append(b.fronts, "http://"+ln.Addr().String())
-		go func() { _ = srv.Serve(ln) }()
+		go func() { _ = httpserve.Serve(srv, ln) }()
 	}
 	go b.healthLoop()
 	return b, nil
@@ -250,6 +252,8 @@ func (b *Balancer) front(f int) http.Handler {
 					up.Header.Set(h, v)
 				}
 			}
+			var conn connInfo
+			up = up.WithContext(httptrace.WithClientTrace(upCtx, conn.trace()))
 			resp, err = b.client.Do(up)
 			if err == nil {
 				b.update(rec, func(r *Record) { r.Router, r.Header, r.Status = i, time.Now(), resp.StatusCode })
@@ -264,7 +268,7 @@ func (b *Balancer) front(f int) http.Handler {
 			b.healthy[i].Store(false)
 			b.update(rec, func(r *Record) {
 				if !r.Rerouted {
-					r.RerouteErr = fmt.Sprintf("router %d: %v", i+1, err)
+					r.RerouteErr = fmt.Sprintf("router %d: %v (%s)", i+1, err, conn.String())
 				}
 				r.Rerouted = true
 			})
@@ -319,6 +323,54 @@ func (b *Balancer) front(f int) http.Handler {
 			}
 		})
 	})
+}
+
+// connInfo is what a request's client trace saw of its connection, to
+// tell a router that closed a fresh connection from one that closed a
+// reused one just as a request went out on it.
+type connInfo struct {
+	mu     sync.Mutex
+	got    bool
+	info   httptrace.GotConnInfo
+	at     time.Time
+	wrote  time.Time
+	local  string
+	remote string
+}
+
+func (c *connInfo) trace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.got, c.info, c.at = true, info, time.Now()
+			if info.Conn != nil {
+				c.local, c.remote = info.Conn.LocalAddr().String(), info.Conn.RemoteAddr().String()
+			}
+		},
+		WroteRequest: func(httptrace.WroteRequestInfo) {
+			c.mu.Lock()
+			c.wrote = time.Now()
+			c.mu.Unlock()
+		},
+	}
+}
+
+func (c *connInfo) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.got {
+		return "no connection"
+	}
+	s := fmt.Sprintf("conn %s->%s reused=%v", c.local, c.remote, c.info.Reused)
+	if c.info.WasIdle {
+		s += fmt.Sprintf(" idle %v", c.info.IdleTime.Round(time.Millisecond))
+	}
+	if !c.wrote.IsZero() {
+		s += fmt.Sprintf(", request written %v after, failed %v after that",
+			c.wrote.Sub(c.at).Round(time.Millisecond), time.Since(c.wrote).Round(time.Millisecond))
+	}
+	return s
 }
 
 // drain reads what is left of a router's response (the end of a stream

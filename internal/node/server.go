@@ -171,7 +171,7 @@ func (n *Node) startHTTP() error {
 	})
 	n.http = httpserve.New(mux, httpserve.Timeouts{Idle: n.cfg.HTTPIdleTimeout}, slog.NewLogLogger(n.log.Handler(), slog.LevelWarn))
 	go func() {
-		if err := n.http.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := httpserve.Serve(n.http, lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			n.log.Error("HTTP server stopped", "err", err)
 		}
 	}()
