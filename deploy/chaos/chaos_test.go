@@ -178,6 +178,13 @@ func (h *harness) run(f fault) (r FaultResult) {
 		r.problem("load before the fault: %v", err)
 		return r
 	}
+	if ramp := time.Until(begin.Add(rampUp)); ramp > 0 {
+		select { // the fault hits the steady load, not its ramp
+		case <-time.After(ramp):
+		case <-h.ctx.Done():
+			return r
+		}
+	}
 
 	// The fault and its repair, under load. From the repair on, the
 	// directory must come to reflect everything the engines stored up to

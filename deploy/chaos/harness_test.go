@@ -50,6 +50,10 @@ const (
 	partitionHold = 5 * time.Second  // how long a partition lasts
 	pauseBound    = 30 * time.Second // a paused agent's worker expired by the directory
 	warmRequests  = 10               // requests completed before a fault is injected
+	// rampUp is how long a fault's load runs before the fault: the time
+	// its first sessions take to reach their last turns (think time and
+	// service of two turns), after which the offered rate is steady.
+	rampUp = 4 * time.Second
 	// maxRecentProbes bounds the prompts of a fault's load the view is
 	// checked for: at a hundred requests a second, all of them would make
 	// a poll of the view take longer than the view takes to converge.

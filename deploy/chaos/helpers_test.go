@@ -98,11 +98,32 @@ func TestChunkTrace(t *testing.T) {
 	if len(a) < 10 || len(b) < 10 {
 		t.Fatalf("chunks of %d and %d requests; want a steady load", len(a), len(b))
 	}
+	// Every session begins within the chunk and keeps all its turns: the
+	// next chunk's load overlaps its last turns instead of ramping anew.
+	begins, turns := map[string]float64{}, map[string]int{}
+	later := 0
+	for _, r := range a {
+		if t0, ok := begins[r.SessionID]; !ok || r.Timestamp < t0 {
+			begins[r.SessionID] = r.Timestamp
+		}
+		turns[r.SessionID]++
+		if r.Timestamp >= 6000 {
+			later++
+		}
+	}
+	for id, t0 := range begins {
+		if t0 >= 6000 {
+			t.Fatalf("session %s begins at %v ms, beyond the chunk", id, t0)
+		}
+		if turns[id] < 2 {
+			t.Fatalf("session %s has %d turns; sessions have 2-3", id, turns[id])
+		}
+	}
+	if later == 0 {
+		t.Fatal("no turn after the chunk's 6 s: the last sessions lost their later turns")
+	}
 	ids := map[int64]bool{}
 	for _, r := range a {
-		if r.Timestamp >= 6000 {
-			t.Fatalf("request at %v ms beyond the chunk", r.Timestamp)
-		}
 		for _, id := range r.HashIDs {
 			ids[id] = true
 		}

@@ -11,8 +11,12 @@ import (
 )
 
 // LoadConfig describes the steady load: chat sessions replayed open-loop
-// with internal/loadgen in chunks of ChunkSec seconds, one after another, until
-// stopped. Each chunk has its own sessions and content (its hash ids are
+// with internal/loadgen in chunks, a new chunk every ChunkSec seconds until
+// stopped. A chunk holds the sessions that begin in its ChunkSec seconds,
+// with all their turns: its later turns run while the next chunk's
+// sessions begin, so the offered load is steady (SessionRate sessions a
+// second, each with all its turns), not a ramp that starts again at every
+// chunk. Each chunk has its own sessions and content (its hash ids are
 // offset by the chunk number), with two tenants' system prompts shared
 // within the chunk.
 type LoadConfig struct {
@@ -73,10 +77,17 @@ func chunkTrace(cfg LoadConfig, n int) ([]workload.Record, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The sessions that begin within the chunk, with every turn.
 	limit := cfg.ChunkSec * 1000
+	begins := make(map[string]float64)
+	for _, r := range recs {
+		if t, ok := begins[r.SessionID]; !ok || r.Timestamp < t {
+			begins[r.SessionID] = r.Timestamp
+		}
+	}
 	out := recs[:0]
 	for _, r := range recs {
-		if r.Timestamp >= limit {
+		if begins[r.SessionID] >= limit {
 			continue
 		}
 		for i := range r.HashIDs {
@@ -88,51 +99,65 @@ func chunkTrace(cfg LoadConfig, n int) ([]workload.Record, error) {
 	return out, nil
 }
 
-// StartLoad starts replaying chunks.
+// StartLoad starts replaying chunks, one every ChunkSec seconds.
 func StartLoad(ctx context.Context, cfg LoadConfig) *Load {
 	l := &Load{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
+	every := time.Duration(cfg.ChunkSec * float64(time.Second))
 	go func() {
 		defer close(l.done)
+		var running sync.WaitGroup
+		defer running.Wait()
+		tick := time.NewTicker(every)
+		defer tick.Stop()
 		for n := 0; ; n++ {
+			recs, err := chunkTrace(cfg, n)
+			if err != nil {
+				l.fail(fmt.Errorf("load chunk %d: %w", n, err))
+				return
+			}
+			running.Add(1)
+			go func() {
+				defer running.Done()
+				res, err := loadgen.Run(ctx, loadgen.Config{
+					Records: recs, TraceBlockSize: cfg.BlockSize, EngineBlockSize: cfg.BlockSize,
+					Model: cfg.Model, URLs: cfg.URLs, TimeScale: 1, Engines: cfg.Engines,
+					QueueEvery: time.Second,
+				})
+				if err != nil {
+					l.fail(fmt.Errorf("load chunk %d: %w", n, err))
+					return
+				}
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				l.chunks++
+				l.requests += len(recs)
+				l.errors += res.Errors
+				if l.firstErr == "" {
+					l.firstErr = res.FirstErr
+				}
+			}()
 			select {
 			case <-l.stop:
 				return
 			case <-ctx.Done():
 				return
-			default:
-			}
-			recs, err := chunkTrace(cfg, n)
-			if err == nil {
-				var res *loadgen.Result
-				res, err = loadgen.Run(ctx, loadgen.Config{
-					Records: recs, TraceBlockSize: cfg.BlockSize, EngineBlockSize: cfg.BlockSize,
-					Model: cfg.Model, URLs: cfg.URLs, TimeScale: 1, Engines: cfg.Engines,
-					QueueEvery: time.Second,
-				})
-				if err == nil {
-					l.mu.Lock()
-					l.chunks++
-					l.requests += len(recs)
-					l.errors += res.Errors
-					if l.firstErr == "" {
-						l.firstErr = res.FirstErr
-					}
-					l.mu.Unlock()
-				}
-			}
-			if err != nil {
-				l.mu.Lock()
-				l.runErr = fmt.Errorf("load chunk %d: %w", n, err)
-				l.mu.Unlock()
-				return
+			case <-tick.C:
 			}
 		}
 	}()
 	return l
 }
 
-// Stop lets the current chunk finish, stops, and returns what the load
-// did; the error is set if a chunk could not run at all.
+func (l *Load) fail(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.runErr == nil {
+		l.runErr = err
+	}
+}
+
+// Stop starts no more chunks, lets the running ones finish, and returns
+// what the load did; the error is set if a chunk could not run at all.
 func (l *Load) Stop() (LoadStats, error) {
 	select {
 	case <-l.stop:
