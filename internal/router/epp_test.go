@@ -314,4 +314,3 @@ func TestEndpointOf(t *testing.T) {
 		}
 	}
 }
-
