@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -179,12 +180,14 @@ func TestEndpointPicker(t *testing.T) {
 			home, homeReq = a1.worker, c
 		}
 		// The pickers observed each response to its end: nothing in flight,
-		// every request counted ok.
+		// every request counted ok, the sessions recorded in the directory.
 		for i, r := range f.Routers {
 			testkit.Eventually(t, 10*time.Second, "router accounting", func() (bool, string) {
 				ok, err1 := labelledSum(r.URL, "kvdir_router_requests_total", `outcome="ok"`)
 				inflight, err2 := labelledSum(r.URL, "kvdir_router_inflight")
-				return err1 == nil && err2 == nil && ok == 4 && inflight == 0, fmt.Sprintf("router %d: ok %v, in flight %v (%v %v)", i, ok, inflight, err1, err2)
+				batches, err3 := labelledSum(r.URL, "kvdir_router_session_batches_total", `result="ok"`)
+				return errors.Join(err1, err2, err3) == nil && ok == 4 && inflight == 0 && batches > 0,
+					fmt.Sprintf("router %d: ok %v, in flight %v, session batches written %v (%v)", i, ok, inflight, batches, errors.Join(err1, err2, err3))
 			})
 		}
 	})

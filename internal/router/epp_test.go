@@ -14,6 +14,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kvdir/kvdir/internal/costmodel"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/testkit/gateway"
 )
@@ -313,4 +314,33 @@ func TestEndpointOf(t *testing.T) {
 			t.Errorf("endpointOf(%q) = %q, want %q", addr, got, want)
 		}
 	}
+}
+
+// TestEPPCalibratesStreamed checks that a streamed response observed
+// through the picker feeds the calibrator as a relayed one does: its first
+// token and its usage make one observation.
+func TestEPPCalibratesStreamed(t *testing.T) {
+	up := newUpstream(t, "m", okJSON(0))
+	cal, err := costmodel.NewCalibrator(mustProfile(t), costmodel.CalibratorConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := testRouter(t, "round-robin", []StaticWorker{{ID: "w0", Address: up.URL, Model: "m"}}, func(c *Config) { c.Calibrator = cal })
+	g := testEPP(t, s)
+	x, err := g.Start(t.Context(), chatRequest(strings.Replace(chatBody, `"max_tokens":4`, `"stream":true`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := [][]byte{
+		[]byte("data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"he\"}}]}\n\n"),
+		[]byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":16}}}\n\n"),
+		[]byte("data: [DONE]\n\n"),
+	}
+	if err := x.Respond(http.StatusOK, http.Header{"Content-Type": {"text/event-stream"}}, events); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 5*time.Second, "one calibration observation", func() (bool, string) {
+		st := cal.Stats()
+		return st.Accepted == 1 && counterValue(t, s, "kvdir_router_engine_cached_tokens_total", "w0") == 16, fmt.Sprintf("%+v", st)
+	})
 }
