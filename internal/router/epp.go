@@ -287,7 +287,7 @@ func (x *eppExchange) run() error {
 			}
 		}
 		if ep := servedEndpoint(msg.GetMetadataContext()); ep != "" {
-			x.served = ep
+			x.served = normalEndpoint(ep)
 		}
 		done, err := x.handle(msg)
 		if err != nil || done {
@@ -302,6 +302,11 @@ func (x *eppExchange) handle(msg *extprocv3.ProcessingRequest) (done bool, err e
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		x.reqHeaders = httpHeaders(r.RequestHeaders.GetHeaders())
 		x.explainOK = x.s.explainAllowed(x.reqHeaders)
+		if x.reqHeaders.Get(":method") == http.MethodGet && x.path() == "/v1/models" {
+			// The router knows the pool's models: it answers, as the
+			// proxy does.
+			return true, x.answerModels()
+		}
 		if aerr := x.checkTarget(); aerr != nil {
 			return true, x.refuse(aerr)
 		}
@@ -374,13 +379,13 @@ func (x *eppExchange) handle(msg *extprocv3.ProcessingRequest) (done bool, err e
 // POST.
 func (x *eppExchange) checkTarget() *apiError {
 	if m := x.reqHeaders.Get(":method"); m != "" && m != http.MethodPost {
-		return badRequest("not an OpenAI request the router places: %s %s (want POST %s or %s)", m, x.path(), PathChat, PathCompletions)
+		return badRequest("not an OpenAI request the router places: %s %s (want POST %s or %s, or GET /v1/models)", m, x.path(), PathChat, PathCompletions)
 	}
 	switch x.path() {
 	case PathChat, PathCompletions:
 		return nil
 	}
-	return badRequest("not an OpenAI request the router places: path %q (want POST %s or %s)", x.path(), PathChat, PathCompletions)
+	return badRequest("not an OpenAI request the router places: path %q (want POST %s or %s, or GET /v1/models)", x.path(), PathChat, PathCompletions)
 }
 
 // path is the request's :path without its query.
@@ -440,6 +445,20 @@ func (x *eppExchange) pick() (done bool, err error) {
 	return false, x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
 		Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
 			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: x.body, EndOfStream: true}}}}}}})
+}
+
+// answerModels answers GET /v1/models with the workers' models and LoRA
+// adapters, as an immediate response.
+func (x *eppExchange) answerModels() error {
+	x.placed = true
+	body, err := json.Marshal(x.s.modelList())
+	if err != nil {
+		return fmt.Errorf("router: epp: models: %w", err)
+	}
+	return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+		Status: &typev3.HttpStatus{Code: typev3.StatusCode_OK}, Body: body,
+		Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader("content-type", "application/json")}},
+	}}})
 }
 
 // refuse answers the request with aerr as an immediate response.

@@ -184,6 +184,14 @@ func TestEPPRefusesNonOpenAI(t *testing.T) {
 	if up.hits.Load() != 0 {
 		t.Fatalf("the engine got %d requests", up.hits.Load())
 	}
+	// GET /v1/models is answered by the router, from its workers.
+	x, err := g.Do(t.Context(), &gateway.Request{Method: http.MethodGet, Path: "/v1/models"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Immediate == nil || x.Status != http.StatusOK || !strings.Contains(string(x.Body), `"id":"m"`) || x.Endpoint != "" {
+		t.Fatalf("GET /v1/models: status %d, endpoint %q, body %s", x.Status, x.Endpoint, x.Body)
+	}
 }
 
 // TestEPPFullDuplex checks the full-duplex body mode: the headers are

@@ -455,6 +455,12 @@ func (s *Server) models() []string {
 // serveModels lists the workers' models and, as vLLM does, each LoRA
 // adapter with its parent (the base model) and root.
 func (s *Server) serveModels(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(s.modelList())
+}
+
+// modelList is GET /v1/models's answer.
+func (s *Server) modelList() openai.ModelList {
 	list := openai.ModelList{Object: "list", Data: []openai.Model{}}
 	for _, c := range s.modelCards() {
 		m := openai.Model{ID: c.id, Object: "model", OwnedBy: "kvdir", Root: c.root}
@@ -463,8 +469,7 @@ func (s *Server) serveModels(w http.ResponseWriter, _ *http.Request) {
 		}
 		list.Data = append(list.Data, m)
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(list)
+	return list
 }
 
 // serveReady answers 200 once the router is ready (Ready), else 503 with
