@@ -352,3 +352,62 @@ func TestEPPCalibratesStreamed(t *testing.T) {
 		return st.Accepted == 1 && counterValue(t, s, "kvdir_router_engine_cached_tokens_total", "w0") == 16, fmt.Sprintf("%+v", st)
 	})
 }
+
+// TestEPPLateBinding checks that the admission queue holds a picker's
+// request as it holds a proxied one: with the only worker past its knee
+// (a request placed there has no response yet), the next request waits
+// for its pick, the one after it, over the queue's bound, gets an
+// immediate 429 with Retry-After, and the held one is picked once the
+// first one's response arrives.
+func TestEPPLateBinding(t *testing.T) {
+	up := newUpstream(t, "m", okJSON(0))
+	s, _ := lateRouter(t, up, 1, 10*time.Second)
+	g := testEPP(t, s)
+
+	first, err := g.Start(t.Context(), chatRequest(chatBody))
+	if err != nil || first.Endpoint == "" {
+		t.Fatalf("first request: %v %+v", err, first)
+	}
+	held := make(chan *gateway.Exchange, 1)
+	go func() {
+		x, err := g.Start(t.Context(), chatRequest(chatBody))
+		if err != nil {
+			t.Error(err)
+		}
+		held <- x
+	}()
+	testkit.Eventually(t, 5*time.Second, "the second request held", func() (bool, string) {
+		d := gaugeSum(t, s, "kvdir_router_admission_queue_depth")
+		return d == 1, fmt.Sprintf("depth %v", d)
+	})
+	x, err := g.Do(t.Context(), chatRequest(chatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var retry string
+	for _, h := range x.Immediate.GetHeaders().GetSetHeaders() {
+		if h.GetHeader().GetKey() == "retry-after" {
+			retry = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if x.Immediate == nil || x.Status != http.StatusTooManyRequests || retry == "" || x.Endpoint != "" {
+		t.Fatalf("over the queue's bound: status %d, retry-after %q, endpoint %q, body %s", x.Status, retry, x.Endpoint, x.Body)
+	}
+	select {
+	case x := <-held:
+		t.Fatalf("the held request was answered while the worker was past its knee: %+v", x)
+	default:
+	}
+	if err := first.Respond(http.StatusOK, http.Header{"Content-Type": {"application/json"}}, [][]byte{[]byte(`{"choices":[]}`)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case x := <-held:
+		if x == nil || x.Endpoint != hostPort(up.URL) {
+			t.Fatalf("held request: %+v", x)
+		}
+		x.Abort()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held request was not picked after the first one's response")
+	}
+}
