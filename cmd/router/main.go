@@ -54,6 +54,7 @@ func main() {
 type options struct {
 	cfg                                            router.Config
 	addr, workers, policy, fallback                string
+	mode, eppAddr, eppCert, eppKey                 string
 	profile, tokenizer, tokenizeURL, tokenizeModel string
 	token, explainTokenFile                        string
 	tokenFile, tlsCA, tlsServer                    string
@@ -75,13 +76,21 @@ replica holds the longest prefix of it, weighs that against each replica's
 load, and proxies the request there (streaming passes through as it arrives).
 
 Workers are discovered from the directory (the agents register them) or
-given as a static list.`
+given as a static list.
+
+With --mode epp it is instead the endpoint picker of a Gateway API
+Inference Extension gateway: Envoy's ext_proc filter streams each request
+to it over gRPC (--epp-addr), and it answers with the host:port of the
+worker to send it to, placed exactly as the proxy places it.`
 
 const examples = `  # Discover the workers from a three-node directory:
   router --directory 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
 
   # Two static workers, placed by session hash:
   router --workers a=http://127.0.0.1:8001,b=http://127.0.0.1:8002 --policy session-hash
+
+  # Endpoint picker for an Envoy gateway (ext_proc on :9002, metrics on :9090):
+  router --mode epp --directory dir:7001 --epp-addr 0.0.0.0:9002 --addr 0.0.0.0:9090
 
   # From the environment, with vLLM's own tokenizer:
   KVDIR_ROUTER_DIRECTORY=dir:7001 KVDIR_ROUTER_TOKENIZER=remote \
@@ -92,16 +101,26 @@ const notes = `SIGTERM or SIGINT stops accepting requests and lets those in flig
 130 at once. Exit status: 0 after a clean stop, 1 on an error, 2 on a usage
 error.`
 
+// Modes of --mode.
+const (
+	modeProxy = "proxy"
+	modeEPP   = "epp"
+)
+
 // newProgram declares the flags, with the router library's defaults.
 func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Program, *options) {
 	p := &cli.Program{Name: "router", Env: "ROUTER", Summary: summary, Examples: examples, Notes: notes,
-		Usage: "router (--directory HOST:PORT,... | --workers ID=URL,...) [flags]", Getenv: getenv, Stdout: stdout, Stderr: stderr}
+		Usage: "router (--directory HOST:PORT,... | --workers ID=URL,...) [--mode proxy|epp] [flags]", Getenv: getenv, Stdout: stdout, Stderr: stderr}
 	o := &options{cfg: router.DefaultConfig(), addr: "127.0.0.1:8080", policy: "kvdir", fallback: "session-hash", profile: costmodel.DefaultProfileName, calibrate: true,
-		hashBalance: 150, tokenizer: "chatml-cl100k", sessionCacheSessions: 100000, sessionCacheBytes: 256 << 20, shutdownTimeout: 30 * time.Second}
+		mode: modeProxy, eppAddr: "127.0.0.1:9002", hashBalance: 150, tokenizer: "chatml-cl100k", sessionCacheSessions: 100000, sessionCacheBytes: 256 << 20, shutdownTimeout: 30 * time.Second}
 	c := &o.cfg
 	fs := p.Flags()
 	p.Group("Serving and workers")
-	fs.StringVar(&o.addr, "addr", o.addr, "HTTP `HOST:PORT` to serve the OpenAI API, /metrics, /healthz and /readyz on")
+	fs.StringVar(&o.mode, "mode", o.mode, "proxy: serve the OpenAI API on --addr and proxy each request to its worker; epp: be a Gateway API Inference Extension endpoint picker, serving Envoy's ext_proc gRPC service on --epp-addr that answers each request with its worker's host:port (x-gateway-destination-endpoint), for the gateway to send it (needs --directory: the candidates are its registered workers)")
+	fs.StringVar(&o.addr, "addr", o.addr, "HTTP `HOST:PORT` to serve the OpenAI API (proxy mode only), /metrics, /healthz and /readyz on")
+	fs.StringVar(&o.eppAddr, "epp-addr", o.eppAddr, "with --mode epp: gRPC `HOST:PORT` to serve the ext_proc service (envoy.service.ext_proc.v3.ExternalProcessor) and the gRPC health service (liveness, readiness) on")
+	fs.StringVar(&o.eppCert, "epp-tls-cert", o.eppCert, "with --mode epp: PEM certificate `FILE` to serve --epp-addr over TLS (with --epp-tls-key); plaintext without")
+	fs.StringVar(&o.eppKey, "epp-tls-key", o.eppKey, "with --mode epp: PEM private key `FILE` of --epp-tls-cert")
 	fs.Var(cli.StringList(&o.directory), "directory", "comma-separated gRPC addresses (`HOST:PORT,...`) of directory nodes")
 	fs.StringVar(&o.workers, "workers", o.workers, "static workers instead of discovery: `id=url[@model][#rank],...` (model learned from the engine's metrics if omitted; #rank: one data-parallel rank of the engine at url, its load read from that rank's series and its requests sent with "+router.HeaderDataParallelRank+"); with --directory, prefixes are still matched there")
 	fs.StringVar(&c.EngineKind, "engine-kind", "auto", "shape of the engines' /metrics: "+enginemetrics.KindNames+" (auto: detected from each scrape)")
@@ -157,8 +176,20 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	if err := p.Parse(args); err != nil {
 		return p, nil, err
 	}
-	if len(o.directory) == 0 && o.workers == "" {
-		return p, nil, cli.Usagef("give --directory (discover workers from the kvdir directory) or --workers (a static list)")
+	switch o.mode {
+	case modeProxy:
+		if len(o.directory) == 0 && o.workers == "" {
+			return p, nil, cli.Usagef("give --directory (discover workers from the kvdir directory) or --workers (a static list)")
+		}
+	case modeEPP:
+		if len(o.directory) == 0 || o.workers != "" {
+			return p, nil, cli.Usagef("--mode epp needs --directory and no --workers: its candidates are the directory's registered workers, matched to the gateway's pod endpoints by their registered address")
+		}
+		if (o.eppCert == "") != (o.eppKey == "") {
+			return p, nil, cli.Usagef("give both --epp-tls-cert and --epp-tls-key, or neither")
+		}
+	default:
+		return p, nil, cli.Usagef("--mode %q: want proxy or epp", o.mode)
 	}
 	o.log = p.Logger()
 	for _, w := range p.Warnings() {
@@ -358,19 +389,31 @@ func serve(ctx context.Context, o *options, ready chan<- string) error {
 	if err != nil {
 		return fmt.Errorf("listen on --addr %s: %w", o.addr, err)
 	}
+	handler := srv.Handler()
+	if o.mode == modeEPP {
+		handler = srv.AdminHandler()
+	}
 	// Headers must arrive within 10 s of a request's first byte and a
 	// connection waiting for a request (idle, or fresh and not used yet)
 	// is closed after 2 min; the body's deadline (--body-timeout) is set by
 	// the handler, which clears it once the body is in, so that a long
 	// streamed answer is not cut the way an http.Server ReadTimeout would.
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()
 	runErr := make(chan error, 1)
 	go func() { runErr <- srv.Run(runCtx) }()
-	serveErr := make(chan error, 1)
+	serveErr := make(chan error, 2)
+	var gs *grpc.Server
+	if o.mode == modeEPP {
+		if gs, err = serveEPP(runCtx, o, srv, serveErr); err != nil {
+			_ = ln.Close()
+			return err
+		}
+		defer gs.Stop()
+	}
 	go func() { serveErr <- httpserve.Serve(hs, ln) }()
-	log.Info("router: serving", "addr", ln.Addr().String(), "policy", pol.Name(), "fallback", fb.Name(),
+	log.Info("router: serving", "mode", o.mode, "addr", ln.Addr().String(), "policy", pol.Name(), "fallback", fb.Name(),
 		"directory", strings.Join(o.directory, ","), "static_workers", len(cfg.Static))
 	if ready != nil {
 		ready <- ln.Addr().String()
@@ -389,10 +432,48 @@ func serve(ctx context.Context, o *options, ready chan<- string) error {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
 	defer cancel()
+	if gs != nil {
+		// Streams in flight (requests whose responses are still being
+		// observed) finish; new ones are refused.
+		stopped := make(chan struct{})
+		go func() { gs.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-sctx.Done():
+			gs.Stop()
+		}
+	}
 	err = hs.Shutdown(sctx)
 	cancelRun()
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// serveEPP serves the endpoint picker (ext_proc and gRPC health) on
+// --epp-addr until the returned server stops; a serving error goes to
+// errs.
+func serveEPP(ctx context.Context, o *options, srv *router.Server, errs chan<- error) (*grpc.Server, error) {
+	var opts []grpc.ServerOption
+	if o.eppCert != "" {
+		creds, err := credentials.NewServerTLSFromFile(o.eppCert, o.eppKey)
+		if err != nil {
+			return nil, cli.Usagef("--epp-tls-cert, --epp-tls-key: %w", err)
+		}
+		opts = append(opts, grpc.Creds(creds))
+	}
+	ln, err := net.Listen("tcp", o.eppAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on --epp-addr %s: %w", o.eppAddr, err)
+	}
+	gs := grpc.NewServer(opts...)
+	srv.RegisterEPP(ctx, gs)
+	go func() {
+		if err := gs.Serve(ln); err != nil {
+			errs <- fmt.Errorf("epp: %w", err)
+		}
+	}()
+	o.log.Info("router: endpoint picker serving", "epp_addr", ln.Addr().String(), "tls", o.eppCert != "")
+	return gs, nil
 }

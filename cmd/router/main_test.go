@@ -28,6 +28,10 @@ func TestParseFlags(t *testing.T) {
 		{nil, "give --directory"},
 		{[]string{"--directory", "a:1", "extra"}, `unexpected argument "extra"`},
 		{[]string{"--nope"}, "unknown flag: --nope"},
+		{[]string{"--directory", "a:1", "--mode", "sidecar"}, `--mode "sidecar": want proxy or epp`},
+		{[]string{"--mode", "epp", "--workers", "a=http://h:1"}, "--mode epp needs --directory and no --workers"},
+		{[]string{"--mode", "epp", "--directory", "a:1", "--workers", "a=http://h:1"}, "--mode epp needs --directory and no --workers"},
+		{[]string{"--mode", "epp", "--directory", "a:1", "--epp-tls-cert", "c.pem"}, "both --epp-tls-cert and --epp-tls-key"},
 	} {
 		if _, _, err := parseFlags(c.args, env(nil), io.Discard, io.Discard); err == nil || !cli.IsUsage(err) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("parseFlags(%q) = %v, want a usage error with %q", c.args, err, c.want)

@@ -193,7 +193,7 @@ func (a *admitter) wakeLocked() {
 // other routers' shared intents). With no worker to ask it says yes: the
 // placement then answers the client why not.
 func (a *admitter) fits(e *admission.Entry[*held]) bool {
-	cs, aerr := a.s.candidates(e.Value.model, nil, time.Now())
+	cs, aerr := a.s.candidates(e.Value.model, nil, nil, time.Now())
 	if aerr != nil {
 		return true
 	}

@@ -137,14 +137,23 @@ type candidate struct {
 }
 
 // candidates returns the workers serving model (as their own model, or as
-// a LoRA adapter their engine lists), the routable ones first selected;
+// a LoRA adapter their engine lists) and, with a subset, at one of its
+// endpoints, the routable ones first selected;
 // with none routable, every worker of the model (a down mark may be
 // stale). An error is an apiError for the client.
-func (s *Server) candidates(model string, exclude []string, now time.Time) ([]candidate, *apiError) {
+func (s *Server) candidates(model string, exclude []string, subset *endpointSubset, now time.Time) ([]candidate, *apiError) {
+	if subset != nil && len(subset.list) == 0 {
+		return nil, unavailable("no eligible endpoint: the data plane's subset hint (%s) lists no endpoint", subsetKey)
+	}
 	var all, ok []candidate
+	var outside int // workers of the model outside the subset
 	for _, w := range s.pool.sorted() {
 		lora, serves := w.servesModel(model)
 		if !serves || slices.Contains(exclude, w.id) {
+			continue
+		}
+		if subset != nil && !subset.has(w.endpoint) {
+			outside++
 			continue
 		}
 		all = append(all, candidate{w, lora})
@@ -153,6 +162,10 @@ func (s *Server) candidates(model string, exclude []string, now time.Time) ([]ca
 		}
 	}
 	if len(all) == 0 {
+		if subset != nil && outside > 0 {
+			return nil, unavailable("no eligible endpoint: none of the %d endpoints of the data plane's subset hint (%s) is a registered worker serving model %q (%d such workers are outside it)",
+				len(subset.list), subset.String(), model, outside)
+		}
 		if len(exclude) > 0 {
 			return nil, badGateway("every worker serving model %q failed before responding", model)
 		}
@@ -200,7 +213,7 @@ func (s *Server) candidates(model string, exclude []string, now time.Time) ([]ca
 // its model, minus exclude.
 func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*decision, *apiError) {
 	now := time.Now()
-	cs, aerr := s.candidates(req.model, exclude, now)
+	cs, aerr := s.candidates(req.model, exclude, req.subset, now)
 	if aerr != nil {
 		return nil, aerr
 	}

@@ -40,6 +40,16 @@
 // hashed under the worker's registered model with the adapter as LoRA: the
 // namespace the agent indexes that engine's adapter blocks in.
 //
+// The same placement serves a second front end: [Server.RegisterEPP] makes
+// the router the endpoint picker of a Gateway API Inference Extension
+// gateway (epp.go). Envoy's ext_proc filter streams each request to it; it
+// is placed as in steps 1 to 4, answered with the chosen worker's
+// host:port for Envoy to send it to, and its response, which Envoy streams
+// back through the picker, is accounted as a relayed one. Both front ends
+// share the request's flight on its worker (place.go): the decision, the
+// admission queue, the load accounting, the speculative entry and the
+// shared intent.
+//
 // Workers come from the directory (a watch of the worker list) or from a
 // static list. The router only ever proxies to a registered worker's
 // address; nothing in a request chooses the upstream address.

@@ -141,7 +141,7 @@ type WorkerScore struct {
 // serveExplain scores a chat or completion request (told apart by the
 // presence of "messages") without placing it.
 func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
-	if !s.explainAllowed(r) {
+	if !s.explainAllowed(r.Header) {
 		msg := "the explain endpoint is off on this router (--explain off, the default without an --explain-token: it would tell any client what other clients recently sent)"
 		if s.cfg.Explain == ExplainToken {
 			msg = "the explain endpoint needs the operator's token in the " + HeaderExplainToken + " header (--explain token)"
@@ -234,15 +234,15 @@ func DefaultExplain(token string) string {
 // forwards it to an engine.
 const HeaderExplainToken = "X-Kvdir-Explain-Token"
 
-// explainAllowed reports whether r may see predictions of what is cached
+// explainAllowed reports whether a request with headers h may see predictions of what is cached
 // (the explain endpoint and HeaderPredicted): they tell whether another
 // client recently sent a prompt with the same prefix.
-func (s *Server) explainAllowed(r *http.Request) bool {
+func (s *Server) explainAllowed(h http.Header) bool {
 	switch s.cfg.Explain {
 	case ExplainOpen:
 		return true
 	case ExplainToken:
-		got := r.Header.Get(HeaderExplainToken)
+		got := h.Get(HeaderExplainToken)
 		return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.ExplainToken)) == 1
 	}
 	return false

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"net"
 	"net/url"
 	"slices"
 	"strings"
@@ -15,8 +16,12 @@ import (
 // worker is one engine replica the router may send requests to.
 type worker struct {
 	id      string
-	address string                 // base URL, e.g. "http://10.0.0.7:8000"; validated
-	modelp  atomic.Pointer[string] // served model; "" until known (static workers learn it from metrics)
+	address string // base URL, e.g. "http://10.0.0.7:8000"; validated
+	// endpoint is address's host:port ("10.0.0.7:8000"; the scheme's
+	// default port when address names none): the pod endpoint an
+	// endpoint picker's data plane names the worker by.
+	endpoint string
+	modelp   atomic.Pointer[string] // served model; "" until known (static workers learn it from metrics)
 
 	// rank, with hasRank, is the data-parallel rank of the engine at
 	// address this worker is (fixed for the worker's life).
@@ -128,6 +133,23 @@ func validateAddress(addr string) (string, error) {
 	return s, nil
 }
 
+// endpointOf returns the host:port of a validated worker address, with the
+// scheme's default port when it names none.
+func endpointOf(addr string) string {
+	u, err := url.Parse(addr)
+	if err != nil {
+		return ""
+	}
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(strings.ToLower(u.Hostname()), port)
+}
+
 // workerSet is one immutable version of the pool: the workers by id, and
 // the same workers ordered by id (the order candidates are offered in).
 type workerSet struct {
@@ -198,7 +220,7 @@ func (p *pool) update(specs []workerSpec, full bool, gone []string) (errs []erro
 		}
 		w, ok := old[s.ID]
 		if !ok || w.address != addr || (s.Model != "" && w.model() != s.Model) || w.hasRank != s.HasRank || w.rank != s.Rank {
-			w = &worker{id: s.ID, address: addr, rank: s.Rank, hasRank: s.HasRank, spec: newSpecSet(p.specTTL), stop: make(chan struct{})}
+			w = &worker{id: s.ID, address: addr, endpoint: endpointOf(addr), rank: s.Rank, hasRank: s.HasRank, spec: newSpecSet(p.specTTL), stop: make(chan struct{})}
 			w.setModel(s.Model)
 			if s.Running != 0 || s.Waiting != 0 || s.KVUsage != 0 {
 				w.running.Store(int32(s.Running))

@@ -11,10 +11,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/kvdir/kvdir/internal/cachecheck"
-	"github.com/kvdir/kvdir/internal/placement"
-	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
 // Response headers the router adds.
@@ -53,63 +49,20 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
 	var ticket *admitTicket // granted by the admission queue: released once placed
 	defer func() { ticket.release() }()
 	for attempt := 1; ; attempt++ {
-		start := time.Now()
-		d, aerr := s.decide(r.Context(), req, exclude)
-		if aerr == nil && attempt == 1 && s.adm != nil {
-			// Late binding: wait while every worker is past its knee,
-			// then decide again on the loads of that moment.
-			var cancelled bool
-			ticket, aerr, cancelled = s.adm.admit(r.Context(), req, d)
-			if cancelled {
-				s.metrics.requests.WithLabelValues("none", s.policy.Name(), OutcomeCancelled).Inc()
-				return
-			}
-			if ticket != nil {
-				start = time.Now()
-				d, aerr = s.decide(r.Context(), req, exclude)
-			}
+		f, aerr, cancelled := s.place(r.Context(), req, exclude, attempt == 1, &ticket)
+		if cancelled {
+			return
 		}
 		if aerr != nil {
-			outcome := OutcomeRejected
-			if aerr.status >= 500 {
-				outcome = OutcomeFailed
-			}
-			s.metrics.requests.WithLabelValues("none", s.policy.Name(), outcome).Inc()
 			writeError(w, aerr)
 			return
 		}
-		s.metrics.decision.Observe(time.Since(start).Seconds())
-		if d.fallback != "" && attempt == 1 {
-			s.metrics.fallbacks.WithLabelValues(d.fallback).Inc()
-		}
-		wk := d.workers[d.pick.Index]
-		uncached := int64(max(d.tokens-d.pick.PredictedCachedTokens, 0))
-		wk.inFlight.Add(1)
-		wk.queuedPrefill.Add(uncached)
-		wk.busy.add(1)
-		s.metrics.inflight.WithLabelValues(wk.id).Inc()
-		ticket.release() // accounted: the next held request sees this one
-		done := func() {
-			wk.inFlight.Add(-1)
-			s.metrics.inflight.WithLabelValues(wk.id).Dec()
-			s.adm.wake()
-		}
-		sent := time.Now()
-		// The chosen worker will hold the prompt's blocks once it has run the
-		// prefill: count them there now (speculative entry), until the first
-		// byte and for the TTL after it.
-		wk.spec.pending(d.chain, sent)
-		// ... and tell the other routers (shared intents).
-		it := s.share.placed(wk, d, uncached, sent)
+		wk := f.wk
 		resp, err := s.send(r.Context(), r.Header, req, wk)
 		if err != nil {
-			wk.queuedPrefill.Add(-uncached)
-			wk.busy.add(-1)
-			wk.spec.add(d.chain, time.Now())
-			it.withdraw()
-			done()
+			f.abort()
 			if r.Context().Err() != nil {
-				s.metrics.requests.WithLabelValues(wk.id, d.policy, OutcomeCancelled).Inc()
+				s.metrics.requests.WithLabelValues(wk.id, f.d.policy, OutcomeCancelled).Inc()
 				return
 			}
 			// Nothing reached the client: exclude the worker and place again.
@@ -119,15 +72,13 @@ func (s *Server) serveProxy(w http.ResponseWriter, r *http.Request, chat bool) {
 			s.log.Warn("router: worker failed before responding; placing the request again",
 				"worker", wk.id, "attempt", attempt, "err", err)
 			if attempt >= s.cfg.MaxAttempts {
-				s.metrics.requests.WithLabelValues(wk.id, d.policy, OutcomeFailed).Inc()
+				s.metrics.requests.WithLabelValues(wk.id, f.d.policy, OutcomeFailed).Inc()
 				writeError(w, badGateway("worker %s failed before responding (attempt %d of %d): %v", wk.id, attempt, s.cfg.MaxAttempts, err))
 				return
 			}
 			continue
 		}
-		s.relay(w, r, req, d, wk, resp, sent, uncached, it)
-		it.done()
-		done()
+		s.relay(w, r, f, resp)
 		return
 	}
 }
@@ -196,38 +147,29 @@ func (s *Server) send(ctx context.Context, in http.Header, req *request, wk *wor
 
 // relay streams resp to the client, flushing each read when the response is
 // an event stream, and does the accounting when it ends.
-func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *decision, wk *worker, resp *http.Response, sent time.Time, uncached int64, it *intentHandle) {
+func (s *Server) relay(w http.ResponseWriter, r *http.Request, f *flight, resp *http.Response) {
 	defer resp.Body.Close()
 	h := w.Header()
 	copyHeaders(h, resp.Header)
 	if resp.ContentLength >= 0 {
 		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
 	}
-	s.decorate(h, d, s.explainAllowed(r))
+	f.decorate(h, s.explainAllowed(r.Header))
 	w.WriteHeader(resp.StatusCode)
 
 	flusher, _ := w.(http.Flusher)
-	stream := flusher != nil && bytes.HasPrefix([]byte(resp.Header.Get("Content-Type")), []byte("text/event-stream"))
+	stream := flusher != nil && isEventStream(resp.Header.Get("Content-Type"))
 	if stream && flusher != nil {
 		flusher.Flush() // headers now: the client sees the stream open
 	}
 	u := usageScanner{stream: stream}
 	buf := s.bufs.Get().(*[]byte)
 	defer s.bufs.Put(buf)
-	first := true
 	var readErr, writeErr error
 	for {
 		n, err := resp.Body.Read(*buf)
 		if n > 0 {
-			if first {
-				first = false
-				wk.queuedPrefill.Add(-uncached)
-				wk.busy.add(-1)
-				wk.spec.add(d.chain, time.Now())
-				it.prefilled()
-				s.adm.wake()
-				s.metrics.ttft.WithLabelValues(wk.id).Observe(time.Since(sent).Seconds())
-			}
+			f.firstByte()
 			u.feed((*buf)[:n])
 			if _, writeErr = w.Write((*buf)[:n]); writeErr != nil {
 				break
@@ -243,63 +185,15 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, req *request, d *
 			break
 		}
 	}
-	if first {
-		wk.queuedPrefill.Add(-uncached)
-		wk.busy.add(-1)
-		wk.spec.add(d.chain, time.Now())
+	if readErr != nil && r.Context().Err() == nil && writeErr == nil {
+		s.log.Warn("router: upstream response broke after the first byte", "worker", f.wk.id, "err", readErr)
 	}
-	outcome := OutcomeOK
-	switch {
-	case r.Context().Err() != nil || writeErr != nil:
-		outcome = OutcomeCancelled
-	case readErr != nil:
-		outcome = OutcomeBroken
-		s.log.Warn("router: upstream response broke after the first byte", "worker", wk.id, "err", readErr)
-	case resp.StatusCode >= 500:
-		outcome = OutcomeUpstream5xx
-	case resp.StatusCode >= 400:
-		outcome = OutcomeUpstream4xx
-	}
-	s.metrics.requests.WithLabelValues(wk.id, d.policy, outcome).Inc()
-	s.metrics.promptTokens.WithLabelValues(wk.id).Add(float64(d.tokens))
-	s.metrics.predicted.WithLabelValues(wk.id).Add(float64(d.pick.PredictedCachedTokens))
-	cached, known := u.result()
-	if known {
-		s.metrics.engineCached.WithLabelValues(wk.id).Add(float64(cached))
-		if o, ok := s.policy.(placement.CacheObserver); ok && outcome == OutcomeOK && d.fallback == "" {
-			c := &d.cands[d.pick.Index]
-			o.ObserveCache(placement.CacheOutcome{
-				MatchedTokens: min(c.MatchedBlocks*d.bs[d.pick.Index], d.tokens-1), KVUsage: c.Load.KVUsage, CachedTokens: cached,
-				OutputTokens: u.completion})
-		}
-	}
-	// A turn placed with the directory's answer and reported by the engine
-	// compares a prediction with the truth: the misconfiguration check
-	// counts it, here and (through the session record) in the directory.
-	comparable := known && outcome == OutcomeOK && s.dir != nil && d.fallback == "" && needsDirectory(d.policy) && len(d.chain) > 0
-	var turn cachecheck.Turn
-	if comparable {
-		turn = s.observeTurn(req, d, cached)
-	}
-	if s.rec != nil && req.session != "" && len(d.chain) > 0 && outcome == OutcomeOK {
-		if !known {
-			cached = d.pick.PredictedCachedTokens
-		}
-		rec := &kvdirv1.SessionRecord{SessionId: req.session, Tail: d.chain[len(d.chain)-1], Blocks: uint32(len(d.chain)),
-			PromptTokens: uint32(d.tokens), CachedTokens: uint32(cached), WorkerId: wk.id, BlockSize: uint32(d.blockSize)}
-		if comparable {
-			p := uint32(d.pick.PredictedCachedTokens)
-			rec.PredictedCachedTokens, rec.ModelDiffers, rec.Salted = &p, turn.ModelDiffers, turn.Salted
-		}
-		s.rec.add(rec)
-	}
-	if s.calib != nil {
-		var ttft time.Duration
-		if !u.firstToken.IsZero() {
-			ttft = u.firstToken.Sub(sent)
-		}
-		s.calib.observe(d, stream, &u, ttft, outcome)
-	}
+	f.end(outcomeOf(r.Context().Err() != nil || writeErr != nil, readErr != nil, resp.StatusCode), &u, stream)
+}
+
+// isEventStream reports whether a Content-Type is an event stream's.
+func isEventStream(contentType string) bool {
+	return strings.HasPrefix(contentType, "text/event-stream")
 }
 
 // decorate adds the router's headers for decision d; the predicted cached

@@ -32,6 +32,9 @@ type request struct {
 	stream    bool
 	cacheSalt string
 	session   string // session key from the configured header; may be empty
+	// subset, when not nil, limits the request to the workers at its
+	// endpoints (an endpoint picker's subset hint).
+	subset *endpointSubset
 
 	chat     bool
 	messages []tokenize.Message

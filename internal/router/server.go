@@ -246,7 +246,8 @@ type Server struct {
 	transport *http.Transport
 	bufs      sync.Pool
 	log       *slog.Logger
-	mux       *http.ServeMux
+	mux       *http.ServeMux // admin plus the proxied API
+	admin     *http.ServeMux
 
 	synced         atomic.Bool  // the worker list has been loaded once
 	created        time.Time    // when New returned: the local replica's wait for readiness counts from here
@@ -321,23 +322,32 @@ func New(cfg Config) (*Server, error) {
 		s.adm = newAdmitter(s)
 	}
 	s.mismatch = newMismatchChecker(s.metrics.reg, getter, s.baseContext, s.log)
+	s.admin = http.NewServeMux()
+	s.admin.HandleFunc("POST "+PathExplain, s.serveExplain)
+	s.admin.HandleFunc("GET "+PathView, s.serveView)
+	s.admin.HandleFunc("GET /v1/models", s.serveModels)
+	s.admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	s.admin.HandleFunc("GET /readyz", s.serveReady)
+	s.admin.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	s.admin.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, notFound("no route for %s %s", r.Method, r.URL.Path))
+	})
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("POST "+PathChat, func(w http.ResponseWriter, r *http.Request) { s.serveProxy(w, r, true) })
 	s.mux.HandleFunc("POST "+PathCompletions, func(w http.ResponseWriter, r *http.Request) { s.serveProxy(w, r, false) })
-	s.mux.HandleFunc("POST "+PathExplain, s.serveExplain)
-	s.mux.HandleFunc("GET "+PathView, s.serveView)
-	s.mux.HandleFunc("GET /v1/models", s.serveModels)
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	s.mux.HandleFunc("GET /readyz", s.serveReady)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, notFound("no route for %s %s", r.Method, r.URL.Path))
-	})
+	s.mux.Handle("/", s.admin)
 	return s, nil
 }
 
-// Handler returns the router's HTTP handler.
+// Handler returns the router's HTTP handler: the OpenAI API it proxies
+// and AdminHandler's routes.
 func (s *Server) Handler() http.Handler { return s.mux }
+
+// AdminHandler returns the router's HTTP handler without the proxied
+// OpenAI API: /metrics, /healthz, /readyz, GET /v1/models and the kvdir
+// explain and view endpoints. The endpoint picker serves it, as its data
+// plane sends the requests.
+func (s *Server) AdminHandler() http.Handler { return s.admin }
 
 // Run discovers workers and scrapes their load until ctx ends. It returns
 // nil when ctx ends, or an error the directory made final (such as a
@@ -445,6 +455,12 @@ func (s *Server) models() []string {
 // serveModels lists the workers' models and, as vLLM does, each LoRA
 // adapter with its parent (the base model) and root.
 func (s *Server) serveModels(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(s.modelList())
+}
+
+// modelList is GET /v1/models's answer.
+func (s *Server) modelList() openai.ModelList {
 	list := openai.ModelList{Object: "list", Data: []openai.Model{}}
 	for _, c := range s.modelCards() {
 		m := openai.Model{ID: c.id, Object: "model", OwnedBy: "kvdir", Root: c.root}
@@ -453,31 +469,38 @@ func (s *Server) serveModels(w http.ResponseWriter, _ *http.Request) {
 		}
 		list.Data = append(list.Data, m)
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(list)
+	return list
 }
 
-// serveReady answers 200 once workers are known and at least one is
-// routable, and, with a local replica, once the replica has been in sync
-// (see localWait).
+// serveReady answers 200 once the router is ready (Ready), else 503 with
+// why not.
 func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
-	if !s.synced.Load() {
-		http.Error(w, "worker list not loaded yet", http.StatusServiceUnavailable)
+	if ok, why := s.Ready(); !ok {
+		http.Error(w, why, http.StatusServiceUnavailable)
 		return
 	}
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+// Ready reports whether the router can place requests, and if not why:
+// workers are known and at least one is routable and, with a local
+// replica, the replica has been in sync (see localWait). GET /readyz and
+// the endpoint picker's readiness health service both answer it.
+func (s *Server) Ready() (bool, string) {
+	if !s.synced.Load() {
+		return false, "worker list not loaded yet"
+	}
 	if wait := s.localWait(); wait > 0 {
-		http.Error(w, fmt.Sprintf("local replica of the directory not in sync yet; ready once it is, or in %v (--follow-max-stale) without it",
-			wait.Round(time.Millisecond)), http.StatusServiceUnavailable)
-		return
+		return false, fmt.Sprintf("local replica of the directory not in sync yet; ready once it is, or in %v (--follow-max-stale) without it",
+			wait.Round(time.Millisecond))
 	}
 	now := time.Now()
 	for _, wk := range s.pool.snapshot() {
 		if wk.model() != "" && wk.routable(now) {
-			_, _ = w.Write([]byte("ok\n"))
-			return
+			return true, ""
 		}
 	}
-	http.Error(w, "no routable worker", http.StatusServiceUnavailable)
+	return false, "no routable worker"
 }
 
 // localWait is how much longer readiness waits for the local replica's

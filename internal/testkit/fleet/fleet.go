@@ -59,6 +59,9 @@ type Engine struct {
 type Router struct {
 	URL  string
 	Proc *testkit.Proc
+	// EPPAddr is the gRPC address of its endpoint picker (Config.EPP;
+	// "" otherwise).
+	EPPAddr string
 }
 
 // Config describes a fleet.
@@ -92,6 +95,10 @@ type Config struct {
 	// RouterArgs (e.g. --follow-log, or --share-intents=false, on one
 	// router of two); routers past its end get none.
 	PerRouterArgs [][]string
+	// EPP runs every router as an endpoint picker (--mode epp) on a gRPC
+	// port of its own (Router.EPPAddr); its URL still serves /metrics,
+	// /readyz and explain.
+	EPP bool
 	// PullEvents makes every engine a TensorRT-LLM one (enginesim
 	// --kv-events-pull --metrics-format trtllm) whose agent polls its POST /kv_cache_events
 	// (--kv-events-pull-url) instead of subscribing over ZeroMQ.
@@ -181,7 +188,11 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 	}
 	for i := range cfg.Routers {
 		r := &Router{}
-		r.Proc, _, err = startServing(ctx, fmt.Sprintf("router-%d", i), f.bins["router"], 1, func(p []int) ([]string, string) {
+		nports := 1
+		if cfg.EPP {
+			nports = 2
+		}
+		r.Proc, _, err = startServing(ctx, fmt.Sprintf("router-%d", i), f.bins["router"], nports, func(p []int) ([]string, string) {
 			r.URL = fmt.Sprintf("http://127.0.0.1:%d", p[0])
 			// A test or dev fleet has one user: its tests and readers ask
 			// explain and read the predicted header, which a router keeps
@@ -196,6 +207,10 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 				args = append(args, "--workers", strings.Join(ws, ","))
 			} else {
 				args = append(args, "--directory", f.DirectoryAddrs())
+			}
+			if cfg.EPP {
+				r.EPPAddr = fmt.Sprintf("127.0.0.1:%d", p[1])
+				args = append(args, "--mode", "epp", "--epp-addr", r.EPPAddr)
 			}
 			args = append(args, cfg.RouterArgs...)
 			if i < len(cfg.PerRouterArgs) {
