@@ -55,7 +55,8 @@ func startProc(t *testing.T, name, bin string, args ...string) *testkit.Proc {
 
 // TestDataParallelBehindOneServer runs one enginesim with two
 // data-parallel ranks behind one HTTP server (as vLLM's
-// --data-parallel-size 2), one agent with --data-parallel-size 2 (workers
+// --data-parallel-size 2), its events bound on loopback as
+// docs/engine-side.md shows, one agent with --data-parallel-size 2 (workers
 // sim-dp-dp0 and sim-dp-dp1, one event stream each), an ordinary engine
 // beside it, a 3-node directory and two routers. Turn 2 of every session
 // lands on turn 1's worker and the engine reports its cached tokens: for a
@@ -71,8 +72,8 @@ func TestDataParallelBehindOneServer(t *testing.T) {
 	dpURL := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	startProc(t, "enginesim-dp", f.Bin("enginesim"), "--addr", strings.TrimPrefix(dpURL, "http://"), "--model", "llama3-8b",
 		"--seed", "7", "--data-parallel-size", "2", "--time-scale", "0.02", "--default-max-tokens", "4",
-		"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", pub), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", replay),
-		"--log-level", "warn")
+		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pub), "--kv-events-bind",
+		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", replay), "--log-level", "warn")
 	startProc(t, "agent-dp", f.Bin("agent"), "--directory", f.DirectoryAddrs(), "--worker-id", "sim-dp",
 		"--worker-address", dpURL, "--model", "llama3-8b", "--engine-kind", "enginesim", "--data-parallel-size", "2",
 		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pub),

@@ -14,8 +14,16 @@ import (
 
 // TestDataParallelRanks runs one agent process for a 2-rank engine: each
 // rank publishes on its own port (base + rank, as vLLM does), and each
-// becomes its own worker in the directory.
+// becomes its own worker in the directory. The ranks bind (a wildcard
+// endpoint) and the agent connects, or, with the agent's
+// --kv-events-bind, the agent binds every rank's loopback port and the
+// ranks connect (vLLM given tcp://127.0.0.1:PORT).
 func TestDataParallelRanks(t *testing.T) {
+	t.Run("engine binds", func(t *testing.T) { testDataParallelRanks(t, false) })
+	t.Run("agent binds", func(t *testing.T) { testDataParallelRanks(t, true) })
+}
+
+func testDataParallelRanks(t *testing.T, agentBinds bool) {
 	dir := dirtest.New(t, 1, nil).Node(0)
 
 	base := testkit.FreePortRun(t, 2)
@@ -23,18 +31,26 @@ func TestDataParallelRanks(t *testing.T) {
 	defer cancel()
 	var pubs []*kvevents.Publisher
 	for r := range 2 {
-		p, err := kvevents.NewPublisher(ctx, kvevents.PublisherConfig{Endpoint: fmt.Sprintf("tcp://*:%d", base+r), DPRank: r})
+		ep := fmt.Sprintf("tcp://*:%d", base+r)
+		if agentBinds {
+			ep = fmt.Sprintf("tcp://127.0.0.1:%d", base+r)
+		}
+		p, err := kvevents.NewPublisher(ctx, kvevents.PublisherConfig{Endpoint: ep, DPRank: r})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer p.Close()
 		pubs = append(pubs, p)
 	}
+	args := []string{"--directory", dir.APIAddr(), "--worker-id", "eng", "--model", "m",
+		"--data-parallel-size", "2", "--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", base),
+		"--http-addr", "127.0.0.1:0", "--batch-interval", "5ms", "--log-level", "error"}
+	if agentBinds {
+		args = append(args, "--kv-events-bind")
+	}
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"--directory", dir.APIAddr(), "--worker-id", "eng", "--model", "m",
-			"--data-parallel-size", "2", "--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", base),
-			"--http-addr", "127.0.0.1:0", "--batch-interval", "5ms", "--log-level", "error"}, env(nil), io.Discard)
+		done <- run(ctx, args, env(nil), io.Discard)
 	}()
 	// Each rank stores a different block, published until the directory
 	// shows it (ZMQ drops what is sent before a subscriber is connected).

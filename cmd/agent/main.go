@@ -73,9 +73,11 @@ It serves its own /metrics and /healthz on --http-addr. An engine with
 data-parallel ranks gets one worker per rank (<worker-id>-dp<rank>).`
 
 const examples = `  # Beside a vLLM started with --kv-events-config '{"enable_kv_cache_events": true,
-  # "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}':
+  # "publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558"}'
+  # (the events carry prompts' token ids: keep them on loopback): the agent binds 5557,
+  # vLLM's PUB connects to it, and the agent connects to vLLM's replay socket:
   agent --directory dir-0:7001,dir-1:7001,dir-2:7001 --worker-id vllm-0 \
-    --worker-address http://10.0.0.7:8000 --model llama3-8b \
+    --worker-address http://10.0.0.7:8000 --model llama3-8b --kv-events-bind \
     --kv-events-endpoint tcp://127.0.0.1:5557 --kv-events-replay-endpoint tcp://127.0.0.1:5558
 
   # The same from the environment, as the Kubernetes manifests do:
@@ -116,7 +118,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	p.Group("Engine")
 	fs.StringVar(&o.engineKind, "engine-kind", o.engineKind, "engine `KIND`: vllm, sglang, trtllm, enginesim")
 	fs.StringVar(&c.Endpoint, "kv-events-endpoint", c.Endpoint, "engine KV-events `ENDPOINT`")
-	fs.BoolVar(&c.Bind, "kv-events-bind", c.Bind, "bind the KV-events address (the engine's PUB connects)")
+	fs.BoolVar(&c.Bind, "kv-events-bind", c.Bind, "bind the KV-events address (the engine's PUB connects: vLLM and SGLang given tcp://127.0.0.1:PORT); the replay endpoint is always connected to; with --data-parallel-size every rank's port is bound")
 	fs.StringVar(&c.ReplayEndpoint, "kv-events-replay-endpoint", c.ReplayEndpoint, "engine replay (ROUTER) `ENDPOINT`; empty disables replay")
 	fs.StringVar(&c.Topic, "topic", c.Topic, "KV-events topic prefix")
 	fs.Int64Var(&c.MaxMessageBytes, "kv-events-max-message-bytes", kvevents.DefaultMaxMessageBytes, "largest ZMQ message accepted from the engine (live or replayed) in `bytes`; a peer declaring a larger one is disconnected and counted in kvdir_agent_zmtp_oversized_total")

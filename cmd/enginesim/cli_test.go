@@ -22,6 +22,7 @@ func TestCLI(t *testing.T) {
 			{Args: []string{"--kv-blocks", "0"}, Want: "must be positive"},
 			{Args: []string{"--profile", "gpt-9"}, Want: "--profile"},
 			{Args: []string{"--kv-events-form", "xml"}, Want: "--kv-events-form"},
+			{Args: []string{"--kv-events-bind"}, Want: "--kv-events-bind needs --kv-events-endpoint"},
 			{Env: []string{"KVDIR_ENGINESIM_TIME_SCALE=fast"}, Want: `KVDIR_ENGINESIM_TIME_SCALE="fast"`},
 		},
 		Failures: []clitest.FailureCase{{What: "listen failure", Args: []string{"--addr", "256.0.0.1:1"}}},

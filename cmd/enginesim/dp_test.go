@@ -143,16 +143,27 @@ func TestDataParallelWithoutHeaderPicksTheLeastLoaded(t *testing.T) {
 	}
 }
 
+// Each rank publishes on its own ports, bound on every interface (a
+// wildcard endpoint) or, with --kv-events-bind, on loopback.
 func TestDataParallelEventsPerRank(t *testing.T) {
+	t.Run("wildcard", func(t *testing.T) { testDataParallelEventsPerRank(t, "*") })
+	t.Run("loopback", func(t *testing.T) { testDataParallelEventsPerRank(t, "127.0.0.1", "--kv-events-bind") })
+}
+
+func testDataParallelEventsPerRank(t *testing.T, host string, extra ...string) {
 	pub, replay := testkit.FreePortRun(t, 2), testkit.FreePortRun(t, 2)
-	s := startSim(t, "--data-parallel-size", "2", "--time-scale", "0",
-		"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", pub), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", replay))
+	s := startSim(t, append([]string{"--data-parallel-size", "2", "--time-scale", "0",
+		"--kv-events-endpoint", fmt.Sprintf("tcp://%s:%d", host, pub), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://%s:%d", host, replay)}, extra...)...)
+	prefix := "" // any interface
+	if host != "*" {
+		prefix = host + ":"
+	}
 	for r, rs := range s.srv.ranks {
-		if got, want := rs.EventsAddr(), ":"+strconv.Itoa(pub+r); !strings.HasSuffix(got, want) {
-			t.Fatalf("rank %d publishes on %s, want port %s", r, got, want)
+		if got, want := rs.EventsAddr(), ":"+strconv.Itoa(pub+r); !strings.HasSuffix(got, want) || !strings.HasPrefix(got, prefix) {
+			t.Fatalf("rank %d publishes on %s, want %sport %s", r, got, prefix, want)
 		}
-		if got, want := rs.ReplayAddr(), ":"+strconv.Itoa(replay+r); !strings.HasSuffix(got, want) {
-			t.Fatalf("rank %d replays on %s, want port %s", r, got, want)
+		if got, want := rs.ReplayAddr(), ":"+strconv.Itoa(replay+r); !strings.HasSuffix(got, want) || !strings.HasPrefix(got, prefix) {
+			t.Fatalf("rank %d replays on %s, want %sport %s", r, got, prefix, want)
 		}
 	}
 	var subs []*kvevents.Subscriber

@@ -47,6 +47,7 @@ type config struct {
 	httpIdle         time.Duration
 
 	eventsEndpoint    string
+	eventsBind        bool
 	replayEndpoint    string
 	topic             string
 	eventsForm        string
@@ -89,9 +90,10 @@ As trtllm-serve: --kv-events-pull serves POST /kv_cache_events, draining the
 queued KV events as JSON (event_id from 0), and --metrics-format trtllm
 answers GET /metrics with JSON iteration stats (drained on read too).`
 
-const examples = `  # Ten times faster than real time, with KV events and replay as vLLM publishes them:
+const examples = `  # Ten times faster than real time, with KV events and replay as vLLM publishes them,
+  # bound on loopback (the events carry the prompts' token ids):
   enginesim --addr 127.0.0.1:8000 --time-scale 0.1 \
-    --kv-events-endpoint 'tcp://*:5557' --kv-events-replay-endpoint 'tcp://*:5558'
+    --kv-events-endpoint tcp://127.0.0.1:5557 --kv-events-bind --kv-events-replay-endpoint tcp://127.0.0.1:5558
 
   # A 70B model with a small cache, from the environment:
   KVDIR_ENGINESIM_PROFILE=llama3-70b KVDIR_ENGINESIM_KV_BLOCKS=4096 enginesim
@@ -125,8 +127,9 @@ func newProgram(cfg *config, getenv func(string) string, stdout, stderr io.Write
 	fs.Float64Var(&cfg.timeScale, "time-scale", 1, "wall time per modelled time: 1 real time, 0.1 ten times faster, 0 never sleeps")
 	fs.Uint64Var(&cfg.seed, "seed", 0, "seeds block hashes and generated tokens")
 	p.Group("KV events")
-	fs.StringVar(&cfg.eventsEndpoint, "kv-events-endpoint", "", "ZMQ PUB `endpoint` for KV events, e.g. tcp://*:5557 (binds if it contains * or ::, else connects, as vLLM); empty disables events")
-	fs.StringVar(&cfg.replayEndpoint, "kv-events-replay-endpoint", "", "ZMQ ROUTER `endpoint` for replay requests, e.g. tcp://*:5558; empty disables replay")
+	fs.StringVar(&cfg.eventsEndpoint, "kv-events-endpoint", "", "ZMQ PUB `endpoint` for KV events, e.g. tcp://127.0.0.1:5557 (binds if it contains * or ::, else connects, as vLLM; see --kv-events-bind); empty disables events")
+	fs.BoolVar(&cfg.eventsBind, "kv-events-bind", false, "bind --kv-events-endpoint even without * or :: (e.g. tcp://127.0.0.1:5557: the events, which carry the prompts' token ids, stay on loopback and the agent connects)")
+	fs.StringVar(&cfg.replayEndpoint, "kv-events-replay-endpoint", "", "ZMQ ROUTER `endpoint` for replay requests, always bound, e.g. tcp://127.0.0.1:5558; empty disables replay")
 	fs.StringVar(&cfg.topic, "kv-events-topic", "", "topic frame of every event message")
 	fs.Int64Var(&cfg.maxMsgBytes, "kv-events-max-message-bytes", kvevents.DefaultMaxMessageBytes, "largest inbound ZMQ message (subscriptions, replay requests) in `bytes`; a peer declaring a larger one is disconnected and counted")
 	fs.StringVar(&cfg.eventsForm, "kv-events-form", "array", "event encoding: array (vLLM <= v0.25) or map (v0.26+)")
@@ -181,6 +184,9 @@ func (c *config) check() error {
 			return fmt.Errorf("--max-model-len %d, want >= 1", c.maxModelLen)
 		}
 		c.maxModelLen = capTokens
+	}
+	if c.eventsBind && c.eventsEndpoint == "" {
+		return errors.New("--kv-events-bind needs --kv-events-endpoint")
 	}
 	if err := c.checkLoRA(); err != nil {
 		return err

@@ -146,6 +146,7 @@ func loadProfile(spec string) (costmodel.Profile, error) {
 
 func newPublisher(ctx context.Context, cfg config) (*kvevents.Publisher, error) {
 	pc := kvevents.PublisherConfig{
+		Bind:        cfg.eventsBind,
 		Topic:       cfg.topic,
 		BufferSteps: cfg.replayBufferSteps,
 		DPRank:      cfg.dpRank,

@@ -34,8 +34,12 @@ const (
 // PublisherConfig configures a Publisher.
 type PublisherConfig struct {
 	// Endpoint is the PUB address. The socket binds or connects according
-	// to PublisherBinds, as vLLM does.
+	// to PublisherBinds, as vLLM does, unless Bind is set.
 	Endpoint string
+	// Bind makes the PUB socket bind Endpoint even where PublisherBinds
+	// would connect, e.g. tcp://127.0.0.1:5557: events stay on loopback
+	// and subscribers connect.
+	Bind bool
 	// ReplayEndpoint is the ROUTER address, always bound; "" disables replay.
 	ReplayEndpoint string
 	// Topic is the first frame of every message.
@@ -145,7 +149,7 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) 
 		drop:   cfg.DropRate,
 		loss:   cfg.LossRate,
 	}
-	bind := PublisherBinds(cfg.Endpoint)
+	bind := cfg.Bind || PublisherBinds(cfg.Endpoint)
 	p.pub = zmq4.NewPub(ctx, zmqOptions(cfg.Logger, !bind, !bind)...)
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 		p.abort()

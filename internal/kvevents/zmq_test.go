@@ -235,6 +235,21 @@ func TestPubSubPublisherConnects(t *testing.T) {
 	checkStream(t, pub, sub, "", 20)
 }
 
+// With Bind the engine binds a loopback address, which PublisherBinds
+// alone would connect to: it listens on 127.0.0.1 only, and a subscriber
+// connects.
+func TestPubSubPublisherBindsLoopback(t *testing.T) {
+	port := testkit.Port(testkit.FreeAddrs(t, 1)[0])
+	ep := fmt.Sprintf("tcp://127.0.0.1:%d", port)
+	pub := newPub(t, PublisherConfig{Endpoint: ep, Bind: true, Form: FormMap})
+	a, ok := pub.Addr().(*net.TCPAddr)
+	if !ok || a.Port != port || !a.IP.IsLoopback() {
+		t.Fatalf("publisher bound to %v, want 127.0.0.1:%d", pub.Addr(), port)
+	}
+	sub := newSub(t, SubscriberConfig{Endpoint: ep})
+	checkStream(t, pub, sub, "", 20)
+}
+
 func TestTopicPrefixFilter(t *testing.T) {
 	pub := newPub(t, PublisherConfig{Endpoint: "tcp://*:0", Topic: "kv@a"})
 	ep := fmt.Sprintf("tcp://127.0.0.1:%d", portOf(t, pub.Addr()))
