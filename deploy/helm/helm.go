@@ -54,15 +54,20 @@ func isFile(p string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
-// Template runs helm template on the chart with the given values files
-// (relative to the chart directory) and --set assignments, and returns the
-// rendered manifests; a failure carries helm's message.
+// Template runs helm template on the chart in Namespace with the given
+// values files (relative to the chart directory) and --set assignments,
+// and returns the rendered manifests; a failure carries helm's message.
 func Template(helmBin string, valuesFiles []string, set ...string) ([]byte, error) {
+	return TemplateIn(helmBin, Namespace, valuesFiles, set...)
+}
+
+// TemplateIn is Template for the release namespace ns.
+func TemplateIn(helmBin, ns string, valuesFiles []string, set ...string) ([]byte, error) {
 	if helmBin == "" {
 		return nil, errors.New("no helm binary")
 	}
 	dir := ChartDir()
-	args := []string{"template", "kvdir", dir, "--namespace", Namespace, "--kube-version", KubeVersion}
+	args := []string{"template", "kvdir", dir, "--namespace", ns, "--kube-version", KubeVersion}
 	for _, f := range valuesFiles {
 		args = append(args, "--values", filepath.Join(dir, f))
 	}
@@ -76,4 +81,17 @@ func Template(helmBin string, valuesFiles []string, set ...string) ([]byte, erro
 		return nil, fmt.Errorf("helm template %v: %w: %s", valuesFiles, err, bytes.TrimSpace(stderr.Bytes()))
 	}
 	return stdout.Bytes(), nil
+}
+
+// CIValues lists the chart's values files in ci/, relative to the chart
+// directory (ci/epp-values.yaml, ...).
+func CIValues() ([]string, error) {
+	files, err := filepath.Glob(filepath.Join(ChartDir(), "ci", "*.yaml"))
+	if err != nil {
+		return nil, fmt.Errorf("list ci values: %w", err)
+	}
+	for i, f := range files {
+		files[i] = filepath.Join("ci", filepath.Base(f))
+	}
+	return files, nil
 }
