@@ -3,6 +3,7 @@ package helm
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -105,6 +106,13 @@ func TestChartRendersStrictly(t *testing.T) {
 				if !slices.Equal(c.Args, []string{"--mode", "epp"}) {
 					t.Errorf("epp router args %v, want [--mode epp]", c.Args)
 				}
+				env := map[string]string{}
+				for _, e := range c.Env {
+					env[e.Name] = e.Value
+				}
+				if env["KVDIR_ROUTER_EPP_ADDR"] != "0.0.0.0:9002" || env["KVDIR_ROUTER_EPP_TLS_CERT"] != "/etc/kvdir/epp-tls/tls.crt" {
+					t.Errorf("epp router: KVDIR_ROUTER_EPP_ADDR %q, KVDIR_ROUTER_EPP_TLS_CERT %q; want the gRPC port on the pod's interfaces, over TLS", env["KVDIR_ROUTER_EPP_ADDR"], env["KVDIR_ROUTER_EPP_TLS_CERT"])
+				}
 				p := find[*k8s.InferencePool](objs, "InferencePool", "vllm")
 				if p.Spec.EndpointPickerRef.Name != "kvdir-router" || p.Spec.EndpointPickerRef.Port == nil || p.Spec.EndpointPickerRef.Port.Number != 9002 ||
 					p.Spec.EndpointPickerRef.FailureMode != "FailOpen" {
@@ -155,6 +163,10 @@ func TestChartRendersStrictly(t *testing.T) {
 					if e.Name == "KVDIR_ROUTER_TOKENIZE_URL" {
 						t.Errorf("local tokenizer, yet %s=%s", e.Name, e.Value)
 					}
+				}
+				svc := find[*corev1.Service](objs, "Service", "kvdir-router")
+				if p := svc.Spec.Ports[len(svc.Spec.Ports)-1]; p.Name != "grpc" || p.AppProtocol == nil || *p.AppProtocol != "kubernetes.io/h2c" {
+					t.Errorf("plaintext picker port %+v, want grpc with appProtocol kubernetes.io/h2c", p)
 				}
 			}},
 	}
@@ -288,6 +300,42 @@ func TestChartMatchesKustomize(t *testing.T) {
 		compared++
 	}
 	t.Logf("%d objects of deploy/k8s compared with the chart's", compared)
+}
+
+// TestChartVariablesAreFlags builds each kvdir binary the chart runs, in
+// every variant, and checks that its --help names every KVDIR_ variable the
+// chart sets on it: a variable that is no flag's would be ignored.
+func TestChartVariablesAreFlags(t *testing.T) {
+	h := helmOrSkip(t)
+	ci, err := CIValues()
+	if err != nil {
+		t.Fatal(err)
+	}
+	help := map[string]string{}
+	checked := 0
+	for _, v := range append([]string{""}, ci...) {
+		var values []string
+		if v != "" {
+			values = []string{v}
+		}
+		for _, cv := range k8s.KVDIRVars(render(t, h, values)) {
+			if _, ok := help[cv.Binary]; !ok {
+				bin := testkit.Binary(t, cv.Binary)
+				out, err := exec.Command(bin, "--help").Output()
+				if err != nil {
+					t.Fatalf("%s --help: %v", cv.Binary, err)
+				}
+				help[cv.Binary] = string(out)
+			}
+			for _, name := range cv.Vars {
+				if !strings.Contains(help[cv.Binary], "("+name+")") {
+					t.Errorf("%v: %s: container %s sets %s, which %s --help does not list", values, cv.Obj, cv.Container, name, cv.Binary)
+				}
+				checked++
+			}
+		}
+	}
+	t.Logf("%d variables of %d binaries checked", checked, len(help))
 }
 
 // TestChartRefusesBadValues expects helm template to fail, saying why, on
