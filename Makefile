@@ -93,7 +93,7 @@ test-unit: deps vet fmt-check ## Fast tier: go test -race -short ./... (no child
 	$(GO) test -race -short -count=1 ./...
 
 .PHONY: test-e2e
-test-e2e: deps ## Process tier: the tests -short skips (e2e/, live dashboard, python3/haproxy interop, long runs)
+test-e2e: deps helm-install ## Process tier: the tests -short skips (e2e/, live dashboard, python3/haproxy interop, the Helm chart, long runs)
 	$(GO) test -race -count=1 -timeout 20m $(E2E_PKGS)
 
 .PHONY: deps

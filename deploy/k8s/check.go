@@ -58,8 +58,10 @@ func containers(spec *corev1.PodSpec) []*corev1.Container {
 // that select or target nothing; Service target ports and probe ports that
 // no container declares; $(VAR) references to variables not defined before
 // them; the directory StatefulSet's Raft membership; the directory
-// addresses agents and routers dial; the vLLM flags the agent relies on; and
-// that kvdir containers set only their own binary's KVDIR_<NAME>_ variables.
+// addresses agents and routers dial; the vLLM flags the agent relies on;
+// that kvdir containers set only their own binary's KVDIR_<NAME>_ variables;
+// and the endpoint-picker objects: InferencePools, HTTPRoutes and
+// ServiceMonitors (gateway.go).
 func Check(objs []Object) error {
 	var errs []error
 	add := func(o Object, format string, args ...any) {
@@ -99,6 +101,7 @@ func Check(objs []Object) error {
 	errs = append(errs, checkTokenizeURLs(objs, ws)...)
 	errs = append(errs, checkEnvNames(objs)...)
 	errs = append(errs, checkSecurity(objs, ws)...)
+	errs = append(errs, checkGateway(objs, ws)...)
 	return errors.Join(errs...)
 }
 
