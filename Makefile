@@ -80,13 +80,17 @@ proto-check: tools ## Fail if the generated code in proto/ is not what buf gener
 #          e2e/ (real processes on loopback, the live dashboard check
 #          among them), the libzmq interop test (python3), the replay
 #          comparison (haproxy), long randomised runs
+#   apiserver  deploy/k8s and the Helm chart server-side applied to a real
+#          kube-apiserver over etcd, both built from pinned modules
+#          (deploy/Makefile.inc; its own tier, so deploy/kubeapi is not in
+#          E2E_PKGS)
 #   chaos  faults on the compose cluster under load (Docker; deploy/Makefile.inc;
 #          its own tier, so deploy/chaos is not in E2E_PKGS)
 E2E_PKGS = $(shell grep -rlE --include='*_test.go' 'testing[.]Short|testkit[.]SkipIfShort|testkit[.]Binar|testkit[.]StartProc|fleet[.]New|clitest[.]Build' . \
-	| grep -v -e '^\./internal/testkit/' -e '^\./deploy/chaos/' | xargs -r -n1 dirname | sort -u)
+	| grep -v -e '^\./internal/testkit/' -e '^\./deploy/chaos/' -e '^\./deploy/kubeapi/' | xargs -r -n1 dirname | sort -u)
 
 .PHONY: test
-test: test-unit test-e2e test-chaos ## Every tier CI runs: vet, format check, then unit, e2e and chaos tests (race detector)
+test: test-unit test-e2e test-apiserver test-chaos ## Every tier CI runs: vet, format check, then unit, e2e, API-server and chaos tests (race detector)
 
 .PHONY: test-unit
 test-unit: deps vet fmt-check ## Fast tier: go test -race -short ./... (no child processes; under 90 s)
