@@ -338,6 +338,70 @@ func TestChartVariablesAreFlags(t *testing.T) {
 	t.Logf("%d variables of %d binaries checked", checked, len(help))
 }
 
+// TestGatewayExample decodes the example Gateway (deploy/gateway) strictly
+// and checks it with the chart rendered in endpoint-picker mode, both with
+// the default parentRef (no listener named) and with ci/epp-values.yaml's
+// (listener http): the route must attach. Then it makes the mistakes that
+// would leave the route unattached, one at a time, and expects each to be
+// reported.
+func TestGatewayExample(t *testing.T) {
+	h := helmOrSkip(t)
+	data, err := os.ReadFile(GatewayExample())
+	if err != nil {
+		t.Fatal(err)
+	}
+	decode := func(t *testing.T, values []string, set ...string) []k8s.Object {
+		t.Helper()
+		gw, err := k8s.Decode(GatewayExample(), data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(gw) != 1 || gw[0].Kind != "Gateway" || gw[0].Name != "inference-gateway" {
+			t.Fatalf("example: %v, want one Gateway inference-gateway", gw)
+		}
+		return append(render(t, h, values, set...), gw...)
+	}
+	t.Run("attaches", func(t *testing.T) {
+		checkAllowing(t, decode(t, []string{"ci/epp-values.yaml"}), nil)
+		objs := decode(t, nil, "router.mode=epp")
+		checkAllowing(t, objs, nil)
+		g := find[*k8s.Gateway](objs, "Gateway", "inference-gateway")
+		if g.Spec.GatewayClassName != "istio" {
+			t.Errorf("gatewayClassName %q, want istio", g.Spec.GatewayClassName)
+		}
+	})
+	str := func(s string) *string { return &s }
+	for _, tc := range []struct {
+		name   string
+		mutate func(r *k8s.HTTPRoute, g *k8s.Gateway)
+		want   string
+	}{
+		{"no such listener", func(r *k8s.HTTPRoute, g *k8s.Gateway) { r.Spec.ParentRefs[0].SectionName = str("https") },
+			`no listener "https"`},
+		{"other port", func(r *k8s.HTTPRoute, g *k8s.Gateway) { p := int32(8080); r.Spec.ParentRefs[0].Port = &p },
+			"listener http is on port 80, not 8080"},
+		{"not HTTP", func(r *k8s.HTTPRoute, g *k8s.Gateway) { g.Spec.Listeners[0].Protocol = "TCP" },
+			"listener http has protocol TCP, not HTTP or HTTPS"},
+		{"other kinds", func(r *k8s.HTTPRoute, g *k8s.Gateway) { g.Spec.Listeners[0].AllowedRoutes.Kinds[0].Kind = "GRPCRoute" },
+			"listener http does not admit kind HTTPRoute"},
+		{"namespace selector", func(r *k8s.HTTPRoute, g *k8s.Gateway) { g.Spec.Listeners[0].AllowedRoutes.Namespaces.From = "Selector" },
+			"listener http admits only namespaces its selector picks"},
+		{"listener twice", func(r *k8s.HTTPRoute, g *k8s.Gateway) {
+			g.Spec.Listeners = append(g.Spec.Listeners, g.Spec.Listeners[0])
+		}, `listener name "http" twice`},
+		{"no class", func(r *k8s.HTTPRoute, g *k8s.Gateway) { g.Spec.GatewayClassName = "" }, "no gatewayClassName"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := decode(t, []string{"ci/epp-values.yaml"})
+			tc.mutate(find[*k8s.HTTPRoute](objs, "HTTPRoute", "vllm"), find[*k8s.Gateway](objs, "Gateway", "inference-gateway"))
+			err := k8s.Check(objs)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("k8s.Check: %v, want a finding saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
 // TestChartRefusesBadValues expects helm template to fail, saying why, on
 // values that would deploy a broken directory or router.
 func TestChartRefusesBadValues(t *testing.T) {

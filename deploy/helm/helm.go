@@ -33,6 +33,14 @@ func ChartDir() string {
 	return filepath.Join(filepath.Dir(file), "kvdir")
 }
 
+// GatewayExample returns the path of the example Gateway that the chart's
+// HTTPRoute attaches to in endpoint-picker mode
+// (deploy/gateway/istio/gateway.yaml).
+func GatewayExample() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "gateway", "istio", "gateway.yaml")
+}
+
 // Binary finds helm: $KVDIR_HELM, else the repository's bin/helm (make
 // helm-install), else helm on PATH. It returns "" if there is none.
 func Binary() string {

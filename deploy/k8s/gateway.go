@@ -3,6 +3,7 @@ package k8s
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,7 +13,8 @@ import (
 
 // The kinds below are not in k8s.io/api: they come with CRDs (the Gateway
 // API Inference Extension, Gateway API, the Prometheus Operator). Each type
-// holds the fields the Helm chart (deploy/helm/kvdir) renders, so that
+// holds the fields the Helm chart (deploy/helm/kvdir) renders and the gateway
+// example (deploy/gateway) uses, so that
 // strict decoding catches a misspelt one; a field a manifest needs that is
 // missing here must be added first, as the CRD names it.
 
@@ -87,6 +89,59 @@ type HTTPRouteRule struct {
 	} `json:"timeouts,omitempty"`
 }
 
+// Gateway is a gateway.networking.k8s.io/v1 Gateway: the listeners an
+// HTTPRoute attaches to, served by the implementation its class names.
+type Gateway struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		GatewayClassName string     `json:"gatewayClassName"`
+		Listeners        []Listener `json:"listeners"`
+	} `json:"spec"`
+}
+
+// Listener is one of a Gateway's listeners.
+type Listener struct {
+	Name          string  `json:"name"`
+	Hostname      *string `json:"hostname,omitempty"`
+	Port          int32   `json:"port"`
+	Protocol      string  `json:"protocol"`
+	AllowedRoutes *struct {
+		Namespaces *struct {
+			From     string                `json:"from,omitempty"`
+			Selector *metav1.LabelSelector `json:"selector,omitempty"`
+		} `json:"namespaces,omitempty"`
+		Kinds []struct {
+			Group *string `json:"group,omitempty"`
+			Kind  string  `json:"kind"`
+		} `json:"kinds,omitempty"`
+	} `json:"allowedRoutes,omitempty"`
+}
+
+// allowsHTTPRoute reports whether an HTTPRoute in the Gateway's own
+// namespace may attach to l, and if not, why.
+func (l Listener) allowsHTTPRoute() (bool, string) {
+	if l.Protocol != "HTTP" && l.Protocol != "HTTPS" {
+		return false, fmt.Sprintf("listener %s has protocol %s, not HTTP or HTTPS", l.Name, l.Protocol)
+	}
+	a := l.AllowedRoutes
+	if a == nil {
+		return true, ""
+	}
+	if a.Namespaces != nil && a.Namespaces.From == "Selector" {
+		return false, fmt.Sprintf("listener %s admits only namespaces its selector picks", l.Name)
+	}
+	if len(a.Kinds) == 0 {
+		return true, ""
+	}
+	for _, k := range a.Kinds {
+		if k.Kind == "HTTPRoute" && (k.Group == nil || *k.Group == "gateway.networking.k8s.io") {
+			return true, ""
+		}
+	}
+	return false, fmt.Sprintf("listener %s does not admit kind HTTPRoute", l.Name)
+}
+
 // ServiceMonitor is a monitoring.coreos.com/v1 ServiceMonitor.
 type ServiceMonitor struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -110,14 +165,17 @@ type ServiceMonitor struct {
 func init() {
 	kinds["inference.networking.k8s.io/v1/InferencePool"] = func() any { return &InferencePool{} }
 	kinds["gateway.networking.k8s.io/v1/HTTPRoute"] = func() any { return &HTTPRoute{} }
+	kinds["gateway.networking.k8s.io/v1/Gateway"] = func() any { return &Gateway{} }
 	kinds["monitoring.coreos.com/v1/ServiceMonitor"] = func() any { return &ServiceMonitor{} }
 }
 
 // checkGateway cross-references the endpoint-picker objects: a pool selects
 // pods that declare its target port; its endpoint picker is a Service whose
 // pods run the router with --mode epp and declare the picker's port; an
-// HTTPRoute's InferencePool backends exist; and a ServiceMonitor selects
-// Services that have the ports it scrapes.
+// HTTPRoute's InferencePool backends exist, and when its parent Gateway is
+// among objs, the listener it names (by sectionName and port) exists and
+// admits it; a Gateway's listeners have distinct names; and a
+// ServiceMonitor selects Services that have the ports it scrapes.
 func checkGateway(objs []Object, ws []workload) []error {
 	var errs []error
 	bad := func(o Object, format string, args ...any) {
@@ -125,12 +183,15 @@ func checkGateway(objs []Object, ws []workload) []error {
 	}
 	services := map[string]*corev1.Service{}
 	pools := map[string]bool{}
+	gateways := map[string]*Gateway{}
 	for _, o := range objs {
 		switch v := o.Obj.(type) {
 		case *corev1.Service:
 			services[o.Name] = v
 		case *InferencePool:
 			pools[o.Name] = true
+		case *Gateway:
+			gateways[o.Name] = v
 		}
 	}
 	for _, o := range objs {
@@ -140,6 +201,14 @@ func checkGateway(objs []Object, ws []workload) []error {
 		case *HTTPRoute:
 			if len(v.Spec.ParentRefs) == 0 {
 				bad(o, "no parentRefs: the route attaches to no gateway")
+			}
+			for _, p := range v.Spec.ParentRefs {
+				isGateway := (p.Kind == nil || *p.Kind == "Gateway") && (p.Group == nil || *p.Group == "gateway.networking.k8s.io")
+				if g := gateways[p.Name]; isGateway && p.Namespace == nil && g != nil {
+					if why := attaches(g, p.SectionName, p.Port); why != "" {
+						bad(o, "parentRef Gateway %s: %s", p.Name, why)
+					}
+				}
 			}
 			for _, r := range v.Spec.Rules {
 				for _, b := range r.BackendRefs {
@@ -152,6 +221,17 @@ func checkGateway(objs []Object, ws []workload) []error {
 						}
 					}
 				}
+			}
+		case *Gateway:
+			if v.Spec.GatewayClassName == "" {
+				bad(o, "no gatewayClassName")
+			}
+			names := map[string]bool{}
+			for _, l := range v.Spec.Listeners {
+				if names[l.Name] {
+					bad(o, "listener name %q twice", l.Name)
+				}
+				names[l.Name] = true
 			}
 		case *ServiceMonitor:
 			sel, err := metav1.LabelSelectorAsSelector(&v.Spec.Selector)
@@ -180,6 +260,33 @@ func checkGateway(objs []Object, ws []workload) []error {
 		}
 	}
 	return errs
+}
+
+// attaches says why a route's parentRef to g with sectionName and port does
+// not attach to any of g's listeners, or "" when it attaches to one.
+func attaches(g *Gateway, sectionName *string, port *int32) string {
+	var whys []string
+	for _, l := range g.Spec.Listeners {
+		if sectionName != nil && l.Name != *sectionName {
+			continue
+		}
+		if port != nil && l.Port != *port {
+			whys = append(whys, fmt.Sprintf("listener %s is on port %d, not %d", l.Name, l.Port, *port))
+			continue
+		}
+		ok, why := l.allowsHTTPRoute()
+		if ok {
+			return ""
+		}
+		whys = append(whys, why)
+	}
+	if len(whys) == 0 {
+		if sectionName != nil {
+			return fmt.Sprintf("no listener %q", *sectionName)
+		}
+		return "no listeners"
+	}
+	return strings.Join(whys, "; ")
 }
 
 func checkPool(o Object, p *InferencePool, services map[string]*corev1.Service, ws []workload, bad func(Object, string, ...any)) {

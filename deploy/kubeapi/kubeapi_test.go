@@ -148,8 +148,9 @@ func namespace(name string) []byte {
 // TestAPIServerAcceptsManifests starts a real API server, loads the CRDs
 // the chart's optional objects need, and server-side applies, with strict
 // field validation, every object of deploy/k8s (namespace kvdir), the
-// Secrets make deploy-secrets generates, and the chart rendered with its
-// defaults and each values file in ci/ (a namespace each). Then it applies
+// Secrets make deploy-secrets generates, the chart rendered with its
+// defaults and each values file in ci/ (a namespace each), and the example
+// Gateway of deploy/gateway beside the EPP variant. Then it applies
 // broken copies of real manifests and expects the server to refuse each,
 // saying why.
 func TestAPIServerAcceptsManifests(t *testing.T) {
@@ -166,7 +167,7 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	applyAll(t, c, "", "crds.yaml", crds)
-	for _, name := range []string{"inferencepools.inference.networking.k8s.io", "httproutes.gateway.networking.k8s.io", "servicemonitors.monitoring.coreos.com"} {
+	for _, name := range []string{"inferencepools.inference.networking.k8s.io", "httproutes.gateway.networking.k8s.io", "gateways.gateway.networking.k8s.io", "servicemonitors.monitoring.coreos.com"} {
 		testkit.Eventually(t, 30*time.Second, "CRD "+name+" established", func() (bool, string) { return c.Established(ctx, name) })
 	}
 
@@ -220,6 +221,12 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		}
 		t.Logf("chart %s: %d objects applied in namespace %s", name, applyAll(t, c, ns, "chart "+name, out), ns)
 	}
+	// The Gateway the EPP variant's HTTPRoute attaches to, beside it.
+	gw, err := os.ReadFile(helm.GatewayExample())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("deploy/gateway/istio: %d objects applied in namespace chart-epp", applyAll(t, c, "chart-epp", "gateway/istio/gateway.yaml", gw))
 
 	// Broken manifests: the server refuses each, and says why. They go to
 	// a namespace of their own, so that no refusal is about changing an
@@ -244,6 +251,9 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		{"sidecar restart policy", "StatefulSet", sts, "      containers:\n", "      initContainers:\n        - name: bad\n          image: x\n          restartPolicy: Sometimes\n      containers:\n", `Unsupported value: "Sometimes"`},
 		{"pool failure mode", "InferencePool", epp, "failureMode: FailOpen", "failureMode: Sometimes", `Unsupported value: "Sometimes"`},
 		{"pool without a port", "InferencePool", epp, "    port:\n      number: 9002\n", "", "port is required when kind is 'Service'"},
+		{"gateway route namespaces", "Gateway", gw, "from: Same", "from: Everywhere", `Unsupported value: "Everywhere"`},
+		{"gateway listeners clash", "Gateway", gw, "    - name: http\n", "    - name: web\n      protocol: HTTP\n      port: 80\n    - name: http\n",
+			"Combination of port, protocol and hostname must be unique for each listener"},
 	} {
 		doc := pick(t, tc.src, tc.kind)
 		if !strings.Contains(string(doc), tc.old) {

@@ -26,7 +26,9 @@ var guides = []struct{ file, how string }{
 		"'In containers' is Docker, which the chaos tier runs"},
 	{"docs/benchmarks.md", "not run: its blocks run kvbench sim on the Mooncake trace (minutes) and write bench/results; " +
 		"make bench-sim, make bench-sim-routers and the benchmark tests cover it"},
-	{"deploy/README.md", "not run: every block needs Docker (images, the compose cluster) or kubectl; the chaos tier (make test-chaos) runs the compose cluster"},
+	{"deploy/README.md", "not run: every block needs Docker (images, the compose cluster) or a Kubernetes cluster (kubectl, helm install, istioctl); " +
+		"the chaos tier (make test-chaos) runs the compose cluster, and go test ./deploy/helm and make test-apiserver check what the Kubernetes blocks apply"},
+	{"deploy/helm/kvdir/README.md", "not run: its one block installs the chart into a Kubernetes cluster; go test ./deploy/helm renders and checks the chart, make test-apiserver applies it"},
 }
 
 // TestEveryGuideIsListed fails when a markdown file shows commands and is
