@@ -2,6 +2,7 @@ package raftfsm_test
 
 import (
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -191,6 +192,44 @@ func TestTrimBatchWireIsCutOverQuota(t *testing.T) {
 				t.Fatalf("trimmed %d bytes of %d", len(out), len(src))
 			}
 		})
+	}
+
+	// Random batches of every kind of event.
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 500 {
+		var evs []*kvdirv1.Event
+		for range 1 + rng.IntN(6) {
+			hs := seqChain(1+rng.IntN(1000), rng.IntN(40))
+			switch rng.IntN(8) {
+			case 0:
+				evs = append(evs, removed(gpu, rng.IntN(2) == 0, hs...))
+			case 1:
+				evs = append(evs, cleared())
+			case 2:
+				evs = append(evs, layout)
+			default:
+				evs = append(evs, stored(uint64(rng.IntN(3)), cpu, hs...))
+			}
+		}
+		b := batch("w", e, 2, 2, evs...)
+		freed := uint64(rng.IntN(30))
+		src, err := proto.Marshal(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := proto.Clone(b).(*kvdirv1.EventBatch)
+		wantCut := p.lead.f.CutOverQuota(want, yes(freed))
+		out, cut, ok := p.lead.f.TrimBatchWire(src, yes(freed), alloc)
+		if !ok {
+			if wantCut != 0 {
+				t.Fatalf("batch %d: left whole, CutOverQuota cut %d", i, wantCut)
+			}
+			continue
+		}
+		got := new(kvdirv1.EventBatch)
+		if err := proto.Unmarshal(out, got); err != nil || cut != wantCut || !proto.Equal(got, want) {
+			t.Fatalf("batch %d: cut %d (%v), want %d:\n%v\nwant\n%v", i, cut, err, wantCut, got, want)
+		}
 	}
 
 	// Left whole: nothing to cut, a worker not over its quota, a leader
