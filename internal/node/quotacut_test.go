@@ -16,14 +16,39 @@ import (
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
-// lastPublish decodes the newest publish command in node i's Raft log.
-func lastPublish(t *testing.T, c *dirtest.Cluster, i int) (*kvdirv1.PublishCommand, int) {
+// pipeline sends batches on one stream without waiting, and says whether
+// each was applied.
+func pipeline(ctx context.Context, agent kvdirv1.AgentServiceClient, bs []*kvdirv1.EventBatch) bool {
+	s, err := agent.Publish(ctx)
+	if err != nil {
+		return false
+	}
+	defer s.CloseSend()
+	for _, b := range bs {
+		if s.Send(&kvdirv1.PublishRequest{Batch: b}) != nil {
+			return false
+		}
+	}
+	for range bs {
+		if resp, err := s.Recv(); err != nil || resp.Status != kvdirv1.PublishStatus_PUBLISH_STATUS_APPLIED {
+			return false
+		}
+	}
+	return true
+}
+
+// logged finds, in node i's Raft log, the publish command that first
+// carried the batch of sequence number seq, and its encoded size.
+func logged(t *testing.T, c *dirtest.Cluster, i int, seq uint64) (*kvdirv1.PublishCommand, int, bool) {
 	t.Helper()
 	last, err := c.Store(i).LastIndex()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for idx := last; idx > 0; idx-- {
+	first, _ := c.Store(i).FirstIndex()
+	var found *kvdirv1.PublishCommand
+	var size int
+	for idx := last; idx >= max(first, 1); idx-- {
 		var l raft.Log
 		if err := c.Store(i).GetLog(idx, &l); err != nil || l.Type != raft.LogCommand {
 			continue
@@ -32,12 +57,16 @@ func lastPublish(t *testing.T, c *dirtest.Cluster, i int) (*kvdirv1.PublishComma
 		if err != nil {
 			t.Fatal(err)
 		}
-		if pc, ok := d.Payload.(*kvdirv1.PublishCommand); ok {
-			return pc, len(l.Data)
+		if pc, ok := d.Payload.(*kvdirv1.PublishCommand); ok && len(pc.Batches) == 1 && pc.Batches[0].FirstSeq == seq {
+			found, size = pc, len(l.Data)
 		}
 	}
-	t.Fatal("no publish command in the log")
-	return nil, 0
+	return found, size, found != nil
+}
+
+// cutAll says whether the command cut every block of its one batch.
+func cutAll(pc *kvdirv1.PublishCommand, n uint64) bool {
+	return len(pc.QuotaCut) == 1 && pc.QuotaCut[0] == n && len(pc.Batches[0].Events[0].GetStored().GetHashes()) == 0
 }
 
 // Once a worker went over its block quota, the leader cuts the blocks past
@@ -47,14 +76,9 @@ func lastPublish(t *testing.T, c *dirtest.Cluster, i int) (*kvdirv1.PublishComma
 func TestLeaderCutsPastQuotaBeforeProposing(t *testing.T) {
 	const quota = 100
 	c := dirtest.New(t, 3, func(_ int, cfg *node.Config) { cfg.WorkerBlockQuota = quota })
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	l := c.Leader()
-	leader := kvdirv1.NewAgentServiceClient(c.Conn(l))
-	r, err := leader.Register(ctx, &kvdirv1.RegisterRequest{Worker: spec("w")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	epoch := c.Register("w")
 	next, seq := uint64(1), uint64(0)
 	chain := func(n int) []uint64 {
 		out := make([]uint64, n)
@@ -64,61 +88,61 @@ func TestLeaderCutsPastQuotaBeforeProposing(t *testing.T) {
 		}
 		return out
 	}
-	send := func(agent kvdirv1.AgentServiceClient, b *kvdirv1.EventBatch) *kvdirv1.PublishResponse {
+	// send publishes b through node at (a follower forwards it) until it is
+	// acknowledged, as an agent re-sends across leader changes; a re-sent
+	// batch that had applied is a DUPLICATE.
+	send := func(at func() int, b *kvdirv1.EventBatch) *kvdirv1.PublishResponse {
 		t.Helper()
-		resp, err := publishOne(ctx, agent, b)
-		if err != nil || resp.Status != kvdirv1.PublishStatus_PUBLISH_STATUS_APPLIED {
-			t.Fatalf("batch %d: %v %v", b.FirstSeq, resp, err)
-		}
+		var resp *kvdirv1.PublishResponse
+		testkit.Eventually(t, 20*time.Second, fmt.Sprintf("batch %d acknowledged", b.FirstSeq), func() (bool, string) {
+			r, err := publishOne(ctx, kvdirv1.NewAgentServiceClient(c.Conn(at())), b)
+			if err != nil {
+				return false, err.Error()
+			}
+			resp = r
+			return r.Status == kvdirv1.PublishStatus_PUBLISH_STATUS_APPLIED || r.Status == kvdirv1.PublishStatus_PUBLISH_STATUS_DUPLICATE, r.String()
+		})
 		return resp
 	}
 	stored := func(n int) *kvdirv1.EventBatch {
 		seq++
-		return storedBatch("w", r.Epoch, seq, chain(n)...)
+		return storedBatch("w", epoch, seq, chain(n)...)
 	}
 	// The state machine cuts the first time; then the leader, once it has
 	// seen the log applied in its term.
-	send(leader, stored(quota+20))
+	send(c.Leader, stored(quota+20))
 	var dropped uint64 = 20
-	if err := testkit.Poll(ctx, 10*time.Second, "the leader cutting", func() (bool, string) {
-		send(leader, stored(1))
-		dropped++
-		pc, _ := lastPublish(t, c, l)
-		return len(pc.QuotaCut) == 1 && pc.QuotaCut[0] == 1, fmt.Sprint(pc.QuotaCut)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	// A large batch through a follower: none of its blocks is logged.
-	resp := send(kvdirv1.NewAgentServiceClient(c.Conn(c.Follower())), stored(10_000))
-	dropped += 10_000
-	if !strings.Contains(resp.Message, "10000 blocks past the worker's quota") {
-		t.Fatalf("message %q", resp.Message)
-	}
-	pc, size := lastPublish(t, c, l)
-	if len(pc.QuotaCut) != 1 || pc.QuotaCut[0] != 10_000 || len(pc.Batches[0].Events[0].GetStored().GetHashes()) != 0 || size > 1000 {
-		t.Fatalf("logged: cut %v, %d hashes, %d bytes; want all 10000 cut",
-			pc.QuotaCut, len(pc.Batches[0].Events[0].GetStored().GetHashes()), size)
-	}
+	// A large batch through a follower: none of its blocks is logged (a
+	// leader elected meanwhile cuts once it has applied its log: send
+	// another).
+	testkit.Eventually(t, 30*time.Second, "a batch past the quota cut by the leader", func() (bool, string) {
+		b := stored(10_000)
+		resp := send(c.Follower, b)
+		dropped += 10_000
+		if resp.Status == kvdirv1.PublishStatus_PUBLISH_STATUS_APPLIED && !strings.Contains(resp.Message, "10000 blocks past the worker's quota") {
+			t.Fatalf("message %q", resp.Message)
+		}
+		pc, size, ok := logged(t, c, c.Leader(), b.FirstSeq)
+		if !ok {
+			return false, "not in the leader's log"
+		}
+		if cutAll(pc, 10_000) && size > 1000 {
+			t.Fatalf("a cut batch took %d bytes in the log", size)
+		}
+		return cutAll(pc, 10_000), fmt.Sprintf("cut %v", pc.QuotaCut)
+	})
 
-	// A removal in flight is room for the batch behind it on the stream.
-	s, err := leader.Publish(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A removal in flight is room for the batch behind it on the stream
+	// (and, re-sent one by one after a failure, the removal applied is).
 	seq++
-	rm := &kvdirv1.EventBatch{WorkerId: "w", Epoch: r.Epoch, FirstSeq: seq, LastSeq: seq, Events: []*kvdirv1.Event{
+	rm := &kvdirv1.EventBatch{WorkerId: "w", Epoch: epoch, FirstSeq: seq, LastSeq: seq, Events: []*kvdirv1.Event{
 		{Kind: &kvdirv1.Event_Removed{Removed: &kvdirv1.RemovedBlocks{Hashes: []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}}}}}}
-	for _, b := range []*kvdirv1.EventBatch{rm, stored(15)} {
-		if err := s.Send(&kvdirv1.PublishRequest{Batch: b}); err != nil {
-			t.Fatal(err)
+	pair := []*kvdirv1.EventBatch{rm, stored(15)}
+	if !pipeline(ctx, kvdirv1.NewAgentServiceClient(c.Conn(c.Leader())), pair) {
+		for _, b := range pair {
+			send(c.Leader, b)
 		}
 	}
-	for range 2 {
-		if resp, err := s.Recv(); err != nil || resp.Status != kvdirv1.PublishStatus_PUBLISH_STATUS_APPLIED {
-			t.Fatalf("pipelined: %v %v", resp, err)
-		}
-	}
-	s.CloseSend()
 	dropped += 5
 
 	c.Converged()
