@@ -14,10 +14,13 @@ import (
 // cuts, before proposing, the blocks its applied state already shows past
 // the quota (CutOverQuota), and the command carries how many it cut
 // (PublishCommand.quota_cut), which every replica counts as dropped. The
-// leader's cut only ever removes blocks that are past the quota whatever the
+// leader's cut only removes blocks that are past the quota whatever the
 // entries still in flight do: it counts blocks those entries may remove as
 // room (the caller's freed), cuts nothing for a batch of an epoch its state
 // has not seen, and the replicas check what it kept against the quota again.
+// (The one change it cannot bound is the index evicting detached blocks of
+// the worker's to stay under its orphan limit; blocks cut then are counted
+// as dropped like the others.)
 
 // quotaMark is what the leader needs to cut a worker's blocks without
 // taking the state lock: the epoch in which the worker went over its quota,
