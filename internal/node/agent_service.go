@@ -132,14 +132,15 @@ func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error 
 		defer close(inflight)
 		recvErr <- func() error {
 			for {
-				req, err := stream.Recv()
+				fr := publishFrame{req: new(kvdirv1.PublishRequest)}
+				err := stream.RecvMsg(&fr)
 				if errors.Is(err, io.EOF) {
 					return nil
 				}
 				if err != nil {
 					return err
 				}
-				b := req.Batch
+				b := fr.req.Batch
 				if b == nil {
 					return status.Error(codes.InvalidArgument, "publish: request without a batch")
 				}
@@ -151,7 +152,7 @@ func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error 
 					case err != nil:
 						return err
 					default:
-						done = n.pub.submit(b)
+						done = n.pub.submit(b, fr.cut)
 					}
 				}
 				select {

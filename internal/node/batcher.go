@@ -2,7 +2,11 @@ package node
 
 import (
 	"errors"
+	"math"
+	"sync"
+	"sync/atomic"
 
+	"github.com/hashicorp/raft"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -31,6 +35,7 @@ type pubResult struct {
 
 type pubRequest struct {
 	batch *kvdirv1.EventBatch
+	cut   uint64         // blocks cut past the quota as it was decoded
 	done  chan pubResult // buffered, 1
 }
 
@@ -38,24 +43,41 @@ type publishBatcher struct {
 	n     *Node
 	queue chan *pubRequest
 	slots chan struct{} // one per group in flight
+
+	// The leader cuts blocks past a worker's quota before proposing them
+	// (raftfsm.FSM.CutOverQuota, and as it decodes them: publishCodec).
+	// freeing counts, per worker, the blocks the batches submitted and not
+	// yet answered may remove (raftfsm.Frees): room the applied state does
+	// not show yet.
+	mu      sync.Mutex
+	freeing map[string]inFlightFrees
+	// cutTerm is the Raft term in which this node, leading, saw every
+	// entry of earlier terms applied (a barrier); barrierTerm the term of
+	// the barrier last started. Cutting waits for the first.
+	cutTerm, barrierTerm atomic.Uint64
 }
 
 func newPublishBatcher(n *Node) *publishBatcher {
 	return &publishBatcher{
-		n:     n,
-		queue: make(chan *pubRequest, 4*maxGroupBatches),
-		slots: make(chan struct{}, maxGroupsInFlight),
+		n:       n,
+		queue:   make(chan *pubRequest, 4*maxGroupBatches),
+		slots:   make(chan struct{}, maxGroupsInFlight),
+		freeing: make(map[string]inFlightFrees),
 	}
 }
 
-// submit queues a batch; its result arrives on the returned channel. It
-// fails at once with errShuttingDown when the node stops.
-func (b *publishBatcher) submit(batch *kvdirv1.EventBatch) <-chan pubResult {
-	r := &pubRequest{batch: batch, done: make(chan pubResult, 1)}
+// submit queues a batch, of which cut blocks were cut past the quota as it
+// was decoded; its result arrives on the returned channel. It fails at once
+// with errShuttingDown when the node stops.
+func (b *publishBatcher) submit(batch *kvdirv1.EventBatch, cut uint64) <-chan pubResult {
+	r := &pubRequest{batch: batch, cut: cut, done: make(chan pubResult, 1)}
+	b.mu.Lock()
+	b.addFreeing(batch)
+	b.mu.Unlock()
 	select {
 	case b.queue <- r:
 	case <-b.n.stop:
-		r.done <- pubResult{err: errShuttingDown}
+		b.answer([]*pubRequest{r}, pubResult{err: errShuttingDown})
 	}
 	return r.done
 }
@@ -76,7 +98,7 @@ func (b *publishBatcher) run() {
 		select {
 		case b.slots <- struct{}{}:
 		case <-b.n.stop:
-			first.done <- pubResult{err: errShuttingDown}
+			b.answer([]*pubRequest{first}, pubResult{err: errShuttingDown})
 			b.drain()
 			return
 		}
@@ -100,13 +122,23 @@ func (b *publishBatcher) run() {
 func (b *publishBatcher) propose(group []*pubRequest) {
 	n := b.n
 	cmd := &kvdirv1.PublishCommand{Batches: make([]*kvdirv1.EventBatch, len(group))}
+	var cut []uint64
 	for i, r := range group {
 		cmd.Batches[i] = r.batch
+		// Batches queued before this one are counted in freeing, and so is
+		// this one: more room than there may be, never less.
+		if c := r.cut + n.fsm.CutOverQuota(r.batch, b.freed); c > 0 {
+			if cut == nil {
+				cut = make([]uint64, len(group))
+			}
+			cut[i] = c
+		}
 	}
+	cmd.QuotaCut = cut
 	p, err := n.start(kvdirv1.CommandType_COMMAND_TYPE_PUBLISH, cmd)
 	if err != nil {
 		<-b.slots
-		answerAll(group, pubResult{err: publishNotLeader(err)})
+		b.answer(group, pubResult{err: publishNotLeader(err)})
 		return
 	}
 	n.metrics.groupSize.Observe(float64(len(group)))
@@ -114,13 +146,97 @@ func (b *publishBatcher) propose(group []*pubRequest) {
 		res, _, err := n.wait(p)
 		<-b.slots
 		if err != nil {
-			answerAll(group, pubResult{err: err})
+			b.answer(group, pubResult{err: err})
 			return
 		}
+		b.doneFreeing(group)
 		for i, resp := range res.(*raftfsm.PublishResult).Responses {
 			group[i].done <- pubResult{resp: resp}
 		}
 	}()
+}
+
+// canCut says whether the leader may cut blocks past quotas now: once, in
+// its current term, every entry of earlier terms is applied, so that its
+// applied state misses only what it proposed itself. Until then it starts
+// a barrier (one at a time), and the state machine alone cuts.
+func (b *publishBatcher) canCut() bool {
+	r := b.n.raft
+	term := r.CurrentTerm()
+	if b.cutTerm.Load() == term {
+		return r.State() == raft.Leader
+	}
+	if old := b.barrierTerm.Load(); old != term && b.barrierTerm.CompareAndSwap(old, term) {
+		go func() {
+			if r.Barrier(b.n.cfg.ApplyTimeout).Error() == nil && r.CurrentTerm() == term {
+				b.cutTerm.Store(term)
+				return
+			}
+			b.barrierTerm.CompareAndSwap(term, 0) // a later batch tries again
+		}()
+	}
+	return false
+}
+
+// inFlightFrees is what a worker's batches submitted and not yet answered
+// may remove (raftfsm.Frees).
+type inFlightFrees struct {
+	blocks uint64
+	clears int // batches that clear the worker
+}
+
+// freed bounds the blocks the batches of worker submitted and not yet
+// answered may remove, for raftfsm.FSM.CutOverQuota; false if this node may
+// not cut now (canCut).
+func (b *publishBatcher) freed(worker string) (uint64, bool) {
+	if !b.canCut() {
+		return 0, false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f := b.freeing[worker]
+	if f.clears > 0 {
+		return math.MaxUint64, true
+	}
+	return f.blocks, true
+}
+
+// addFreeing counts a batch submitted in freeing (b.mu held).
+func (b *publishBatcher) addFreeing(batch *kvdirv1.EventBatch) {
+	blocks, clears := raftfsm.Frees(batch)
+	if blocks == 0 && !clears {
+		return
+	}
+	f := b.freeing[batch.WorkerId]
+	f.blocks += blocks
+	if clears {
+		f.clears++
+	}
+	b.freeing[batch.WorkerId] = f
+}
+
+// doneFreeing takes a group's batches, answered (applied or failed), out of
+// freeing.
+func (b *publishBatcher) doneFreeing(group []*pubRequest) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range group {
+		blocks, clears := raftfsm.Frees(r.batch)
+		if blocks == 0 && !clears {
+			continue
+		}
+		id := r.batch.WorkerId
+		f := b.freeing[id]
+		f.blocks -= min(blocks, f.blocks)
+		if clears {
+			f.clears--
+		}
+		if f.blocks == 0 && f.clears <= 0 {
+			delete(b.freeing, id)
+		} else {
+			b.freeing[id] = f
+		}
+	}
 }
 
 // publishNotLeader explains a proposal refused because this node no
@@ -132,7 +248,9 @@ func publishNotLeader(err error) error {
 	return err
 }
 
-func answerAll(group []*pubRequest, r pubResult) {
+// answer answers every request of group with r.
+func (b *publishBatcher) answer(group []*pubRequest, r pubResult) {
+	b.doneFreeing(group)
 	for _, q := range group {
 		q.done <- r
 	}
@@ -143,7 +261,7 @@ func (b *publishBatcher) drain() {
 	for {
 		select {
 		case r := <-b.queue:
-			r.done <- pubResult{err: errShuttingDown}
+			b.answer([]*pubRequest{r}, pubResult{err: errShuttingDown})
 		default:
 			return
 		}

@@ -152,6 +152,10 @@ type FSM struct {
 	st      *state
 	index   atomic.Pointer[radix.Index] // st.index, for reads that need no map
 	applied atomic.Uint64
+	// overQuota maps the id of each live worker that dropped blocks past
+	// its quota in its current epoch to a quotaMark (see quota.go); read
+	// without mu by CutOverQuota.
+	overQuota sync.Map
 }
 
 var (
@@ -240,7 +244,11 @@ func (f *FSM) apply(d Decoded, index uint64) (any, []string) {
 		var ids []string
 		for i, b := range c.Batches {
 			var layoutChanged bool
-			res.Responses[i], layoutChanged = f.publish(b, index)
+			var cut uint64
+			if i < len(c.QuotaCut) {
+				cut = c.QuotaCut[i]
+			}
+			res.Responses[i], layoutChanged = f.publish(b, cut, index)
 			if layoutChanged {
 				ids = append(ids, b.WorkerId)
 			}
@@ -354,6 +362,7 @@ func (f *FSM) register(c *kvdirv1.RegisterCommand, index uint64) (any, []string)
 		epoch = max(w.Epoch+1, epoch)
 	}
 	st.index.ClearWorker(spec.Id)
+	f.overQuota.Delete(spec.Id)
 	st.workers[spec.Id] = &kvdirv1.Worker{
 		Spec:            proto.Clone(spec).(*kvdirv1.WorkerSpec),
 		State:           kvdirv1.WorkerState_WORKER_STATE_ACTIVE,
@@ -422,6 +431,7 @@ func (f *FSM) retire(id string, epoch uint64, to kvdirv1.WorkerState) (any, []st
 		return fmt.Errorf("%v %q: %w: epoch %d, current %d", to, id, ErrStaleEpoch, epoch, w.Epoch), nil
 	}
 	f.st.index.ClearWorker(id)
+	f.overQuota.Delete(id)
 	w.State = to
 	w.Load = nil
 	f.pruneGone()
@@ -456,6 +466,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.st = st
 	f.index.Store(st.index)
 	f.applied.Store(applied)
+	f.remarkOverQuota()
 	f.mu.Unlock()
 	if f.opts.OnRestored != nil {
 		f.opts.OnRestored(applied)

@@ -12,8 +12,10 @@ import (
 
 // publish applies one event batch if it is the next of its worker's
 // current epoch, and says what became of it and whether the worker's layout
-// changed (which watchers of the registry are told).
-func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) (*kvdirv1.PublishResponse, bool) {
+// changed (which watchers of the registry are told). cut is how many of its
+// blocks the leader cut past the quota before proposing it
+// (PublishCommand.quota_cut): counted as dropped if the batch applies.
+func (f *FSM) publish(b *kvdirv1.EventBatch, cut uint64, index uint64) (*kvdirv1.PublishResponse, bool) {
 	resp := &kvdirv1.PublishResponse{
 		WorkerId: b.WorkerId, Epoch: b.Epoch, FirstSeq: b.FirstSeq, LastSeq: b.LastSeq, RaftIndex: index,
 	}
@@ -51,7 +53,7 @@ func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) (*kvdirv1.PublishResp
 		return resp, false
 	}
 	var conflicts int
-	var dropped uint64
+	dropped := cut
 	var layoutChanged bool
 	x := f.st.index
 	for _, ev := range b.Events {
@@ -100,6 +102,7 @@ func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) (*kvdirv1.PublishResp
 			layoutChanged = true
 		}
 		w.DroppedBlocks += dropped
+		f.markOverQuota(w)
 		f.opts.Metrics.quotaDropped(b.WorkerId, dropped)
 		if resp.Message != "" {
 			resp.Message += "; "
@@ -107,23 +110,6 @@ func (f *FSM) publish(b *kvdirv1.EventBatch, index uint64) (*kvdirv1.PublishResp
 		resp.Message += fmt.Sprintf("%d blocks past the worker's quota of %d were not stored", dropped, w.BlockQuota)
 	}
 	return resp, layoutChanged
-}
-
-// fitQuota cuts a stored piece to the room the worker's quota leaves (the
-// piece is a chain, so its head is what may be kept). Blocks the worker
-// already holds count against the room too, which keeps this one lookup.
-func fitQuota(x *radix.Index, worker string, quota uint64, hashes []uint64) []uint64 {
-	var have uint64
-	if ws, ok := x.Worker(worker); ok {
-		have = uint64(ws.Blocks)
-	}
-	if have >= quota {
-		return nil
-	}
-	if room := quota - have; uint64(len(hashes)) > room {
-		return hashes[:room]
-	}
-	return hashes
 }
 
 // CheckSeqRange refuses a batch whose sequence range is not 1 <= first_seq

@@ -276,8 +276,14 @@ func (x *RegisterCommand) GetMaxOwnerWorkers() uint32 {
 // PublishCommand applies event batches, each independently accepted or
 // refused.
 type PublishCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Batches       []*EventBatch          `protobuf:"bytes,1,rep,name=batches,proto3" json:"batches,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Batches []*EventBatch          `protobuf:"bytes,1,rep,name=batches,proto3" json:"batches,omitempty"`
+	// Blocks the leader cut from each batch's stored events before proposing
+	// (one count per batch, or none), because the applied state showed them
+	// past the worker's block quota. Every replica counts them as dropped
+	// when the batch applies, as if it had cut them itself; blocks the leader
+	// kept are checked against the quota again.
+	QuotaCut      []uint64 `protobuf:"varint,2,rep,packed,name=quota_cut,json=quotaCut,proto3" json:"quota_cut,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -315,6 +321,13 @@ func (*PublishCommand) Descriptor() ([]byte, []int) {
 func (x *PublishCommand) GetBatches() []*EventBatch {
 	if x != nil {
 		return x.Batches
+	}
+	return nil
+}
+
+func (x *PublishCommand) GetQuotaCut() []uint64 {
+	if x != nil {
+		return x.QuotaCut
 	}
 	return nil
 }
@@ -748,9 +761,10 @@ const file_kvdir_v1_command_proto_rawDesc = "" +
 	"\boverride\x18\x04 \x01(\bR\boverride\x12\x1f\n" +
 	"\vblock_quota\x18\x05 \x01(\x04R\n" +
 	"blockQuota\x12*\n" +
-	"\x11max_owner_workers\x18\x06 \x01(\rR\x0fmaxOwnerWorkers\"@\n" +
+	"\x11max_owner_workers\x18\x06 \x01(\rR\x0fmaxOwnerWorkers\"]\n" +
 	"\x0ePublishCommand\x12.\n" +
-	"\abatches\x18\x01 \x03(\v2\x14.kvdir.v1.EventBatchR\abatches\":\n" +
+	"\abatches\x18\x01 \x03(\v2\x14.kvdir.v1.EventBatchR\abatches\x12\x1b\n" +
+	"\tquota_cut\x18\x02 \x03(\x04R\bquotaCut\":\n" +
 	"\fLoadsCommand\x12*\n" +
 	"\x05loads\x18\x01 \x03(\v2\x14.kvdir.v1.WorkerLoadR\x05loads\"c\n" +
 	"\n" +
