@@ -301,6 +301,10 @@ func TestWorkerBlockQuota(t *testing.T) {
 		cfg.WorkerBlockQuota = quota
 		regs[i] = prometheus.NewRegistry()
 		cfg.Registerer = regs[i]
+		// One leader throughout: the stream below goes to one node and an
+		// election under a loaded race-detector run would end it. The
+		// default test timeouts (100 ms) are for tests of elections.
+		cfg.HeartbeatTimeout, cfg.ElectionTimeout = time.Second, time.Second
 	})
 	agent := kvdirv1.NewAgentServiceClient(c.Conn(c.Follower()))
 	r, err := agent.Register(context.Background(), &kvdirv1.RegisterRequest{Worker: spec("w")})
