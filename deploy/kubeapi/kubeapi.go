@@ -4,7 +4,8 @@
 // kvdir's Kubernetes manifests and Helm chart are proven against the API's
 // own validation, not only against the Go types. It speaks plain HTTPS
 // (discovery, PATCH with application/apply-patch+yaml), with no client
-// library.
+// library. The CustomResourceDefinitions it loads are the upstream ones,
+// read from the module cache (ModuleDir).
 package kubeapi
 
 import (
@@ -17,6 +18,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"time"
@@ -229,4 +232,28 @@ func (c *Client) Established(ctx context.Context, name string) (bool, string) {
 		}
 	}
 	return false, fmt.Sprintf("conditions %+v", crd.Status.Conditions)
+}
+
+// ModuleDir returns the module-cache folder of module at the version that
+// the go.mod in modDir requires, and that version, downloading the module
+// from the module proxy first if it is not in the cache (go mod download,
+// which checks the zip against modDir's go.sum).
+func ModuleDir(ctx context.Context, modDir, module string) (dir, version string, err error) {
+	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", module)
+	cmd.Dir = modDir
+	// modDir's own go.mod decides, whatever workspace is around it.
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, runErr := cmd.Output()
+	var m struct {
+		Version, Dir, Error string
+	}
+	if err := json.Unmarshal(out, &m); err != nil {
+		return "", "", fmt.Errorf("go mod download %s in %s: %v: %w\n%s", module, modDir, runErr, err, stderr.Bytes())
+	}
+	if m.Error != "" || runErr != nil || m.Dir == "" {
+		return "", "", fmt.Errorf("go mod download %s in %s: %v: %s\n%s", module, modDir, runErr, m.Error, stderr.Bytes())
+	}
+	return m.Dir, m.Version, nil
 }

@@ -145,8 +145,10 @@ func namespace(name string) []byte {
 	return []byte("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: " + name + "\n")
 }
 
-// TestAPIServerAcceptsManifests starts a real API server, loads the CRDs
-// the chart's optional objects need, and server-side applies, with strict
+// TestAPIServerAcceptsManifests starts a real API server, loads the
+// upstream CRDs the chart's optional objects and the example Gateway need
+// (upstreamCRDs), waits until each is established, and server-side
+// applies, with strict
 // field validation, every object of deploy/k8s (namespace kvdir), the
 // Secrets make deploy-secrets generates, the chart rendered with its
 // defaults and each values file in ci/ (a namespace each), and the example
@@ -162,14 +164,7 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 	c := startAPIServer(t)
 	ctx := context.Background()
 
-	crds, err := os.ReadFile(filepath.Join("testdata", "crds.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	applyAll(t, c, "", "crds.yaml", crds)
-	for _, name := range []string{"inferencepools.inference.networking.k8s.io", "httproutes.gateway.networking.k8s.io", "gateways.gateway.networking.k8s.io", "servicemonitors.monitoring.coreos.com"} {
-		testkit.Eventually(t, 30*time.Second, "CRD "+name+" established", func() (bool, string) { return c.Established(ctx, name) })
-	}
+	loadUpstreamCRDs(t, c)
 
 	// deploy/k8s, as kubectl apply -k would (the kustomization's namespace).
 	kust, _, err := k8s.LoadDir(filepath.Join("..", "k8s"))
@@ -240,6 +235,10 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	mon, err := helm.Template(h, []string{"ci/monitoring-values.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, kind string
 		src        []byte
@@ -251,6 +250,12 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		{"sidecar restart policy", "StatefulSet", sts, "      containers:\n", "      initContainers:\n        - name: bad\n          image: x\n          restartPolicy: Sometimes\n      containers:\n", `Unsupported value: "Sometimes"`},
 		{"pool failure mode", "InferencePool", epp, "failureMode: FailOpen", "failureMode: Sometimes", `Unsupported value: "Sometimes"`},
 		{"pool without a port", "InferencePool", epp, "    port:\n      number: 9002\n", "", "port is required when kind is 'Service'"},
+		{"pool misspelt field", "InferencePool", epp, "  targetPorts:\n", "  targetPort:\n", ".spec.targetPort: field not declared in schema"},
+		{"pool with two target ports", "InferencePool", epp, "    - number: 8000\n", "    - number: 8000\n    - number: 8001\n", "spec.targetPorts: Too many: 2: must have at most 1 item"},
+		{"pool selector label value", "InferencePool", epp, "      app.kubernetes.io/name: vllm\n", "      app.kubernetes.io/name: -vllm\n", `spec.selector.matchLabels.app.kubernetes.io/name in body should match`},
+		{"route path not absolute", "HTTPRoute", epp, "            value: /\n", "            value: v1\n", "value must be an absolute path and start with '/'"},
+		{"route to a Service without a port", "HTTPRoute", epp, "        - group: inference.networking.k8s.io\n          kind: InferencePool\n", "        - kind: Service\n", "Must have port for Service reference"},
+		{"monitor interval", "ServiceMonitor", mon, "      interval: 15s\n", "      interval: 15 seconds\n", `spec.endpoints[0].interval in body should match`},
 		{"gateway route namespaces", "Gateway", gw, "from: Same", "from: Everywhere", `Unsupported value: "Everywhere"`},
 		{"gateway listeners clash", "Gateway", gw, "    - name: http\n", "    - name: web\n      protocol: HTTP\n      port: 80\n    - name: http\n",
 			"Combination of port, protocol and hostname must be unique for each listener"},
@@ -268,6 +273,68 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 			continue
 		}
 		t.Logf("%s: refused: %d %s: %s", tc.name, se.Code, se.Reason, se.Message)
+	}
+}
+
+// upstreamCRDs are the CustomResourceDefinitions that the chart's optional
+// objects (InferencePool, HTTPRoute, ServiceMonitor) and the example
+// Gateway need, the upstream files themselves: each is a file in the zip of
+// a module that deploy/tools/kubeapi's go.mod requires, read from the module
+// cache at that version. GatewayClass comes with Gateway, as in Gateway
+// API's own install.
+var upstreamCRDs = []struct{ module, file, name string }{
+	{"sigs.k8s.io/gateway-api-inference-extension", "config/crd/bases/inference.networking.k8s.io_inferencepools.yaml", "inferencepools.inference.networking.k8s.io"},
+	{"sigs.k8s.io/gateway-api", "config/crd/standard/gateway.networking.k8s.io_gatewayclasses.yaml", "gatewayclasses.gateway.networking.k8s.io"},
+	{"sigs.k8s.io/gateway-api", "config/crd/standard/gateway.networking.k8s.io_gateways.yaml", "gateways.gateway.networking.k8s.io"},
+	{"sigs.k8s.io/gateway-api", "config/crd/standard/gateway.networking.k8s.io_httproutes.yaml", "httproutes.gateway.networking.k8s.io"},
+	{"github.com/prometheus-operator/prometheus-operator", "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml", "servicemonitors.monitoring.coreos.com"},
+}
+
+// loadUpstreamCRDs applies every CRD of upstreamCRDs and waits until each
+// is established.
+func loadUpstreamCRDs(t *testing.T, c *Client) {
+	t.Helper()
+	ctx := context.Background()
+	root, err := testkit.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	modDir := filepath.Join(root, "deploy", "tools", "kubeapi")
+	type module struct{ dir, version string }
+	modules := map[string]module{}
+	for _, crd := range upstreamCRDs {
+		m, ok := modules[crd.module]
+		if !ok {
+			dir, version, err := ModuleDir(ctx, modDir, crd.module)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m = module{dir, version}
+			modules[crd.module] = m
+		}
+		source := crd.module + "@" + m.version + "/" + crd.file
+		b, err := os.ReadFile(filepath.Join(m.dir, filepath.FromSlash(crd.file)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs := k8s.Documents(b)
+		if len(docs) != 1 {
+			t.Fatalf("%s: %d documents, want one CustomResourceDefinition", source, len(docs))
+		}
+		out, err := c.Apply(ctx, "", docs[0])
+		if err != nil {
+			t.Fatalf("%s: %v", source, err)
+		}
+		var stored typeMeta
+		if err := json.Unmarshal(out, &stored); err != nil {
+			t.Fatalf("%s: %v", source, err)
+		}
+		if stored.Kind != "CustomResourceDefinition" || stored.Metadata.Name != crd.name {
+			t.Fatalf("%s: stored %s %s, want CustomResourceDefinition %s", source, stored.Kind, stored.Metadata.Name, crd.name)
+		}
+		began := time.Now()
+		testkit.Eventually(t, 30*time.Second, "CRD "+crd.name+" established", func() (bool, string) { return c.Established(ctx, crd.name) })
+		t.Logf("CRD %s from %s: established after %v", crd.name, source, time.Since(began).Round(time.Millisecond))
 	}
 }
 

@@ -4,14 +4,22 @@
 // k8s.io/kubernetes is not meant to be required as a module: its go.mod
 // points its staging modules at directories inside its own tree, so this
 // module pins each of them to the published version of the same release.
-// etcd is the version k8s.io/kubernetes itself requires.
+// etcd is the version k8s.io/kubernetes itself requires. The test's
+// upstream CRDs come from the zips of the three modules tools.go names
+// beside kube-apiserver, at the versions deploy/README.md tells operators
+// to install. They raise no version of the server's own dependencies
+// (k8s.io/apiextensions-apiserver's require line moves, but the replace
+// below still selects v0.37.2).
 module github.com/kvdir/kvdir/deploy/tools/kubeapi
 
 go 1.26.0
 
 require (
+	github.com/prometheus-operator/prometheus-operator v0.85.0
 	go.etcd.io/etcd/server/v3 v3.7.0
 	k8s.io/kubernetes v1.37.2
+	sigs.k8s.io/gateway-api v1.4.0
+	sigs.k8s.io/gateway-api-inference-extension v1.0.1
 )
 
 require (
@@ -128,7 +136,7 @@ require (
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	k8s.io/api v0.37.2 // indirect
-	k8s.io/apiextensions-apiserver v0.0.0 // indirect
+	k8s.io/apiextensions-apiserver v0.34.1 // indirect
 	k8s.io/apimachinery v0.37.2 // indirect
 	k8s.io/apiserver v0.37.2 // indirect
 	k8s.io/client-go v0.37.2 // indirect
