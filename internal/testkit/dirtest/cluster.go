@@ -112,8 +112,12 @@ func (c *Cluster) config(i int, initial map[string]string) node.Config {
 		LogStore:         c.stores[i],
 		StableStore:      c.stores[i],
 		Snapshots:        c.snaps[i],
-		HeartbeatTimeout: 100 * time.Millisecond,
-		ElectionTimeout:  100 * time.Millisecond,
+		// Short enough for fast elections in failover tests, long enough
+		// that a leader whose lease is half of it (50 ms at 100 ms) does
+		// not step down when a loaded race-detector run delays its
+		// heartbeats: that failed tests not about elections.
+		HeartbeatTimeout: 200 * time.Millisecond,
+		ElectionTimeout:  200 * time.Millisecond,
 		ApplyTimeout:     5 * time.Second,
 		Lease:            time.Minute, // tests of leases set their own
 		MaxStaleness:     time.Second,
