@@ -2,6 +2,7 @@ package radix_test
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"sync"
 	"testing"
@@ -53,6 +54,27 @@ func BenchmarkChurn(b *testing.B) {
 // BenchmarkMatch2048 matches 2,048-block chains of sessions long enough.
 func BenchmarkMatch2048(b *testing.B) {
 	w, x := benchSetup(b)
+	benchMatch(b, w, x)
+}
+
+// BenchmarkMatchPool matches 2,048-block chains on a tenth of the full shape
+// spread over pools of several sizes (same sharing factor).
+func BenchmarkMatchPool(b *testing.B) {
+	for _, n := range []int{64, 1024, 4096, 16384} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			shape := radixtest.Full.Scaled(0.1)
+			shape.Workers = n
+			w := radixtest.Generate(shape)
+			x := radix.New(radix.Options{MaxWorkers: n})
+			if _, err := w.Populate(x); err != nil {
+				b.Fatal(err)
+			}
+			benchMatch(b, w, x)
+		})
+	}
+}
+
+func benchMatch(b *testing.B, w *radixtest.Workload, x *radix.Index) {
 	var chains [][]uint64
 	for i := range w.Sessions {
 		if c := w.Chain(i, 2048); len(c) == 2048 {

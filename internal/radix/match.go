@@ -2,7 +2,6 @@ package radix
 
 import (
 	"fmt"
-	"math/bits"
 	"slices"
 	"strings"
 	"sync"
@@ -24,20 +23,30 @@ type WorkerMatch struct {
 	GPUOrCPU int
 }
 
+// matchRow is a worker still being followed along a chain: its result row
+// and the depths it still extends (bit m: medium m; catFast; catAny).
+type matchRow struct {
+	slot int32
+	row  int32
+	cats uint8
+}
+
+// Row categories: one per medium, then GPU-or-CPU, then any medium.
+const (
+	catFast = 1 << NumMedia
+	catAny  = 1 << (NumMedia + 1)
+)
+
+// fastMedia are the media whose holdings count towards GPUOrCPU.
+const fastMedia = 1<<GPU | 1<<CPU
+
 // matchScratch holds a Match's per-call buffers.
 type matchScratch struct {
-	alive [NumMedia + 2][]uint64 // [0]: any medium; [1+m]: medium m; [fastSet]: GPU or CPU
-	pos   []int32                // worker slot -> index in the result, or -1
+	rows  []matchRow
+	union []int32
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(matchScratch) }}
-
-// fastSet is the index of the GPU-or-CPU set in matchScratch.alive and
-// recordDepth.
-const fastSet = NumMedia + 1
-
-// fastMedium reports whether m counts towards WorkerMatch.GPUOrCPU.
-func fastMedium(m int) bool { return m == int(GPU) || m == int(CPU) }
 
 // Match returns, for every worker that holds the chain's first block, how
 // many consecutive blocks of the chain it holds, sorted by Blocks (most
@@ -48,6 +57,14 @@ func (x *Index) Match(chain []uint64) ([]WorkerMatch, error) {
 }
 
 // MatchInto is Match appending to dst, for callers that reuse buffers.
+//
+// The walk keeps the holder sets of the block it stands on. Along a run of
+// blocks whose sets do not change (a session held by the same workers) it
+// only compares hashes and set ids; where a set changes, each worker still
+// followed is looked up in the new sets, and those that no longer hold the
+// block get their depth. The cost is thus the chain's length plus, at each
+// change of holders, the number of workers still followed: it does not
+// depend on the size of the pool.
 func (x *Index) MatchInto(dst []WorkerMatch, chain []uint64) ([]WorkerMatch, error) {
 	dst = dst[:0]
 	if len(chain) > x.opts.MaxChain {
@@ -64,52 +81,28 @@ func (x *Index) MatchInto(dst []WorkerMatch, chain []uint64) ([]WorkerMatch, err
 	}
 	sc := scratchPool.Get().(*matchScratch)
 	defer scratchPool.Put(sc)
-	w := x.w
-	for i := range sc.alive {
-		sc.alive[i] = slices.Grow(sc.alive[i][:0], w)[:w]
-		clear(sc.alive[i])
-	}
-	if cap(sc.pos) < len(x.workers) {
-		sc.pos = make([]int32, len(x.workers))
-	}
-	pos := sc.pos[:len(x.workers)]
 
 	s, o := x.segs[l.seg()], l.off()
-	any := sc.alive[0]
-	fast := sc.alive[fastSet]
-	for m := 0; m < NumMedia; m++ {
-		if mask := s.masks[m]; mask != nil {
-			copy(sc.alive[1+m], mask[o*w:o*w+w])
-			for k := range any {
-				any[k] |= mask[o*w+k]
-				if fastMedium(m) {
-					fast[k] |= mask[o*w+k]
-				}
-			}
+	var cur [NumMedia]setID
+	for m, ids := range s.sets {
+		if ids != nil {
+			cur[m] = ids[o]
 		}
 	}
 	// Every worker that holds block 0 gets a result row.
-	for k, v := range any {
-		for ; v != 0; v &= v - 1 {
-			slot := k*64 + bits.TrailingZeros64(v)
-			pos[slot] = int32(len(dst))
-			dst = append(dst, WorkerMatch{Worker: x.workers[slot].name})
-		}
+	sc.union = x.unionOf(sc.union[:0], &cur)
+	rows := sc.rows[:0]
+	for _, slot := range sc.union {
+		rows = append(rows, matchRow{slot: slot, row: int32(len(dst)), cats: x.heldCats(&cur, slot)})
+		dst = append(dst, WorkerMatch{Worker: x.workers[slot].name})
 	}
-	var depth int
-	if w == 1 {
-		depth = x.walk1(sc, dst, pos, chain, s, o)
-	} else {
-		depth = x.walkN(sc, dst, pos, chain, s, o)
+	depth := 1
+	rows = x.walk(dst, rows, chain, &depth, s, o, cur)
+	// Whoever is still followed holds the whole walked prefix.
+	for _, r := range rows {
+		setDepths(&dst[r.row], r.cats, depth)
 	}
-	// Whoever is still alive holds the whole walked prefix.
-	for i, a := range sc.alive {
-		for k, v := range a {
-			if v != 0 {
-				recordDepth(dst, pos, k, v, depth, i)
-			}
-		}
-	}
+	sc.rows = rows[:0]
 	slices.SortFunc(dst, func(a, b WorkerMatch) int {
 		if a.Blocks != b.Blocks {
 			return b.Blocks - a.Blocks
@@ -117,6 +110,138 @@ func (x *Index) MatchInto(dst []WorkerMatch, chain []uint64) ([]WorkerMatch, err
 		return strings.Compare(a.Worker, b.Worker)
 	})
 	return dst, nil
+}
+
+// walk follows the chain from block 1 on, standing on block 0 at (s, o)
+// with holder sets cur, and returns the rows still followed; *depth is left
+// at the number of blocks walked.
+func (x *Index) walk(dst []WorkerMatch, rows []matchRow, chain []uint64, depth *int, s *segment, o int, cur [NumMedia]setID) []matchRow {
+	d := *depth
+	defer func() { *depth = d }()
+	// The media the current segment has arrays for; with one (the common
+	// case) a run is scanned by a tight loop.
+	single := -1
+	media := func() {
+		single = -1
+		n := 0
+		for m, ids := range s.sets {
+			if ids != nil {
+				single = m
+				n++
+			}
+		}
+		if n != 1 {
+			single = -1
+		}
+	}
+	media()
+	for d < len(chain) {
+		if single >= 0 && o+1 < len(s.hashes) {
+			// Stay in the run while the hashes match and the holders do
+			// not change.
+			lim := min(len(s.hashes)-(o+1), len(chain)-d)
+			run, want, ids := s.hashes[o+1:o+1+lim], chain[d:d+lim], s.sets[single][o+1:o+1+lim]
+			c := cur[single]
+			i := 0
+			for i < lim && run[i] == want[i] && ids[i] == c {
+				i++
+			}
+			o += i
+			if d += i; d == len(chain) {
+				break
+			}
+		}
+		ns, no, ok := x.next(chain, d, s, o)
+		if !ok {
+			break
+		}
+		if ns != s {
+			s = ns
+			media()
+		}
+		o = no
+		var ids [NumMedia]setID
+		for m, a := range s.sets {
+			if a != nil {
+				ids[m] = a[o]
+			}
+		}
+		if ids != cur {
+			cur = ids
+			if rows = x.refine(dst, rows, &cur, d); len(rows) == 0 {
+				break
+			}
+		}
+		d++
+	}
+	return rows
+}
+
+// refine looks each followed row up in the holder sets cur of the block at
+// depth d: categories the row no longer extends get depth d, and rows that
+// hold the block on no medium are dropped.
+func (x *Index) refine(dst []WorkerMatch, rows []matchRow, cur *[NumMedia]setID, d int) []matchRow {
+	kept := rows[:0]
+	for _, r := range rows {
+		c := r.cats & x.heldCats(cur, r.slot)
+		if gone := r.cats &^ c; gone != 0 {
+			setDepths(&dst[r.row], gone, d)
+		}
+		if c&catAny != 0 {
+			r.cats = c
+			kept = append(kept, r)
+		}
+	}
+	return kept
+}
+
+// heldCats returns the categories in which slot holds a block whose holder
+// sets are cur.
+func (x *Index) heldCats(cur *[NumMedia]setID, slot int32) uint8 {
+	var held uint8
+	for m, id := range cur {
+		if id != 0 && x.hs.contains(id, slot) {
+			held |= 1 << m
+		}
+	}
+	if held&fastMedia != 0 {
+		held |= catFast
+	}
+	if held != 0 {
+		held |= catAny
+	}
+	return held
+}
+
+// unionOf appends the union of the sets' slots, ascending, to dst.
+func (x *Index) unionOf(dst []int32, cur *[NumMedia]setID) []int32 {
+	n := 0
+	for _, id := range cur {
+		if id != 0 {
+			dst = append(dst, x.hs.slots(id)...)
+			n++
+		}
+	}
+	if n > 1 {
+		slices.Sort(dst)
+		dst = slices.Compact(dst)
+	}
+	return dst
+}
+
+// setDepths sets depth d in r for the categories cats.
+func setDepths(r *WorkerMatch, cats uint8, d int) {
+	for m := range NumMedia {
+		if cats&(1<<m) != 0 {
+			r.Media[m] = d
+		}
+	}
+	if cats&catFast != 0 {
+		r.GPUOrCPU = d
+	}
+	if cats&catAny != 0 {
+		r.Blocks = d
+	}
 }
 
 // next returns the location of chain[depth], the block after the one at
@@ -131,165 +256,4 @@ func (x *Index) next(chain []uint64, depth int, s *segment, o int) (*segment, in
 		return nil, 0, false
 	}
 	return x.segs[l.seg()], l.off(), true
-}
-
-// walk1 is the walk for indexes of at most 64 workers (one mask word per
-// block). It returns the depth reached, having recorded the depth of every
-// worker that dropped out before it.
-func (x *Index) walk1(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []uint64, s *segment, o int) int {
-	alive, aliveF := sc.alive[0][0], sc.alive[fastSet][0]
-	var aliveM [NumMedia]uint64
-	for m := range aliveM {
-		aliveM[m] = sc.alive[1+m][0]
-	}
-	defer func() {
-		sc.alive[0][0], sc.alive[fastSet][0] = alive, aliveF
-		for m := range aliveM {
-			sc.alive[1+m][0] = aliveM[m]
-		}
-	}()
-	var present [NumMedia]int
-	np := 0
-	depth := 1
-	for ; depth < len(chain); depth++ {
-		if np == 1 {
-			// Fast path: the rest of a single-medium run, compared
-			// block by block without leaving the segment's arrays.
-			m := present[0]
-			lim := min(len(s.hashes)-(o+1), len(chain)-depth)
-			run, want, mk := s.hashes[o+1:o+1+lim], chain[depth:depth+lim], s.masks[m][o+1:o+1+lim]
-			if aliveF != 0 && !fastMedium(m) && lim > 0 && run[0] == want[0] {
-				// Blocks held on a slow medium only: the GPU-or-CPU run ends.
-				recordDepth(dst, pos, 0, aliveF, depth, fastSet)
-				aliveF = 0
-			}
-			i := 0
-			for ; i < lim && run[i] == want[i]; i++ {
-				mw := mk[i]
-				if alive&^mw == 0 {
-					continue
-				}
-				if gone := aliveM[m] &^ mw; gone != 0 {
-					recordDepth(dst, pos, 0, gone, depth+i, 1+m)
-					aliveM[m] &= mw
-				}
-				if gone := aliveF &^ mw; gone != 0 {
-					recordDepth(dst, pos, 0, gone, depth+i, fastSet)
-					aliveF &= mw
-				}
-				recordDepth(dst, pos, 0, alive&^mw, depth+i, 0)
-				if alive &= mw; alive == 0 {
-					return depth + i
-				}
-			}
-			o += i
-			if depth += i; depth == len(chain) {
-				break
-			}
-		}
-		ns, no, ok := x.next(chain, depth, s, o)
-		if !ok {
-			break
-		}
-		if ns != s || np == 0 {
-			// Entering a segment: workers alive on a medium the segment has
-			// no mask for drop out of that medium here.
-			np = 0
-			for m := range NumMedia {
-				if ns.masks[m] != nil {
-					present[np] = m
-					np++
-				} else if aliveM[m] != 0 {
-					recordDepth(dst, pos, 0, aliveM[m], depth, 1+m)
-					aliveM[m] = 0
-				}
-			}
-		}
-		s, o = ns, no
-		var held, heldF uint64
-		for _, m := range present[:np] {
-			mw := s.masks[m][o]
-			held |= mw
-			if fastMedium(m) {
-				heldF |= mw
-			}
-			if gone := aliveM[m] &^ mw; gone != 0 {
-				recordDepth(dst, pos, 0, gone, depth, 1+m)
-				aliveM[m] &= mw
-			}
-		}
-		if gone := aliveF &^ heldF; gone != 0 {
-			recordDepth(dst, pos, 0, gone, depth, fastSet)
-			aliveF &= heldF
-		}
-		if gone := alive &^ held; gone != 0 {
-			recordDepth(dst, pos, 0, gone, depth, 0)
-			if alive &= held; alive == 0 {
-				break
-			}
-		}
-	}
-	return depth
-}
-
-// walkN is walk1 for any number of mask words.
-func (x *Index) walkN(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []uint64, s *segment, o int) int {
-	w := x.w
-	anyAlive, fastAlive := sc.alive[0], sc.alive[fastSet]
-	depth := 1
-	for ; depth < len(chain); depth++ {
-		ns, no, ok := x.next(chain, depth, s, o)
-		if !ok {
-			break
-		}
-		s, o = ns, no
-		alive := false
-		for k := range w {
-			var held, heldF uint64
-			for m := range NumMedia {
-				var mw uint64
-				if mask := s.masks[m]; mask != nil {
-					mw = mask[o*w+k]
-				}
-				held |= mw
-				if fastMedium(m) {
-					heldF |= mw
-				}
-				am := sc.alive[1+m]
-				if gone := am[k] &^ mw; gone != 0 {
-					recordDepth(dst, pos, k, gone, depth, 1+m)
-					am[k] &= mw
-				}
-			}
-			if gone := fastAlive[k] &^ heldF; gone != 0 {
-				recordDepth(dst, pos, k, gone, depth, fastSet)
-				fastAlive[k] &= heldF
-			}
-			if gone := anyAlive[k] &^ held; gone != 0 {
-				recordDepth(dst, pos, k, gone, depth, 0)
-				anyAlive[k] &= held
-			}
-			alive = alive || anyAlive[k] != 0
-		}
-		if !alive {
-			break
-		}
-	}
-	return depth
-}
-
-// recordDepth sets depth for the workers in bits (word k): into Blocks when
-// which is 0, GPUOrCPU when it is fastSet, into Media[which-1] otherwise.
-func recordDepth(dst []WorkerMatch, pos []int32, k int, v uint64, depth, which int) {
-	for ; v != 0; v &= v - 1 {
-		r := &dst[pos[k*64+bits.TrailingZeros64(v)]]
-		switch which {
-		case 0:
-			r.Blocks = depth
-		case fastSet:
-			r.GPUOrCPU = depth
-		default:
-			r.Media[which-1] = depth
-		}
-	}
 }
