@@ -71,7 +71,7 @@ type Options struct {
 	// MaxOrphanBlocks bounds the blocks kept in detached (out-of-order) pieces
 	// (default 1,048,576).
 	MaxOrphanBlocks int
-	// MaxWorkers bounds the number of distinct workers (default 4,096). A
+	// MaxWorkers bounds the number of distinct workers (default 65,536). A
 	// block's cost follows the workers that hold it, not this bound.
 	MaxWorkers int
 }
@@ -80,7 +80,7 @@ type Options struct {
 const (
 	DefaultMaxChain        = 1 << 16
 	DefaultMaxOrphanBlocks = 1 << 20
-	DefaultMaxWorkers      = 1 << 12
+	DefaultMaxWorkers      = 1 << 16
 	maxWorkerName          = 1 << 10
 )
 
