@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -116,4 +117,47 @@ func BenchmarkSnapshotRead(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkWidePrefix is the holder sets' worst shape: a 512-block prefix
+// held by a whole pool, each worker holding a prefix of its own length (as
+// staggered LRU evictions leave it), so that every block has its own large
+// holder set. It reports the index's live heap per (block, worker) entry and
+// times the match of the whole prefix.
+func BenchmarkWidePrefix(b *testing.B) {
+	for _, n := range []int{64, 1024, 4096, 16384} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			const blocks = 512
+			chain := make([]uint64, blocks)
+			for i := range chain {
+				chain[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+			}
+			before := liveHeap()
+			x := radix.New(radix.Options{MaxWorkers: n})
+			for w := range n {
+				if err := x.Insert(radixtest.WorkerName(w), radix.Root, chain[:blocks-w%blocks], radix.GPU); err != nil {
+					b.Fatal(err)
+				}
+			}
+			heap := liveHeap() - before
+			st := x.Stats()
+			var dst []radix.WorkerMatch
+			var err error
+			for b.Loop() {
+				if dst, err = x.MatchInto(dst, chain); err != nil || len(dst) != n {
+					b.Fatalf("match: %d rows, %v", len(dst), err)
+				}
+			}
+			b.ReportMetric(float64(heap)/float64(st.Entries), "B/entry")
+			b.ReportMetric(float64(st.HolderSets), "sets")
+		})
+	}
+}
+
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
 }

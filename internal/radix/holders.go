@@ -102,8 +102,12 @@ func (t *setTable) remember(from setID, slot int32, add bool, to setID) {
 	t.cache[t.cacheIndex(from, slot)] = transition{from: from, to: to, fromGen: t.sets[from].gen, toGen: t.sets[to].gen, slot: slot, add: add}
 }
 
-// with returns the set of from's slots and slot, which from lacks.
+// with returns the set of from's slots and slot, which from lacks. The
+// caller moves one reference from from to the result.
 func (t *setTable) with(from setID, slot int32) setID {
+	if from != 0 && t.sets[from].refs == 1 {
+		return t.mutate(from, slot, true)
+	}
 	if to, ok := t.cached(from, slot, true); ok {
 		return to
 	}
@@ -118,11 +122,15 @@ func (t *setTable) with(from setID, slot int32) setID {
 	return to
 }
 
-// without returns the set of from's slots but slot, which from holds.
+// without returns the set of from's slots but slot, which from holds. The
+// caller moves one reference from from to the result.
 func (t *setTable) without(from setID, slot int32) setID {
 	old := t.sets[from].slots
 	if len(old) == 1 {
 		return 0
+	}
+	if t.sets[from].refs == 1 {
+		return t.mutate(from, slot, false)
 	}
 	if to, ok := t.cached(from, slot, false); ok {
 		return to
@@ -133,6 +141,54 @@ func (t *setTable) without(from setID, slot int32) setID {
 	to := t.intern(rest, t.sets[from].sum-slotKey(slot))
 	t.remember(from, slot, false, to)
 	return to
+}
+
+// mutate adds slot to (or removes it from) the set id in place: id has one
+// reference, the caller's, which is about to move, so nothing else sees the
+// change. Without it, a block whose set is its own (a shape where every
+// block of a widely held prefix has different holders) would copy its whole
+// set for each holder it gains or loses. If the new contents already exist
+// as another set, that set is returned, and id, unlinked, is freed when the
+// caller drops its reference.
+func (t *setTable) mutate(id setID, slot int32, add bool) setID {
+	t.unlinkSum(id)
+	s := &t.sets[id]
+	i, _ := slices.BinarySearch(s.slots, slot)
+	if add {
+		s.slots = slices.Insert(s.slots, i, slot)
+		s.sum += slotKey(slot)
+	} else {
+		s.slots = slices.Delete(s.slots, i, i+1)
+		s.sum -= slotKey(slot)
+	}
+	switch {
+	case len(s.slots) < bitmapMin:
+		s.bits = nil
+	case s.bits == nil:
+		s.bits = bitmapOf(s.slots)
+	case add:
+		for int(slot>>6) >= len(s.bits) {
+			s.bits = append(s.bits, 0)
+		}
+		s.bits[slot>>6] |= 1 << (slot & 63)
+	default:
+		s.bits[slot>>6] &^= 1 << (slot & 63)
+	}
+	s.gen++ // cached transitions from or to id no longer hold
+	if dup := t.find(s.slots, s.sum); dup != 0 {
+		return dup
+	}
+	s.next = t.bySum[s.sum]
+	t.bySum[s.sum] = id
+	return id
+}
+
+func bitmapOf(slots []int32) []uint64 {
+	bits := make([]uint64, slots[len(slots)-1]/64+1)
+	for _, v := range slots {
+		bits[v>>6] |= 1 << (v & 63)
+	}
+	return bits
 }
 
 // internSlots returns the id of the set of slots (ascending, not empty),
@@ -171,10 +227,7 @@ func (t *setTable) intern(slots []int32, sum uint64) setID {
 	s.slots, s.sum, s.refs = slots, sum, 0
 	s.bits = nil
 	if len(slots) >= bitmapMin {
-		s.bits = make([]uint64, slots[len(slots)-1]/64+1)
-		for _, v := range slots {
-			s.bits[v>>6] |= 1 << (v & 63)
-		}
+		s.bits = bitmapOf(slots)
 	}
 	s.next = t.bySum[sum]
 	t.bySum[sum] = id
@@ -200,8 +253,9 @@ func (t *setTable) unref(id setID) {
 	}
 }
 
-// release frees a set that nothing refers to.
-func (t *setTable) release(id setID) {
+// unlinkSum removes id from the sets found by its content hash, if it is
+// among them.
+func (t *setTable) unlinkSum(id setID) {
 	s := &t.sets[id]
 	if head := t.bySum[s.sum]; head == id {
 		if s.next == 0 {
@@ -217,6 +271,13 @@ func (t *setTable) release(id setID) {
 			}
 		}
 	}
+	s.next = 0
+}
+
+// release frees a set that nothing refers to.
+func (t *setTable) release(id setID) {
+	t.unlinkSum(id)
+	s := &t.sets[id]
 	s.slots, s.bits, s.next, s.refs = nil, nil, 0, 0
 	s.gen++
 	t.free = append(t.free, id)

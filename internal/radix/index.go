@@ -695,12 +695,14 @@ func (x *Index) dropSubtree(root int32) {
 	for i := len(order) - 1; i >= 0; i-- {
 		id := order[i]
 		s := x.segs[id]
+		var holders []int32
 		for m := Medium(0); m < NumMedia; m++ {
 			ids := s.sets[m]
 			for o := range ids {
-				// The set's slot list stays valid while unset moves the
-				// block to smaller sets.
-				for _, slot := range x.hs.slots(ids[o]) {
+				// A copy: unset may change a set held by this block
+				// alone in place.
+				holders = append(holders[:0], x.hs.slots(ids[o])...)
+				for _, slot := range holders {
 					x.unset(at(id, o), slot, m)
 				}
 			}

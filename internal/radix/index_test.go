@@ -169,6 +169,25 @@ func TestOrphanLimitDropsOldestFirst(t *testing.T) {
 	checkInvariants(t, x)
 }
 
+// TestOrphanLimitDropsSharedPieces drops detached pieces that several
+// workers hold, with holder sets of their own that change in place.
+func TestOrphanLimitDropsSharedPieces(t *testing.T) {
+	x := New(Options{MaxOrphanBlocks: 40})
+	for i := range 6 {
+		piece := chainOf(uint64(40+i), 10)
+		for w := range 3 + i {
+			// Each worker holds a prefix of its own length: the tail
+			// blocks have holder sets of their own.
+			must(t, x.Insert(fmt.Sprintf("w%d-%d", i, w), uint64(0xd00+i), piece[:10-w], GPU))
+		}
+		checkInvariants(t, x)
+	}
+	st := x.Stats()
+	if st.OrphanBlocks > 40 || st.DroppedOrphanBlocks == 0 || st.OrphanBlocks+st.DroppedOrphanBlocks != 60 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
 func TestBadInput(t *testing.T) {
 	x := New(Options{MaxChain: 8, MaxWorkers: 2})
 	c := chainOf(6, 9)
