@@ -1,6 +1,7 @@
 package radix
 
 import (
+	"math/bits"
 	"slices"
 )
 
@@ -141,6 +142,28 @@ func (t *setTable) without(from setID, slot int32) setID {
 	to := t.intern(rest, t.sets[from].sum-slotKey(slot))
 	t.remember(from, slot, false, to)
 	return to
+}
+
+// leaving calls f for every slot of set a that set b lacks: word by word
+// when both are bitmaps, else by looking a's slots up in b.
+func (t *setTable) leaving(a, b setID, f func(slot int32)) {
+	sa, sb := &t.sets[a], &t.sets[b]
+	if sa.bits != nil && sb.bits != nil {
+		for k, v := range sa.bits {
+			if k < len(sb.bits) {
+				v &^= sb.bits[k]
+			}
+			for ; v != 0; v &= v - 1 {
+				f(int32(k*64 + bits.TrailingZeros64(v)))
+			}
+		}
+		return
+	}
+	for _, slot := range sa.slots {
+		if !t.contains(b, slot) {
+			f(slot)
+		}
+	}
 }
 
 // mutate adds slot to (or removes it from) the set id in place: id has one

@@ -60,11 +60,12 @@ func (x *Index) Match(chain []uint64) ([]WorkerMatch, error) {
 //
 // The walk keeps the holder sets of the block it stands on. Along a run of
 // blocks whose sets do not change (a session held by the same workers) it
-// only compares hashes and set ids; where a set changes, each worker still
-// followed is looked up in the new sets, and those that no longer hold the
-// block get their depth. The cost is thus the chain's length plus, at each
-// change of holders, the number of workers still followed: it does not
-// depend on the size of the pool.
+// only compares hashes and set ids. Where a medium's set changes, only the
+// workers that left it can lose a depth: they are enumerated (the old set
+// less the new one) and looked up in the block's sets. The cost is thus the
+// chain's length plus, at each change of holders, the size of the old set
+// (or its bitmap's words): it does not depend on the size of the pool, nor
+// on the number of workers still followed.
 func (x *Index) MatchInto(dst []WorkerMatch, chain []uint64) ([]WorkerMatch, error) {
 	dst = dst[:0]
 	if len(chain) > x.opts.MaxChain {
@@ -97,10 +98,12 @@ func (x *Index) MatchInto(dst []WorkerMatch, chain []uint64) ([]WorkerMatch, err
 		dst = append(dst, WorkerMatch{Worker: x.workers[slot].name})
 	}
 	depth := 1
-	rows = x.walk(dst, rows, chain, &depth, s, o, cur)
+	x.walk(dst, rows, chain, &depth, s, o, cur)
 	// Whoever is still followed holds the whole walked prefix.
 	for _, r := range rows {
-		setDepths(&dst[r.row], r.cats, depth)
+		if r.cats != 0 {
+			setDepths(&dst[r.row], r.cats, depth)
+		}
 	}
 	sc.rows = rows[:0]
 	slices.SortFunc(dst, func(a, b WorkerMatch) int {
@@ -113,10 +116,12 @@ func (x *Index) MatchInto(dst []WorkerMatch, chain []uint64) ([]WorkerMatch, err
 }
 
 // walk follows the chain from block 1 on, standing on block 0 at (s, o)
-// with holder sets cur, and returns the rows still followed; *depth is left
-// at the number of blocks walked.
-func (x *Index) walk(dst []WorkerMatch, rows []matchRow, chain []uint64, depth *int, s *segment, o int, cur [NumMedia]setID) []matchRow {
+// with holder sets cur. rows are the workers followed, ascending by slot;
+// a row whose categories all end is left with none. *depth is left at the
+// number of blocks walked.
+func (x *Index) walk(dst []WorkerMatch, rows []matchRow, chain []uint64, depth *int, s *segment, o int, cur [NumMedia]setID) {
 	d := *depth
+	alive := len(rows)
 	defer func() { *depth = d }()
 	// The media the current segment has arrays for; with one (the common
 	// case) a run is scanned by a tight loop.
@@ -167,32 +172,44 @@ func (x *Index) walk(dst []WorkerMatch, rows []matchRow, chain []uint64, depth *
 			}
 		}
 		if ids != cur {
+			prev := cur
 			cur = ids
-			if rows = x.refine(dst, rows, &cur, d); len(rows) == 0 {
+			if alive -= x.refine(dst, rows, &prev, &cur, d); alive == 0 {
 				break
 			}
 		}
 		d++
 	}
-	return rows
 }
 
-// refine looks each followed row up in the holder sets cur of the block at
-// depth d: categories the row no longer extends get depth d, and rows that
-// hold the block on no medium are dropped.
-func (x *Index) refine(dst []WorkerMatch, rows []matchRow, cur *[NumMedia]setID, d int) []matchRow {
-	kept := rows[:0]
-	for _, r := range rows {
-		c := r.cats & x.heldCats(cur, r.slot)
+// refine updates the rows for the block at depth d, whose holder sets are
+// cur where the block before had prev. A row can only lose medium m's
+// depth if its worker is in prev[m] but not in cur[m] (it held the block
+// before on m), and only lose GPUOrCPU or Blocks if it lost some medium:
+// so only the workers leaving some set are looked at. It returns the number
+// of rows that lost their last category.
+func (x *Index) refine(dst []WorkerMatch, rows []matchRow, prev, cur *[NumMedia]setID, d int) int {
+	ended := 0
+	visit := func(slot int32) {
+		i, ok := slices.BinarySearchFunc(rows, slot, func(r matchRow, s int32) int { return int(r.slot) - int(s) })
+		if !ok || rows[i].cats == 0 {
+			return
+		}
+		r := &rows[i]
+		c := r.cats & x.heldCats(cur, slot)
 		if gone := r.cats &^ c; gone != 0 {
 			setDepths(&dst[r.row], gone, d)
-		}
-		if c&catAny != 0 {
-			r.cats = c
-			kept = append(kept, r)
+			if r.cats = c; c == 0 {
+				ended++
+			}
 		}
 	}
-	return kept
+	for m := range NumMedia {
+		if a, b := prev[m], cur[m]; a != b && a != 0 {
+			x.hs.leaving(a, b, visit)
+		}
+	}
+	return ended
 }
 
 // heldCats returns the categories in which slot holds a block whose holder
