@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -429,6 +430,9 @@ func withChecksum(b []byte) []byte {
 func FuzzSnapshotReader(f *testing.F) {
 	f.Add(smallSnapshot(f))
 	f.Add([]byte(snapshotMagic))
+	if b, err := os.ReadFile(v1SnapshotFile); err == nil {
+		f.Add(b) // the version 1 reader too
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, in := range [][]byte{data, withChecksum(data)} {
 			x, err := ReadSnapshot(bytes.NewReader(in), Options{MaxWorkers: 256})

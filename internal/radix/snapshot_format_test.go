@@ -2,6 +2,7 @@ package radix
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -92,5 +93,40 @@ func TestReadV1Snapshot(t *testing.T) {
 	}
 	if x.Digest() != y.Digest() {
 		t.Fatal("restored index diverged from the built one")
+	}
+}
+
+// TestSnapshotRejectsBadHolderSets corrupts a version 2 snapshot's holder
+// set records, with the checksum recomputed, so that only the structural
+// checks can refuse it.
+func TestSnapshotRejectsBadHolderSets(t *testing.T) {
+	x := New(Options{})
+	c := chainOf(70, 6)
+	must(t, x.Insert("a", Root, c, GPU))
+	must(t, x.Insert("b", Root, c[:3], GPU))
+	var buf bytes.Buffer
+	_, err := x.WriteSnapshot(&buf)
+	must(t, err)
+	good := buf.Bytes()
+	// Header (24 bytes), then the workers' records: 'W', u32 slot, name
+	// length, name.
+	h := 24 + 2*(1+4+1+1)
+	if good[h] != 'H' || good[h+1] == 0 {
+		t.Fatalf("no holder set record at %d: %q", h, good[h:h+4])
+	}
+	for name, corrupt := range map[string]func(b []byte){
+		"unknown slot":         func(b []byte) { b[h+2] = 9 },
+		"more sets announced":  func(b []byte) { b[12]++ },
+		"fewer sets announced": func(b []byte) { b[12]-- },
+		"empty set":            func(b []byte) { b[h+1] = 0 },
+	} {
+		b := bytes.Clone(good)
+		corrupt(b)
+		if _, err := ReadSnapshot(bytes.NewReader(withChecksum(b)), Options{}); !errors.Is(err, ErrCorruptSnapshot) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if _, err := ReadSnapshot(bytes.NewReader(withChecksum(good)), Options{}); err != nil {
+		t.Fatalf("the uncorrupted snapshot: %v", err)
 	}
 }
