@@ -164,6 +164,13 @@ bench-index: ## Index and hashing figures at full scale -> bench/results/index.j
 	@mkdir -p $(dir $(BENCH_OUT))
 	$(GO) run ./bench/cmd/kvbench index --out $(BENCH_OUT)
 
+.PHONY: bench-index-workers
+bench-index-workers: ## Index figures on 2 M entries over pools of 64 to 16,384 workers -> bench/results/index-workers-N.json
+	@for n in 64 1024 4096 16384; do \
+	  $(GO) run ./bench/cmd/kvbench index --scale 0.2 --goradix-scale -1 --matches 100000 --churn-events 2000000 \
+	    --workers $$n --out bench/results/index-workers-$$n.json || exit 1; \
+	done
+
 .PHONY: bench-directory-quota
 bench-directory-quota: ## 3 directory processes, one worker flooded past its block quota -> bench/results/directory-quota.json
 	$(GO) run ./bench/cmd/kvbench directory --block-quota

@@ -50,7 +50,10 @@ type Options struct {
 	GoRadixScale float64
 	// ChainBlocks is the length of the matched chains, in blocks.
 	ChainBlocks int
-	Log         *slog.Logger
+	// Workers is the pool size the contents are spread over (0: the full
+	// shape's 64); the sharing factor stays the same.
+	Workers int
+	Log     *slog.Logger
 }
 
 // Defaults are the options of the committed figures.
@@ -183,9 +186,13 @@ func measure(ctx context.Context, cfg Options) (*Measures, error) {
 	log.Info("content hash", "hash_32k_tokens_us", res.Hash32kUs)
 
 	shape := radixtest.Full.Scaled(cfg.Scale)
+	if cfg.Workers > 0 {
+		shape.Workers = cfg.Workers
+	}
 	wl := radixtest.Generate(shape)
+	iopts := radix.Options{MaxWorkers: max(shape.Workers, radix.DefaultMaxWorkers)}
 	heapBefore := liveHeap()
-	x := radix.New(radix.Options{})
+	x := radix.New(iopts)
 	start := time.Now()
 	events, err := wl.Populate(x)
 	if err != nil {
@@ -234,7 +241,7 @@ func measure(ctx context.Context, cfg Options) (*Measures, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := snapshots(x, res); err != nil {
+	if err := snapshots(x, iopts, res); err != nil {
 		return nil, fmt.Errorf("snapshots: %w", err)
 	}
 	log.Info("snapshot", "bytes", res.SnapshotBytes, "write_mb_s", res.SnapshotWriteMBs, "read_mb_s", res.SnapshotReadMBs)
@@ -376,7 +383,7 @@ func timeMatches(wl *radixtest.Workload, x *radix.Index, chains [][]uint64, n, w
 	return lat, float64(written) / time.Since(start).Seconds(), werr
 }
 
-func snapshots(x *radix.Index, res *Measures) error {
+func snapshots(x *radix.Index, opts radix.Options, res *Measures) error {
 	var buf bytes.Buffer
 	n, err := x.WriteSnapshot(&buf)
 	if err != nil {
@@ -392,7 +399,7 @@ func snapshots(x *radix.Index, res *Measures) error {
 		}
 		w = append(w, time.Since(t))
 		t = time.Now()
-		y, err := radix.ReadSnapshot(bytes.NewReader(buf.Bytes()), radix.Options{})
+		y, err := radix.ReadSnapshot(bytes.NewReader(buf.Bytes()), opts)
 		if err != nil {
 			return err
 		}

@@ -66,7 +66,7 @@ func TestDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.ID != "n1" || !cfg.Bootstrap || cfg.FSM.MaxSessions != 1_000_000 || cfg.FSM.Index.MaxWorkers != 4096 || cfg.TLS != nil {
+	if cfg.ID != "n1" || !cfg.Bootstrap || cfg.FSM.MaxSessions != 1_000_000 || cfg.FSM.Index.MaxWorkers != 65536 || cfg.TLS != nil {
 		t.Errorf("node config: %+v", cfg)
 	}
 }

@@ -2,7 +2,9 @@ package radix_test
 
 import (
 	"bytes"
+	"fmt"
 	"io"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -53,6 +55,27 @@ func BenchmarkChurn(b *testing.B) {
 // BenchmarkMatch2048 matches 2,048-block chains of sessions long enough.
 func BenchmarkMatch2048(b *testing.B) {
 	w, x := benchSetup(b)
+	benchMatch(b, w, x)
+}
+
+// BenchmarkMatchPool matches 2,048-block chains on a tenth of the full shape
+// spread over pools of several sizes (same sharing factor).
+func BenchmarkMatchPool(b *testing.B) {
+	for _, n := range []int{64, 1024, 4096, 16384} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			shape := radixtest.Full.Scaled(0.1)
+			shape.Workers = n
+			w := radixtest.Generate(shape)
+			x := radix.New(radix.Options{MaxWorkers: n})
+			if _, err := w.Populate(x); err != nil {
+				b.Fatal(err)
+			}
+			benchMatch(b, w, x)
+		})
+	}
+}
+
+func benchMatch(b *testing.B, w *radixtest.Workload, x *radix.Index) {
 	var chains [][]uint64
 	for i := range w.Sessions {
 		if c := w.Chain(i, 2048); len(c) == 2048 {
@@ -94,4 +117,47 @@ func BenchmarkSnapshotRead(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkWidePrefix is the holder sets' worst shape: a 512-block prefix
+// held by a whole pool, each worker holding a prefix of its own length (as
+// staggered LRU evictions leave it), so that every block has its own large
+// holder set. It reports the index's live heap per (block, worker) entry and
+// times the match of the whole prefix.
+func BenchmarkWidePrefix(b *testing.B) {
+	for _, n := range []int{64, 1024, 4096, 16384} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			const blocks = 512
+			chain := make([]uint64, blocks)
+			for i := range chain {
+				chain[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+			}
+			before := liveHeap()
+			x := radix.New(radix.Options{MaxWorkers: n})
+			for w := range n {
+				if err := x.Insert(radixtest.WorkerName(w), radix.Root, chain[:blocks-w%blocks], radix.GPU); err != nil {
+					b.Fatal(err)
+				}
+			}
+			heap := liveHeap() - before
+			st := x.Stats()
+			var dst []radix.WorkerMatch
+			var err error
+			for b.Loop() {
+				if dst, err = x.MatchInto(dst, chain); err != nil || len(dst) != n {
+					b.Fatalf("match: %d rows, %v", len(dst), err)
+				}
+			}
+			b.ReportMetric(float64(heap)/float64(st.Entries), "B/entry")
+			b.ReportMetric(float64(st.HolderSets), "sets")
+		})
+	}
+}
+
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
 }

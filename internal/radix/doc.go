@@ -15,10 +15,13 @@
 // walking a segment's contiguous hash array, with a table look-up only where the
 // chain leaves a segment.
 //
-// Workers are given dense slots; each block carries, per storage medium (GPU,
-// CPU, disk, remote), a bitmask of the worker slots that hold it there. Match
-// therefore costs one AND per block and mask word, whatever the number of
-// workers that share the prefix.
+// Workers are given dense slots; each block refers, per storage medium (GPU,
+// CPU, disk, remote), to the interned set of the worker slots that hold it
+// there. A set is stored once however many blocks share it (a session's
+// blocks all share their holders'), so a block costs a 4-byte set id per
+// medium in use whatever the size of the pool. Match walks a run of blocks
+// comparing hashes and set ids, and does more only where the holders change:
+// its cost follows the chain and its holders, not the pool.
 //
 // # Out-of-order pieces
 //

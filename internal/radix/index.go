@@ -3,7 +3,6 @@ package radix
 import (
 	"errors"
 	"fmt"
-	"math/bits"
 	"strings"
 	"sync"
 )
@@ -72,7 +71,8 @@ type Options struct {
 	// MaxOrphanBlocks bounds the blocks kept in detached (out-of-order) pieces
 	// (default 1,048,576).
 	MaxOrphanBlocks int
-	// MaxWorkers bounds the number of distinct workers (default 4,096).
+	// MaxWorkers bounds the number of distinct workers (default 65,536). A
+	// block's cost follows the workers that hold it, not this bound.
 	MaxWorkers int
 }
 
@@ -80,7 +80,7 @@ type Options struct {
 const (
 	DefaultMaxChain        = 1 << 16
 	DefaultMaxOrphanBlocks = 1 << 20
-	DefaultMaxWorkers      = 1 << 12
+	DefaultMaxWorkers      = 1 << 16
 	maxWorkerName          = 1 << 10
 )
 
@@ -110,9 +110,10 @@ const (
 // segment is a run of blocks, each the parent of the next.
 type segment struct {
 	hashes []uint64
-	// masks[m] holds, for each block, w words of worker-slot bits for medium
-	// m; nil when no block of the segment was ever held on m.
-	masks      [NumMedia][]uint64
+	// sets[m] holds, for each block, the holder set of the workers that
+	// hold it on medium m (0: none); nil when no block of the segment was
+	// ever held on m.
+	sets       [NumMedia][]setID
 	parentHash uint64 // parent of hashes[0]; Root for chains' first blocks
 	parent     int32  // parent segment, parentRoot or parentDetached
 	parentOff  int32  // offset of the parent block in the parent segment
@@ -149,7 +150,7 @@ type Index struct {
 	wmu sync.Mutex   // serialises writers
 	mu  sync.RWMutex // guards everything below against readers
 
-	w        int // mask words per block
+	hs       setTable // interned holder sets
 	segs     []*segment
 	free     []int32
 	locs     blockTable
@@ -159,7 +160,6 @@ type Index struct {
 
 	workers []*worker // by slot; nil when free
 	byName  map[string]int32
-	known   []uint64 // slots read so far, while a snapshot is being read
 
 	usedMedia    uint8 // bit m set once any block was held on medium m
 	heldBlocks   int64
@@ -173,7 +173,7 @@ type Index struct {
 func New(opts Options) *Index {
 	return &Index{
 		opts:     opts.withDefaults(),
-		w:        1,
+		hs:       newSetTable(),
 		locs:     newBlockTable(),
 		detached: make(map[uint64][]int32),
 		byName:   make(map[string]int32),
@@ -288,7 +288,6 @@ func (x *Index) ClearWorker(workerName string) {
 		return
 	}
 	wk := x.workers[slot]
-	word, bit := int(slot>>6), uint64(1)<<(slot&63)
 	done := 0
 	for id := 0; id < len(x.segs) && wk.entries > 0; id++ {
 		s := x.segs[id]
@@ -297,12 +296,17 @@ func (x *Index) ClearWorker(workerName string) {
 		}
 		touched := false
 		for m := Medium(0); m < NumMedia; m++ {
-			mask := s.masks[m]
-			if mask == nil {
+			ids := s.sets[m]
+			if ids == nil {
 				continue
 			}
-			for o := range s.hashes {
-				if mask[o*x.w+word]&bit != 0 {
+			// Neighbouring blocks mostly share a set: test each set once.
+			last, hit := setID(0), false
+			for o, sid := range ids {
+				if sid != last {
+					last, hit = sid, x.hs.contains(sid, slot)
+				}
+				if hit {
 					x.unset(at(int32(id), o), slot, m)
 					touched = true
 				}
@@ -363,32 +367,9 @@ func (x *Index) slotFor(name string) (int32, error) {
 		slot = len(x.workers)
 		x.workers = append(x.workers, nil)
 	}
-	if slot >= x.w*64 {
-		x.growWords(slot/64 + 1)
-	}
 	x.workers[slot] = &worker{name: name, nameHash: hashString(name)}
 	x.byName[name] = int32(slot)
 	return int32(slot), nil
-}
-
-// growWords widens every block's masks to w words.
-func (x *Index) growWords(w int) {
-	for _, s := range x.segs {
-		if s == nil {
-			continue
-		}
-		for m, old := range s.masks {
-			if old == nil {
-				continue
-			}
-			nm := make([]uint64, len(s.hashes)*w, cap(s.hashes)*w)
-			for o := range s.hashes {
-				copy(nm[o*w:o*w+x.w], old[o*x.w:o*x.w+x.w])
-			}
-			s.masks[m] = nm
-		}
-	}
-	x.w = w
 }
 
 // wouldCycle reports whether creating block h under segment seg would close
@@ -433,9 +414,9 @@ func (x *Index) addBlock(h, prev uint64, cur location, have bool) location {
 	s := x.segs[id]
 	o := len(s.hashes)
 	s.hashes = append(s.hashes, h)
-	for m, mask := range s.masks {
-		if mask != nil {
-			s.masks[m] = append(mask, make([]uint64, x.w)...)
+	for m, ids := range s.sets {
+		if ids != nil {
+			s.sets[m] = append(ids, 0)
 		}
 	}
 	if s.orphan {
@@ -520,14 +501,19 @@ func (x *Index) setOrphan(id int32, orphan bool) {
 // set marks the block at l held by slot on medium m.
 func (x *Index) set(l location, slot int32, m Medium, parent uint64) {
 	s, o := x.segs[l.seg()], l.off()
-	word, bit := o*x.w+int(slot>>6), uint64(1)<<(slot&63)
-	if s.masks[m] == nil {
-		s.masks[m] = make([]uint64, len(s.hashes)*x.w, cap(s.hashes)*x.w)
-	} else if s.masks[m][word]&bit != 0 {
+	ids := s.sets[m]
+	if ids == nil {
+		ids = make([]setID, len(s.hashes), cap(s.hashes))
+		s.sets[m] = ids
+	} else if x.hs.contains(ids[o], slot) {
 		return
 	}
-	heldElsewhere, live := x.heldBy(s, o, word, bit)
-	s.masks[m][word] |= bit
+	heldElsewhere, live := x.heldBy(s, o, slot)
+	old := ids[o]
+	nw := x.hs.with(old, slot)
+	x.hs.ref(nw)
+	x.hs.unref(old)
+	ids[o] = nw
 	wk := x.workers[slot]
 	wk.media[m]++
 	if !heldElsewhere {
@@ -542,15 +528,19 @@ func (x *Index) set(l location, slot int32, m Medium, parent uint64) {
 	x.digest += entryHash(blockKey(s.hashes[o], parent), wk.nameHash, m)
 }
 
-// unset clears slot's bit for the block at l on medium m.
+// unset removes slot from the holders of the block at l on medium m.
 func (x *Index) unset(l location, slot int32, m Medium) {
 	s, o := x.segs[l.seg()], l.off()
-	word, bit := o*x.w+int(slot>>6), uint64(1)<<(slot&63)
-	if s.masks[m] == nil || s.masks[m][word]&bit == 0 {
+	ids := s.sets[m]
+	if ids == nil || !x.hs.contains(ids[o], slot) {
 		return
 	}
-	s.masks[m][word] &^= bit
-	heldElsewhere, live := x.heldBy(s, o, word, bit)
+	old := ids[o]
+	nw := x.hs.without(old, slot)
+	x.hs.ref(nw)
+	x.hs.unref(old)
+	ids[o] = nw
+	heldElsewhere, live := x.heldBy(s, o, slot)
 	wk := x.workers[slot]
 	wk.media[m]--
 	if !heldElsewhere {
@@ -564,31 +554,28 @@ func (x *Index) unset(l location, slot int32, m Medium) {
 	x.digest -= entryHash(blockKey(s.hashes[o], x.parentOf(l)), wk.nameHash, m)
 }
 
-// heldBy reports whether bit is set for the block at offset o on any medium,
-// and whether any bit at all is set for it.
-func (x *Index) heldBy(s *segment, o, word int, bit uint64) (held, live bool) {
-	for _, mask := range s.masks {
-		if mask == nil {
+// heldBy reports whether slot holds the block at offset o on any medium, and
+// whether anyone holds it on any medium.
+func (x *Index) heldBy(s *segment, o int, slot int32) (held, live bool) {
+	for _, ids := range s.sets {
+		if ids == nil || ids[o] == 0 {
 			continue
 		}
-		if mask[word]&bit != 0 {
+		live = true
+		if !held && x.hs.contains(ids[o], slot) {
 			held = true
-		}
-		if !live {
-			for _, v := range mask[o*x.w : o*x.w+x.w] {
-				if v != 0 {
-					live = true
-					break
-				}
-			}
 		}
 	}
 	return held, live
 }
 
 func (x *Index) blockLive(s *segment, o int) bool {
-	_, live := x.heldBy(s, o, o*x.w, 0)
-	return live
+	for _, ids := range s.sets {
+		if ids != nil && ids[o] != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // collect drops the block at l from the structure if nothing holds it and
@@ -617,9 +604,9 @@ func (x *Index) collectSegment(id int32) {
 			return
 		}
 		s.hashes = s.hashes[:n]
-		for m, mask := range s.masks {
-			if mask != nil {
-				s.masks[m] = mask[:n*x.w]
+		for m, ids := range s.sets {
+			if ids != nil {
+				s.sets[m] = ids[:n]
 			}
 		}
 		if n > 0 {
@@ -708,15 +695,15 @@ func (x *Index) dropSubtree(root int32) {
 	for i := len(order) - 1; i >= 0; i-- {
 		id := order[i]
 		s := x.segs[id]
+		var holders []int32
 		for m := Medium(0); m < NumMedia; m++ {
-			if s.masks[m] == nil {
-				continue
-			}
-			for o := range s.hashes {
-				for k := 0; k < x.w; k++ {
-					for v := s.masks[m][o*x.w+k]; v != 0; v &= v - 1 {
-						x.unset(at(id, o), int32(k*64+bits.TrailingZeros64(v)), m)
-					}
+			ids := s.sets[m]
+			for o := range ids {
+				// A copy: unset may change a set held by this block
+				// alone in place.
+				holders = append(holders[:0], x.hs.slots(ids[o])...)
+				for _, slot := range holders {
+					x.unset(at(id, o), slot, m)
 				}
 			}
 		}

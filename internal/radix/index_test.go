@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -20,9 +22,6 @@ func TestPropertyAgainstReference(t *testing.T) {
 		src := randSource{rand.New(rand.NewPCG(uint64(seq), 42))}
 		f := newForest(src, 20+src.intn(60), 1+src.intn(4))
 		x := New(Options{MaxOrphanBlocks: 1 << 30})
-		if seq%3 == 0 {
-			x.growWords(2) // exercise the multi-word mask paths too
-		}
 		ref := newReference(f)
 		var log []string
 		for range ops {
@@ -32,6 +31,45 @@ func TestPropertyAgainstReference(t *testing.T) {
 			t.Fatalf("sequence %d: %v", seq, log)
 		}
 		checkAgainst(t, x, ref)
+	}
+}
+
+// TestPropertyPoolSizes runs the property test with pools of many sizes,
+// with holder sets from one worker to the whole pool: across the 64-slot
+// word boundaries and the size from which a holder set carries a bitmap.
+func TestPropertyPoolSizes(t *testing.T) {
+	for _, size := range []int{1, 2, 63, 64, 65, bitmapMin - 1, bitmapMin, bitmapMin + 1, 127, 129, 4096, 20_000} {
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			sequences := max(2, 60/(1+size/256))
+			if testing.Short() {
+				sequences = max(1, sequences/4)
+			}
+			pool := make([]string, size)
+			for i := range pool {
+				pool[i] = fmt.Sprintf("pool-%05d", i)
+			}
+			for seq := range sequences {
+				src := randSource{rand.New(rand.NewPCG(uint64(seq), uint64(size)))}
+				f := newForest(src, 20+src.intn(40), 1+src.intn(3))
+				x := New(Options{MaxOrphanBlocks: 1 << 30, MaxWorkers: size})
+				ref := newReference(f)
+				ref.pool = pool
+				// The whole pool holds one chain: the largest holder set.
+				p := f.path(f.nodes[src.intn(len(f.nodes))])
+				for _, w := range pool {
+					must(t, x.Insert(w, Root, p, GPU))
+					ref.insert(w, p, GPU)
+				}
+				var log []string
+				for range 120 {
+					log = append(log, step(t, x, ref, src))
+					if t.Failed() {
+						t.Fatalf("sequence %d: %v", seq, log)
+					}
+				}
+				checkAgainst(t, x, ref)
+			}
+		})
 	}
 }
 
@@ -132,6 +170,25 @@ func TestOrphanLimitDropsOldestFirst(t *testing.T) {
 	checkInvariants(t, x)
 }
 
+// TestOrphanLimitDropsSharedPieces drops detached pieces that several
+// workers hold, with holder sets of their own that change in place.
+func TestOrphanLimitDropsSharedPieces(t *testing.T) {
+	x := New(Options{MaxOrphanBlocks: 40})
+	for i := range 6 {
+		piece := chainOf(uint64(40+i), 10)
+		for w := range 3 + i {
+			// Each worker holds a prefix of its own length: the tail
+			// blocks have holder sets of their own.
+			must(t, x.Insert(fmt.Sprintf("w%d-%d", i, w), uint64(0xd00+i), piece[:10-w], GPU))
+		}
+		checkInvariants(t, x)
+	}
+	st := x.Stats()
+	if st.OrphanBlocks > 40 || st.DroppedOrphanBlocks == 0 || st.OrphanBlocks+st.DroppedOrphanBlocks != 60 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
 func TestBadInput(t *testing.T) {
 	x := New(Options{MaxChain: 8, MaxWorkers: 2})
 	c := chainOf(6, 9)
@@ -203,7 +260,7 @@ func TestClearWorkerFreesSlotAndBlocks(t *testing.T) {
 	checkInvariants(t, x)
 }
 
-func TestManyWorkersWidenMasks(t *testing.T) {
+func TestManyWorkers(t *testing.T) {
 	x := New(Options{})
 	c := chainOf(9, 40)
 	ref := newReference(&forest{parent: map[uint64]uint64{}})
@@ -220,8 +277,11 @@ func TestManyWorkersWidenMasks(t *testing.T) {
 		must(t, x.Insert(w, Root, c[:n], Medium(i%2)))
 		ref.insert(w, c[:n], Medium(i%2))
 	}
-	if st := x.Stats(); st.MaskWords != 3 {
-		t.Fatalf("mask words %d", st.MaskWords)
+	// On each medium, the workers' prefixes end at every other block, so
+	// the holders change every other block: 20 distinct sets per medium,
+	// whatever the 150 workers.
+	if st := x.Stats(); st.HolderSets != len(c) {
+		t.Fatalf("%d holder sets, want %d", st.HolderSets, len(c))
 	}
 	checkAgainst(t, x, ref)
 }
@@ -370,6 +430,9 @@ func withChecksum(b []byte) []byte {
 func FuzzSnapshotReader(f *testing.F) {
 	f.Add(smallSnapshot(f))
 	f.Add([]byte(snapshotMagic))
+	if b, err := os.ReadFile(v1SnapshotFile); err == nil {
+		f.Add(b) // the version 1 reader too
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, in := range [][]byte{data, withChecksum(data)} {
 			x, err := ReadSnapshot(bytes.NewReader(in), Options{MaxWorkers: 256})

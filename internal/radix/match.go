@@ -2,7 +2,6 @@ package radix
 
 import (
 	"fmt"
-	"math/bits"
 	"slices"
 	"strings"
 	"sync"
@@ -24,20 +23,30 @@ type WorkerMatch struct {
 	GPUOrCPU int
 }
 
+// matchRow is a worker still being followed along a chain: its result row
+// and the depths it still extends (bit m: medium m; catFast; catAny).
+type matchRow struct {
+	slot int32
+	row  int32
+	cats uint8
+}
+
+// Row categories: one per medium, then GPU-or-CPU, then any medium.
+const (
+	catFast = 1 << NumMedia
+	catAny  = 1 << (NumMedia + 1)
+)
+
+// fastMedia are the media whose holdings count towards GPUOrCPU.
+const fastMedia = 1<<GPU | 1<<CPU
+
 // matchScratch holds a Match's per-call buffers.
 type matchScratch struct {
-	alive [NumMedia + 2][]uint64 // [0]: any medium; [1+m]: medium m; [fastSet]: GPU or CPU
-	pos   []int32                // worker slot -> index in the result, or -1
+	rows  []matchRow
+	union []int32
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(matchScratch) }}
-
-// fastSet is the index of the GPU-or-CPU set in matchScratch.alive and
-// recordDepth.
-const fastSet = NumMedia + 1
-
-// fastMedium reports whether m counts towards WorkerMatch.GPUOrCPU.
-func fastMedium(m int) bool { return m == int(GPU) || m == int(CPU) }
 
 // Match returns, for every worker that holds the chain's first block, how
 // many consecutive blocks of the chain it holds, sorted by Blocks (most
@@ -48,6 +57,15 @@ func (x *Index) Match(chain []uint64) ([]WorkerMatch, error) {
 }
 
 // MatchInto is Match appending to dst, for callers that reuse buffers.
+//
+// The walk keeps the holder sets of the block it stands on. Along a run of
+// blocks whose sets do not change (a session held by the same workers) it
+// only compares hashes and set ids. Where a medium's set changes, only the
+// workers that left it can lose a depth: they are enumerated (the old set
+// less the new one) and looked up in the block's sets. The cost is thus the
+// chain's length plus, at each change of holders, the size of the old set
+// (or its bitmap's words): it does not depend on the size of the pool, nor
+// on the number of workers still followed.
 func (x *Index) MatchInto(dst []WorkerMatch, chain []uint64) ([]WorkerMatch, error) {
 	dst = dst[:0]
 	if len(chain) > x.opts.MaxChain {
@@ -64,52 +82,30 @@ func (x *Index) MatchInto(dst []WorkerMatch, chain []uint64) ([]WorkerMatch, err
 	}
 	sc := scratchPool.Get().(*matchScratch)
 	defer scratchPool.Put(sc)
-	w := x.w
-	for i := range sc.alive {
-		sc.alive[i] = slices.Grow(sc.alive[i][:0], w)[:w]
-		clear(sc.alive[i])
-	}
-	if cap(sc.pos) < len(x.workers) {
-		sc.pos = make([]int32, len(x.workers))
-	}
-	pos := sc.pos[:len(x.workers)]
 
 	s, o := x.segs[l.seg()], l.off()
-	any := sc.alive[0]
-	fast := sc.alive[fastSet]
-	for m := 0; m < NumMedia; m++ {
-		if mask := s.masks[m]; mask != nil {
-			copy(sc.alive[1+m], mask[o*w:o*w+w])
-			for k := range any {
-				any[k] |= mask[o*w+k]
-				if fastMedium(m) {
-					fast[k] |= mask[o*w+k]
-				}
-			}
+	var cur [NumMedia]setID
+	for m, ids := range s.sets {
+		if ids != nil {
+			cur[m] = ids[o]
 		}
 	}
 	// Every worker that holds block 0 gets a result row.
-	for k, v := range any {
-		for ; v != 0; v &= v - 1 {
-			slot := k*64 + bits.TrailingZeros64(v)
-			pos[slot] = int32(len(dst))
-			dst = append(dst, WorkerMatch{Worker: x.workers[slot].name})
+	sc.union = x.unionOf(sc.union[:0], &cur)
+	rows := sc.rows[:0]
+	for _, slot := range sc.union {
+		rows = append(rows, matchRow{slot: slot, row: int32(len(dst)), cats: x.heldCats(&cur, slot)})
+		dst = append(dst, WorkerMatch{Worker: x.workers[slot].name})
+	}
+	depth := 1
+	x.walk(dst, rows, chain, &depth, s, o, cur)
+	// Whoever is still followed holds the whole walked prefix.
+	for _, r := range rows {
+		if r.cats != 0 {
+			setDepths(&dst[r.row], r.cats, depth)
 		}
 	}
-	var depth int
-	if w == 1 {
-		depth = x.walk1(sc, dst, pos, chain, s, o)
-	} else {
-		depth = x.walkN(sc, dst, pos, chain, s, o)
-	}
-	// Whoever is still alive holds the whole walked prefix.
-	for i, a := range sc.alive {
-		for k, v := range a {
-			if v != 0 {
-				recordDepth(dst, pos, k, v, depth, i)
-			}
-		}
-	}
+	sc.rows = rows[:0]
 	slices.SortFunc(dst, func(a, b WorkerMatch) int {
 		if a.Blocks != b.Blocks {
 			return b.Blocks - a.Blocks
@@ -117,6 +113,152 @@ func (x *Index) MatchInto(dst []WorkerMatch, chain []uint64) ([]WorkerMatch, err
 		return strings.Compare(a.Worker, b.Worker)
 	})
 	return dst, nil
+}
+
+// walk follows the chain from block 1 on, standing on block 0 at (s, o)
+// with holder sets cur. rows are the workers followed, ascending by slot;
+// a row whose categories all end is left with none. *depth is left at the
+// number of blocks walked.
+func (x *Index) walk(dst []WorkerMatch, rows []matchRow, chain []uint64, depth *int, s *segment, o int, cur [NumMedia]setID) {
+	d := *depth
+	alive := len(rows)
+	defer func() { *depth = d }()
+	// The media the current segment has arrays for; with one (the common
+	// case) a run is scanned by a tight loop.
+	single := -1
+	media := func() {
+		single = -1
+		n := 0
+		for m, ids := range s.sets {
+			if ids != nil {
+				single = m
+				n++
+			}
+		}
+		if n != 1 {
+			single = -1
+		}
+	}
+	media()
+	for d < len(chain) {
+		if single >= 0 && o+1 < len(s.hashes) {
+			// Stay in the run while the hashes match and the holders do
+			// not change.
+			lim := min(len(s.hashes)-(o+1), len(chain)-d)
+			run, want, ids := s.hashes[o+1:o+1+lim], chain[d:d+lim], s.sets[single][o+1:o+1+lim]
+			c := cur[single]
+			i := 0
+			for i < lim && run[i] == want[i] && ids[i] == c {
+				i++
+			}
+			o += i
+			if d += i; d == len(chain) {
+				break
+			}
+		}
+		ns, no, ok := x.next(chain, d, s, o)
+		if !ok {
+			break
+		}
+		if ns != s {
+			s = ns
+			media()
+		}
+		o = no
+		var ids [NumMedia]setID
+		for m, a := range s.sets {
+			if a != nil {
+				ids[m] = a[o]
+			}
+		}
+		if ids != cur {
+			prev := cur
+			cur = ids
+			if alive -= x.refine(dst, rows, &prev, &cur, d); alive == 0 {
+				break
+			}
+		}
+		d++
+	}
+}
+
+// refine updates the rows for the block at depth d, whose holder sets are
+// cur where the block before had prev. A row can only lose medium m's
+// depth if its worker is in prev[m] but not in cur[m] (it held the block
+// before on m), and only lose GPUOrCPU or Blocks if it lost some medium:
+// so only the workers leaving some set are looked at. It returns the number
+// of rows that lost their last category.
+func (x *Index) refine(dst []WorkerMatch, rows []matchRow, prev, cur *[NumMedia]setID, d int) int {
+	ended := 0
+	visit := func(slot int32) {
+		i, ok := slices.BinarySearchFunc(rows, slot, func(r matchRow, s int32) int { return int(r.slot) - int(s) })
+		if !ok || rows[i].cats == 0 {
+			return
+		}
+		r := &rows[i]
+		c := r.cats & x.heldCats(cur, slot)
+		if gone := r.cats &^ c; gone != 0 {
+			setDepths(&dst[r.row], gone, d)
+			if r.cats = c; c == 0 {
+				ended++
+			}
+		}
+	}
+	for m := range NumMedia {
+		if a, b := prev[m], cur[m]; a != b && a != 0 {
+			x.hs.leaving(a, b, visit)
+		}
+	}
+	return ended
+}
+
+// heldCats returns the categories in which slot holds a block whose holder
+// sets are cur.
+func (x *Index) heldCats(cur *[NumMedia]setID, slot int32) uint8 {
+	var held uint8
+	for m, id := range cur {
+		if id != 0 && x.hs.contains(id, slot) {
+			held |= 1 << m
+		}
+	}
+	if held&fastMedia != 0 {
+		held |= catFast
+	}
+	if held != 0 {
+		held |= catAny
+	}
+	return held
+}
+
+// unionOf appends the union of the sets' slots, ascending, to dst.
+func (x *Index) unionOf(dst []int32, cur *[NumMedia]setID) []int32 {
+	n := 0
+	for _, id := range cur {
+		if id != 0 {
+			dst = append(dst, x.hs.slots(id)...)
+			n++
+		}
+	}
+	if n > 1 {
+		slices.Sort(dst)
+		dst = slices.Compact(dst)
+	}
+	return dst
+}
+
+// setDepths sets depth d in r for the categories cats.
+func setDepths(r *WorkerMatch, cats uint8, d int) {
+	for m := range NumMedia {
+		if cats&(1<<m) != 0 {
+			r.Media[m] = d
+		}
+	}
+	if cats&catFast != 0 {
+		r.GPUOrCPU = d
+	}
+	if cats&catAny != 0 {
+		r.Blocks = d
+	}
 }
 
 // next returns the location of chain[depth], the block after the one at
@@ -131,165 +273,4 @@ func (x *Index) next(chain []uint64, depth int, s *segment, o int) (*segment, in
 		return nil, 0, false
 	}
 	return x.segs[l.seg()], l.off(), true
-}
-
-// walk1 is the walk for indexes of at most 64 workers (one mask word per
-// block). It returns the depth reached, having recorded the depth of every
-// worker that dropped out before it.
-func (x *Index) walk1(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []uint64, s *segment, o int) int {
-	alive, aliveF := sc.alive[0][0], sc.alive[fastSet][0]
-	var aliveM [NumMedia]uint64
-	for m := range aliveM {
-		aliveM[m] = sc.alive[1+m][0]
-	}
-	defer func() {
-		sc.alive[0][0], sc.alive[fastSet][0] = alive, aliveF
-		for m := range aliveM {
-			sc.alive[1+m][0] = aliveM[m]
-		}
-	}()
-	var present [NumMedia]int
-	np := 0
-	depth := 1
-	for ; depth < len(chain); depth++ {
-		if np == 1 {
-			// Fast path: the rest of a single-medium run, compared
-			// block by block without leaving the segment's arrays.
-			m := present[0]
-			lim := min(len(s.hashes)-(o+1), len(chain)-depth)
-			run, want, mk := s.hashes[o+1:o+1+lim], chain[depth:depth+lim], s.masks[m][o+1:o+1+lim]
-			if aliveF != 0 && !fastMedium(m) && lim > 0 && run[0] == want[0] {
-				// Blocks held on a slow medium only: the GPU-or-CPU run ends.
-				recordDepth(dst, pos, 0, aliveF, depth, fastSet)
-				aliveF = 0
-			}
-			i := 0
-			for ; i < lim && run[i] == want[i]; i++ {
-				mw := mk[i]
-				if alive&^mw == 0 {
-					continue
-				}
-				if gone := aliveM[m] &^ mw; gone != 0 {
-					recordDepth(dst, pos, 0, gone, depth+i, 1+m)
-					aliveM[m] &= mw
-				}
-				if gone := aliveF &^ mw; gone != 0 {
-					recordDepth(dst, pos, 0, gone, depth+i, fastSet)
-					aliveF &= mw
-				}
-				recordDepth(dst, pos, 0, alive&^mw, depth+i, 0)
-				if alive &= mw; alive == 0 {
-					return depth + i
-				}
-			}
-			o += i
-			if depth += i; depth == len(chain) {
-				break
-			}
-		}
-		ns, no, ok := x.next(chain, depth, s, o)
-		if !ok {
-			break
-		}
-		if ns != s || np == 0 {
-			// Entering a segment: workers alive on a medium the segment has
-			// no mask for drop out of that medium here.
-			np = 0
-			for m := range NumMedia {
-				if ns.masks[m] != nil {
-					present[np] = m
-					np++
-				} else if aliveM[m] != 0 {
-					recordDepth(dst, pos, 0, aliveM[m], depth, 1+m)
-					aliveM[m] = 0
-				}
-			}
-		}
-		s, o = ns, no
-		var held, heldF uint64
-		for _, m := range present[:np] {
-			mw := s.masks[m][o]
-			held |= mw
-			if fastMedium(m) {
-				heldF |= mw
-			}
-			if gone := aliveM[m] &^ mw; gone != 0 {
-				recordDepth(dst, pos, 0, gone, depth, 1+m)
-				aliveM[m] &= mw
-			}
-		}
-		if gone := aliveF &^ heldF; gone != 0 {
-			recordDepth(dst, pos, 0, gone, depth, fastSet)
-			aliveF &= heldF
-		}
-		if gone := alive &^ held; gone != 0 {
-			recordDepth(dst, pos, 0, gone, depth, 0)
-			if alive &= held; alive == 0 {
-				break
-			}
-		}
-	}
-	return depth
-}
-
-// walkN is walk1 for any number of mask words.
-func (x *Index) walkN(sc *matchScratch, dst []WorkerMatch, pos []int32, chain []uint64, s *segment, o int) int {
-	w := x.w
-	anyAlive, fastAlive := sc.alive[0], sc.alive[fastSet]
-	depth := 1
-	for ; depth < len(chain); depth++ {
-		ns, no, ok := x.next(chain, depth, s, o)
-		if !ok {
-			break
-		}
-		s, o = ns, no
-		alive := false
-		for k := range w {
-			var held, heldF uint64
-			for m := range NumMedia {
-				var mw uint64
-				if mask := s.masks[m]; mask != nil {
-					mw = mask[o*w+k]
-				}
-				held |= mw
-				if fastMedium(m) {
-					heldF |= mw
-				}
-				am := sc.alive[1+m]
-				if gone := am[k] &^ mw; gone != 0 {
-					recordDepth(dst, pos, k, gone, depth, 1+m)
-					am[k] &= mw
-				}
-			}
-			if gone := fastAlive[k] &^ heldF; gone != 0 {
-				recordDepth(dst, pos, k, gone, depth, fastSet)
-				fastAlive[k] &= heldF
-			}
-			if gone := anyAlive[k] &^ held; gone != 0 {
-				recordDepth(dst, pos, k, gone, depth, 0)
-				anyAlive[k] &= held
-			}
-			alive = alive || anyAlive[k] != 0
-		}
-		if !alive {
-			break
-		}
-	}
-	return depth
-}
-
-// recordDepth sets depth for the workers in bits (word k): into Blocks when
-// which is 0, GPUOrCPU when it is fastSet, into Media[which-1] otherwise.
-func recordDepth(dst []WorkerMatch, pos []int32, k int, v uint64, depth, which int) {
-	for ; v != 0; v &= v - 1 {
-		r := &dst[pos[k*64+bits.TrailingZeros64(v)]]
-		switch which {
-		case 0:
-			r.Blocks = depth
-		case fastSet:
-			r.GPUOrCPU = depth
-		default:
-			r.Media[which-1] = depth
-		}
-	}
 }

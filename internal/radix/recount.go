@@ -1,25 +1,35 @@
 package radix
 
 import (
-	"math/bits"
 	"runtime"
 )
 
-// recount computes every counter and the digest from the segments' masks, on
-// all cores. A snapshot restore uses it instead of counting entry by entry.
+// recount computes every counter, the holder sets' reference counts and the
+// digest from the segments' holder sets, on all cores. A snapshot restore
+// uses it instead of counting entry by entry. Counts that depend only on a
+// block's holder set (references, per-medium counts, entries of blocks held
+// on one medium) are tallied per set and spread over its workers once; the
+// digest mixes every entry with its block, so it is summed entry by entry.
 func (x *Index) recount() {
 	type tally struct {
 		held, entries int64
 		digest        uint64
 		media         uint8
-		workers       []worker // counts only
+		refs          [NumMedia][]int64 // by set id: blocks referring to it on medium m
+		solo          []int64           // by set id: blocks held on one medium only, by it
+		multi         []int64           // by slot: blocks held on several media
+		union         []int32
 	}
 	n := min(runtime.GOMAXPROCS(0), 8)
 	tallies := make([]tally, n)
-	w := x.w
+	nsets := len(x.hs.sets)
 	parallel(n, func(g int) {
 		t := &tallies[g]
-		t.workers = make([]worker, len(x.workers))
+		for m := range t.refs {
+			t.refs[m] = make([]int64, nsets)
+		}
+		t.solo = make([]int64, nsets)
+		t.multi = make([]int64, len(x.workers))
 		for id := g; id < len(x.segs); id += n {
 			s := x.segs[id]
 			if s == nil {
@@ -30,32 +40,37 @@ func (x *Index) recount() {
 			for o, h := range s.hashes {
 				key := blockKey(h, parent)
 				parent = h
-				live := false
-				for k := range w {
-					var held uint64
-					for m, mask := range s.masks {
-						if mask == nil {
-							continue
-						}
-						t.media |= 1 << m
-						v := mask[o*w+k]
-						held |= v
-						for ; v != 0; v &= v - 1 {
-							slot := k*64 + bits.TrailingZeros64(v)
-							t.workers[slot].media[m]++
-							t.digest += entryHash(key, x.workers[slot].nameHash, Medium(m))
-						}
+				var cur [NumMedia]setID
+				present := 0
+				var only setID
+				for m, ids := range s.sets {
+					if ids == nil || ids[o] == 0 {
+						continue
 					}
-					live = live || held != 0
-					t.entries += int64(bits.OnesCount64(held))
-					for ; held != 0; held &= held - 1 {
-						t.workers[k*64+bits.TrailingZeros64(held)].entries++
+					sid := ids[o]
+					cur[m], only = sid, sid
+					present++
+					t.media |= 1 << m
+					t.refs[m][sid]++
+					for _, slot := range x.hs.slots(sid) {
+						t.digest += entryHash(key, x.workers[slot].nameHash, Medium(m))
 					}
 				}
-				if live {
-					s.live++
-					t.held++
+				switch {
+				case present == 0:
+					continue
+				case present == 1:
+					t.solo[only]++
+				default:
+					// A worker is one entry per block whatever its media.
+					t.union = x.unionOf(t.union[:0], &cur)
+					t.entries += int64(len(t.union))
+					for _, slot := range t.union {
+						t.multi[slot]++
+					}
 				}
+				s.live++
+				t.held++
 			}
 		}
 	})
@@ -65,17 +80,43 @@ func (x *Index) recount() {
 			wk.entries, wk.media = 0, [NumMedia]int64{}
 		}
 	}
+	for i := range x.hs.sets {
+		x.hs.sets[i].refs = 0
+	}
 	for _, t := range tallies {
 		x.heldBlocks += t.held
 		x.entries += t.entries
 		x.digest += t.digest
 		x.usedMedia |= t.media
-		for slot, c := range t.workers {
-			if wk := x.workers[slot]; wk != nil {
-				wk.entries += c.entries
-				for m := range c.media {
-					wk.media[m] += c.media[m]
-				}
+		for slot, c := range t.multi {
+			if c != 0 {
+				x.workers[slot].entries += c
+			}
+		}
+	}
+	for sid := 1; sid < nsets; sid++ {
+		slots := x.hs.slots(setID(sid))
+		var solo int64
+		for _, t := range tallies {
+			solo += t.solo[sid]
+		}
+		if solo != 0 {
+			x.entries += solo * int64(len(slots))
+			for _, slot := range slots {
+				x.workers[slot].entries += solo
+			}
+		}
+		for m := range NumMedia {
+			var c int64
+			for _, t := range tallies {
+				c += t.refs[m][sid]
+			}
+			if c == 0 {
+				continue
+			}
+			x.hs.sets[sid].refs += c
+			for _, slot := range slots {
+				x.workers[slot].media[m] += c
 			}
 		}
 	}

@@ -55,6 +55,10 @@ func (f *forest) path(h uint64) []uint64 {
 type reference struct {
 	f    *forest
 	held map[string]map[uint64]uint8
+	// pool, when set, is the workers step draws from instead of
+	// testWorkers, and step then also applies operations to many of them
+	// at once.
+	pool []string
 }
 
 func newReference(f *forest) *reference {
@@ -184,9 +188,20 @@ var testWorkers = []string{"pod-a", "pod-b", "pod-c", "pod-d", "pod-e"}
 func step(t testing.TB, x *Index, ref *reference, src source) string {
 	f := ref.f
 	w := testWorkers[src.intn(len(testWorkers))]
+	if p := ref.pool; p != nil {
+		// Half the operations go to a few busy workers, so that their
+		// holdings interleave; the rest anywhere in the pool.
+		w = p[src.intn(min(len(p), len(testWorkers)))]
+		if src.intn(2) == 0 {
+			w = p[src.intn(len(p))]
+		}
+	}
 	m := GPU
 	if src.intn(4) == 0 {
 		m = Medium(1 + src.intn(NumMedia-1))
+	}
+	if ref.pool != nil && src.intn(12) == 0 {
+		return bulkStep(t, x, ref, src, m)
 	}
 	switch op := src.intn(10); {
 	case op < 5: // insert a piece of a chain, possibly out of order
@@ -237,6 +252,32 @@ func step(t testing.TB, x *Index, ref *reference, src source) string {
 		checkMatch(t, x, ref, chain)
 		return "match"
 	}
+}
+
+// bulkStep inserts a chain prefix for, or removes a chain's tail from, a
+// run of up to the whole pool, so that holder sets of every size occur.
+func bulkStep(t testing.TB, x *Index, ref *reference, src source, m Medium) string {
+	p := ref.f.path(ref.f.nodes[src.intn(len(ref.f.nodes))])
+	k := 1 + src.intn(len(ref.pool))
+	if src.intn(3) == 0 {
+		k = len(ref.pool)
+	}
+	first := src.intn(len(ref.pool))
+	remove := src.intn(3) == 0
+	cut := src.intn(len(p))
+	for i := range k {
+		w := ref.pool[(first+i)%len(ref.pool)]
+		if remove {
+			// Each worker evicts its own length of the tail.
+			tail := p[min(len(p)-1, cut+i%7):]
+			must(t, x.Remove(w, tail, m))
+			ref.remove(w, tail, m)
+			continue
+		}
+		must(t, x.Insert(w, Root, p, m))
+		ref.insert(w, p, m)
+	}
+	return fmt.Sprintf("bulk(remove=%v, %d workers from %d, %d blocks, %v)", remove, k, first, len(p), m)
 }
 
 func checkMatch(t testing.TB, x *Index, ref *reference, chain []uint64) {
@@ -297,6 +338,7 @@ func checkInvariants(t testing.TB, x *Index) {
 	}
 	var stored, held, entries, orphans int64
 	var digest uint64
+	refs := make(map[setID]int64)
 	perWorker := make(map[int]*worker)
 	for slot, w := range x.workers {
 		if w != nil {
@@ -356,37 +398,32 @@ func checkInvariants(t testing.TB, x *Index) {
 				fail("locs[%x] wrong", h)
 			}
 			parent := x.parentOf(at(int32(id), o))
-			anyMask := make([]uint64, x.w)
-			for m, mask := range s.masks {
-				if mask == nil {
+			holders := make(map[int32]bool)
+			for m, ids := range s.sets {
+				if ids == nil {
 					continue
 				}
-				if len(mask) != n*x.w {
-					fail("segment %d medium %d mask length %d, want %d", id, m, len(mask), n*x.w)
+				if len(ids) != n {
+					fail("segment %d medium %d has %d holder sets, want %d", id, m, len(ids), n)
 				}
-				for k := range x.w {
-					v := mask[o*x.w+k]
-					anyMask[k] |= v
-					for ; v != 0; v &= v - 1 {
-						slot := k*64 + bits.TrailingZeros64(v)
-						wk := perWorker[slot]
-						if wk == nil {
-							fail("bit for free slot %d", slot)
-						}
-						wk.media[m]++
-						digest += entryHash(blockKey(h, parent), x.workers[slot].nameHash, Medium(m))
+				sid := ids[o]
+				if sid != 0 {
+					refs[sid]++
+				}
+				for _, slot := range x.hs.slots(sid) {
+					wk := perWorker[int(slot)]
+					if wk == nil {
+						fail("holder set names free slot %d", slot)
 					}
+					wk.media[m]++
+					holders[slot] = true
+					digest += entryHash(blockKey(h, parent), x.workers[slot].nameHash, Medium(m))
 				}
 			}
-			isLive := false
-			for k, v := range anyMask {
-				if v != 0 {
-					isLive = true
-				}
-				entries += int64(bits.OnesCount64(v))
-				for ; v != 0; v &= v - 1 {
-					perWorker[k*64+bits.TrailingZeros64(v)].entries++
-				}
+			isLive := len(holders) > 0
+			entries += int64(len(holders))
+			for slot := range holders {
+				perWorker[int(slot)].entries++
 			}
 			if isLive {
 				live++
@@ -420,5 +457,75 @@ func checkInvariants(t testing.TB, x *Index) {
 		if len(list) == 0 {
 			fail("empty detached list for %x", h)
 		}
+	}
+	checkSetTable(t, &x.hs, refs)
+}
+
+// checkSetTable checks the holder set table against the references counted
+// from the segments: every referenced set is live with that count, every
+// live set is referenced, contents are sorted, distinct and findable, and
+// bitmaps match slot lists.
+func checkSetTable(t testing.TB, hs *setTable, refs map[setID]int64) {
+	t.Helper()
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Fatalf("holder sets: "+format, args...)
+	}
+	if hs.size(0) != 0 || hs.sets[0].refs != 0 {
+		fail("set 0 is not the empty set")
+	}
+	live := 0
+	seen := make(map[string]setID)
+	for i := 1; i < len(hs.sets); i++ {
+		id := setID(i)
+		s := &hs.sets[i]
+		if s.slots == nil {
+			if refs[id] != 0 {
+				fail("free set %d referenced %d times", id, refs[id])
+			}
+			continue
+		}
+		live++
+		if s.refs != refs[id] || s.refs <= 0 {
+			fail("set %d refs %d, counted %d", id, s.refs, refs[id])
+		}
+		var sum uint64
+		for j, v := range s.slots {
+			if j > 0 && v <= s.slots[j-1] {
+				fail("set %d not strictly ascending: %v", id, s.slots)
+			}
+			sum += slotKey(v)
+		}
+		if sum != s.sum || hs.find(s.slots, sum) != id {
+			fail("set %d not findable by its contents", id)
+		}
+		key := fmt.Sprint(s.slots)
+		if other, dup := seen[key]; dup {
+			fail("sets %d and %d hold the same slots", other, id)
+		}
+		seen[key] = id
+		if (len(s.slots) >= bitmapMin) != (s.bits != nil) {
+			fail("set %d of %d slots has bitmap %v", id, len(s.slots), s.bits != nil)
+		}
+		for _, v := range s.slots {
+			if !hs.contains(id, v) {
+				fail("set %d does not contain its slot %d", id, v)
+			}
+		}
+		if s.bits != nil {
+			n := 0
+			for _, w := range s.bits {
+				n += bits.OnesCount64(w)
+			}
+			if n != len(s.slots) {
+				fail("set %d bitmap has %d bits, %d slots", id, n, len(s.slots))
+			}
+		}
+	}
+	if live != hs.live {
+		fail("%d live sets, counter %d", live, hs.live)
+	}
+	if n := len(hs.sets) - 1 - live; n != len(hs.free) {
+		fail("%d free sets, free list %d", n, len(hs.free))
 	}
 }

@@ -2,30 +2,42 @@ package radix
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash"
 	"hash/crc32"
 	"io"
+	"math/bits"
+	"slices"
 )
 
-// Snapshot format, version 1. All integers are little-endian; "uvarint" is
+// Snapshot format, version 2. All integers are little-endian; "uvarint" is
 // encoding/binary's unsigned varint.
 //
-//	header   magic "KVDIRRDX" | u16 version (1) | u16 flags (0) | u32 mask words W | u64 stored blocks
-//	worker   'W' | u32 slot | uvarint name length | name             (every worker, before any segment)
+//	header   magic "KVDIRRDX" | u16 version (2) | u16 flags (0) | u32 holder sets K | u64 stored blocks
+//	worker   'W' | u32 slot | uvarint name length | name             (every worker, before any set)
+//	set      'H' | uvarint c (1..workers) | uvarint first slot | c-1 × uvarint (slot - previous slot - 1)
+//	         (K records, numbered 1..K in order, each a distinct set of known slots, before any segment)
 //	segment  'S' | u64 parent hash | uvarint n (1..65,536) | u8 media bitmap |
-//	         n × u64 block hashes | for each medium in the bitmap, lowest first: n × W × u64 mask words
+//	         n × u64 block hashes | for each medium in the bitmap, lowest first: n × u32 set number (0: none)
 //	end      'E' | uvarint workers | uvarint stored blocks | uvarint entries | u64 digest | uvarint dropped orphan blocks
 //	trailer  u32 CRC-32C (Castagnoli) of every byte from the magic through the end record
+//
+// Version 1 differs in the header's third field (u32 mask words W), has no
+// set records, and stores for each medium in a segment's bitmap n × W × u64
+// mask words (bit i of word k: the worker in slot 64k+i holds the block).
+// This build writes version 2 and reads both; the digest is defined over
+// (block, parent, worker, medium) entries, so it is the same whichever format
+// the contents came from.
 //
 // Segment records come parents first: a record's parent hash is Root, a block
 // of an earlier record, or (for a detached piece) a hash the snapshot lacks. A
 // run longer than 65,536 blocks is written as several records.
 const (
 	snapshotMagic   = "KVDIRRDX"
-	snapshotVersion = 1
+	snapshotVersion = 2
 	maxRecordBlocks = 1 << 16
 )
 
@@ -75,7 +87,16 @@ func (x *Index) writeBody(bw *bufio.Writer) error {
 	buf = append(buf, snapshotMagic...)
 	buf = binary.LittleEndian.AppendUint16(buf, snapshotVersion)
 	buf = binary.LittleEndian.AppendUint16(buf, 0)
-	buf = binary.LittleEndian.AppendUint32(buf, uint32(x.w))
+	// Referenced sets get dense numbers 1..K.
+	number := make([]uint32, len(x.hs.sets))
+	var nsets uint32
+	for id := range x.hs.sets {
+		if id != 0 && x.hs.sets[id].refs > 0 {
+			nsets++
+			number[id] = nsets
+		}
+	}
+	buf = binary.LittleEndian.AppendUint32(buf, nsets)
 	buf = binary.LittleEndian.AppendUint64(buf, uint64(x.locs.Len()))
 	nworkers := 0
 	for slot, wk := range x.workers {
@@ -92,6 +113,24 @@ func (x *Index) writeBody(bw *bufio.Writer) error {
 		_, err := bw.Write(buf)
 		buf = buf[:0]
 		return err
+	}
+	for id := range x.hs.sets {
+		if number[id] == 0 {
+			continue
+		}
+		slots := x.hs.sets[id].slots
+		buf = append(buf, 'H')
+		buf = binary.AppendUvarint(buf, uint64(len(slots)))
+		prev := int32(-1)
+		for _, v := range slots {
+			buf = binary.AppendUvarint(buf, uint64(v-prev-1))
+			prev = v
+			if len(buf) > cap(buf)-16 {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
 	}
 	// Parents first: roots and detached roots, then depth first.
 	var stack []int32
@@ -111,8 +150,8 @@ func (x *Index) writeBody(bw *bufio.Writer) error {
 				parent = s.hashes[start-1]
 			}
 			var media uint8
-			for m, mask := range s.masks {
-				if mask != nil {
+			for m, ids := range s.sets {
+				if ids != nil {
 					media |= 1 << m
 				}
 			}
@@ -123,9 +162,9 @@ func (x *Index) writeBody(bw *bufio.Writer) error {
 			if err := appendWords(&buf, s.hashes[start:end], flush); err != nil {
 				return err
 			}
-			for _, mask := range s.masks {
-				if mask != nil {
-					if err := appendWords(&buf, mask[start*x.w:end*x.w], flush); err != nil {
+			for _, ids := range s.sets {
+				if ids != nil {
+					if err := appendSets(&buf, ids[start:end], number, flush); err != nil {
 						return err
 					}
 				}
@@ -158,6 +197,28 @@ func appendWords(buf *[]byte, words []uint64, flush func() error) error {
 		}
 		*buf = b
 		words = words[n:]
+	}
+	return nil
+}
+
+// appendSets appends the set numbers of ids to *buf, flushing whenever the
+// buffer fills.
+func appendSets(buf *[]byte, ids []setID, number []uint32, flush func() error) error {
+	for len(ids) > 0 {
+		room := (cap(*buf) - len(*buf)) / 4
+		if room == 0 {
+			if err := flush(); err != nil {
+				return err
+			}
+			continue
+		}
+		n := min(room, len(ids))
+		b := *buf
+		for _, id := range ids[:n] {
+			b = binary.LittleEndian.AppendUint32(b, number[id])
+		}
+		*buf = b
+		ids = ids[n:]
 	}
 	return nil
 }
@@ -225,6 +286,16 @@ func ReadSnapshot(r io.Reader, opts Options) (*Index, error) {
 	return x, nil
 }
 
+// snapshotReader is the state of one snapshot being read.
+type snapshotReader struct {
+	c       *crcReader
+	version uint16
+	w       int     // version 1: mask words per block
+	sets    []setID // version 2: set number -> interned set (0 -> 0)
+	nsets   int     // version 2: set records announced
+	slots   []int32 // version 1: scratch for a mask's slots
+}
+
 func (x *Index) readBody(c *crcReader) error {
 	h, err := c.full(24)
 	if err != nil {
@@ -233,20 +304,24 @@ func (x *Index) readBody(c *crcReader) error {
 	if string(h[:8]) != snapshotMagic {
 		return fmt.Errorf("%w: bad magic %q", ErrCorruptSnapshot, h[:8])
 	}
-	if v := binary.LittleEndian.Uint16(h[8:]); v != snapshotVersion {
-		return fmt.Errorf("%w: unsupported version %d (this build reads %d)", ErrCorruptSnapshot, v, snapshotVersion)
+	rd := &snapshotReader{c: c, version: binary.LittleEndian.Uint16(h[8:])}
+	if rd.version != 1 && rd.version != snapshotVersion {
+		return fmt.Errorf("%w: unsupported version %d (this build reads 1 to %d)", ErrCorruptSnapshot, rd.version, snapshotVersion)
 	}
 	if f := binary.LittleEndian.Uint16(h[10:]); f != 0 {
 		return fmt.Errorf("%w: unknown flags %#x", ErrCorruptSnapshot, f)
 	}
-	w := int(binary.LittleEndian.Uint32(h[12:]))
-	if w < 1 || w > (x.opts.MaxWorkers+63)/64 {
-		return fmt.Errorf("%w: %d mask words per block (limit %d workers)", ErrCorruptSnapshot, w, x.opts.MaxWorkers)
+	third := int(binary.LittleEndian.Uint32(h[12:]))
+	if rd.version == 1 {
+		if third < 1 || third > (x.opts.MaxWorkers+63)/64 {
+			return fmt.Errorf("%w: %d mask words per block (limit %d workers)", ErrCorruptSnapshot, third, x.opts.MaxWorkers)
+		}
+		rd.w = third
+	} else {
+		rd.nsets = third
+		rd.sets = make([]setID, 1, min(third, 1<<16)+1)
 	}
-	x.w = w
 	blocks := binary.LittleEndian.Uint64(h[16:]) // h is reused by later reads
-	x.known = make([]uint64, w)
-	defer func() { x.known = nil }()
 	for {
 		tag, err := c.ReadByte()
 		if err != nil {
@@ -254,10 +329,18 @@ func (x *Index) readBody(c *crcReader) error {
 		}
 		switch tag {
 		case 'W':
-			err = x.readWorker(c)
+			err = x.readWorker(rd)
+		case 'H':
+			err = x.readSet(rd)
 		case 'S':
-			err = x.readSegment(c)
+			if len(rd.sets) != rd.nsets+1 && rd.version != 1 {
+				return fmt.Errorf("%w: %d holder sets announced, %d before the first segment", ErrCorruptSnapshot, rd.nsets, len(rd.sets)-1)
+			}
+			err = x.readSegment(rd)
 		case 'E':
+			if len(rd.sets) != rd.nsets+1 && rd.version != 1 {
+				return fmt.Errorf("%w: %d holder sets announced, %d read", ErrCorruptSnapshot, rd.nsets, len(rd.sets)-1)
+			}
 			if err := x.readEnd(c); err != nil {
 				return err
 			}
@@ -274,9 +357,10 @@ func (x *Index) readBody(c *crcReader) error {
 	}
 }
 
-func (x *Index) readWorker(c *crcReader) error {
-	if len(x.segs) > 0 {
-		return fmt.Errorf("%w: worker record after segments", ErrCorruptSnapshot)
+func (x *Index) readWorker(rd *snapshotReader) error {
+	c := rd.c
+	if len(x.segs) > 0 || len(rd.sets) > 1 {
+		return fmt.Errorf("%w: worker record after sets or segments", ErrCorruptSnapshot)
 	}
 	b, err := c.full(4)
 	if err != nil {
@@ -292,7 +376,7 @@ func (x *Index) readWorker(c *crcReader) error {
 		return err
 	}
 	name := string(nb)
-	if slot >= x.w*64 || slot >= x.opts.MaxWorkers {
+	if slot >= x.opts.MaxWorkers || (rd.version == 1 && slot >= rd.w*64) {
 		return fmt.Errorf("%w: worker slot %d out of range", ErrCorruptSnapshot, slot)
 	}
 	if _, dup := x.byName[name]; dup || name == "" {
@@ -306,11 +390,58 @@ func (x *Index) readWorker(c *crcReader) error {
 	}
 	x.workers[slot] = &worker{name: name, nameHash: hashString(name)}
 	x.byName[name] = int32(slot)
-	x.known[slot/64] |= 1 << (slot % 64)
 	return nil
 }
 
-func (x *Index) readSegment(c *crcReader) error {
+// knownSlot reports whether slot names a worker read so far.
+func (x *Index) knownSlot(slot int64) bool {
+	return slot >= 0 && slot < int64(len(x.workers)) && x.workers[slot] != nil
+}
+
+func (x *Index) readSet(rd *snapshotReader) error {
+	c := rd.c
+	if rd.version == 1 {
+		return fmt.Errorf("%w: holder set record in a version 1 snapshot", ErrCorruptSnapshot)
+	}
+	if len(x.segs) > 0 {
+		return fmt.Errorf("%w: holder set record after segments", ErrCorruptSnapshot)
+	}
+	if len(rd.sets) > rd.nsets {
+		return fmt.Errorf("%w: more than the %d holder sets announced", ErrCorruptSnapshot, rd.nsets)
+	}
+	n, err := c.uvarint("holder set size", uint64(len(x.byName)))
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: empty holder set", ErrCorruptSnapshot)
+	}
+	slots := make([]int32, n)
+	prev := int64(-1)
+	for i := range slots {
+		d, err := c.uvarint("holder set slot", 1<<31)
+		if err != nil {
+			return err
+		}
+		v := prev + 1 + int64(d)
+		if !x.knownSlot(v) {
+			return fmt.Errorf("%w: holder set names an unknown worker slot %d", ErrCorruptSnapshot, v)
+		}
+		slots[i], prev = int32(v), v
+	}
+	var sum uint64
+	for _, v := range slots {
+		sum += slotKey(v)
+	}
+	if x.hs.find(slots, sum) != 0 {
+		return fmt.Errorf("%w: holder set repeated", ErrCorruptSnapshot)
+	}
+	rd.sets = append(rd.sets, x.hs.intern(slots, sum))
+	return nil
+}
+
+func (x *Index) readSegment(rd *snapshotReader) error {
+	c := rd.c
 	b, err := c.full(8)
 	if err != nil {
 		return err
@@ -345,30 +476,77 @@ func (x *Index) readSegment(c *crcReader) error {
 			return fmt.Errorf("%w: %w", ErrCorruptSnapshot, ErrZeroHash)
 		}
 	}
-	w := x.w
 	for m := Medium(0); m < NumMedia; m++ {
 		if media&(1<<m) == 0 {
 			continue
 		}
-		mb, err := c.full(8 * n * w)
+		var err error
+		if rd.version == 1 {
+			seg.sets[m], err = x.readMasksV1(rd, n)
+		} else {
+			seg.sets[m], err = x.readSetNumbers(rd, n)
+		}
 		if err != nil {
 			return err
 		}
-		mask := make([]uint64, n*w)
-		for i := range mask {
-			mask[i] = binary.LittleEndian.Uint64(mb[8*i:])
-		}
-		for o := range n {
-			for k, v := range mask[o*w : o*w+w] {
-				if v&^x.known[k] != 0 {
-					return fmt.Errorf("%w: mask names an unknown worker slot", ErrCorruptSnapshot)
-				}
-			}
-		}
-		seg.masks[m] = mask
 	}
 	x.segs = append(x.segs, seg)
 	return nil
+}
+
+// readSetNumbers reads a version 2 segment's n set numbers for one medium.
+func (x *Index) readSetNumbers(rd *snapshotReader, n int) ([]setID, error) {
+	b, err := rd.c.full(4 * n)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]setID, n)
+	for i := range ids {
+		v := binary.LittleEndian.Uint32(b[4*i:])
+		if int64(v) >= int64(len(rd.sets)) {
+			return nil, fmt.Errorf("%w: set number %d of %d", ErrCorruptSnapshot, v, len(rd.sets)-1)
+		}
+		ids[i] = rd.sets[v]
+	}
+	return ids, nil
+}
+
+// readMasksV1 reads a version 1 segment's n × W mask words for one medium and
+// turns each block's mask into an interned holder set. Neighbouring blocks
+// mostly share a mask, which is then interned once.
+func (x *Index) readMasksV1(rd *snapshotReader, n int) ([]setID, error) {
+	w := rd.w
+	mb, err := rd.c.full(8 * n * w)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]setID, n)
+	var last []byte
+	var lastID setID
+	for o := range n {
+		words := mb[8*w*o : 8*w*(o+1)]
+		if last != nil && bytes.Equal(words, last) {
+			ids[o] = lastID
+			continue
+		}
+		slots := rd.slots[:0]
+		for k := range w {
+			for v := binary.LittleEndian.Uint64(words[8*k:]); v != 0; v &= v - 1 {
+				slot := int64(k*64 + bits.TrailingZeros64(v))
+				if !x.knownSlot(slot) {
+					return nil, fmt.Errorf("%w: mask names an unknown worker slot", ErrCorruptSnapshot)
+				}
+				slots = append(slots, int32(slot))
+			}
+		}
+		rd.slots = slots
+		var id setID
+		if len(slots) > 0 {
+			id = x.hs.internSlots(slices.Clone(slots))
+		}
+		ids[o], last, lastID = id, words, id
+	}
+	return ids, nil
 }
 
 // link builds the block table from the segments read and hangs each segment
@@ -379,6 +557,11 @@ func (x *Index) link() error {
 		return fmt.Errorf("%w: block %016x repeated", ErrCorruptSnapshot, dup)
 	}
 	x.recount()
+	for id := 1; id < len(x.hs.sets); id++ {
+		if hs := &x.hs.sets[id]; hs.slots != nil && hs.refs == 0 {
+			return fmt.Errorf("%w: holder set %v that no block refers to", ErrCorruptSnapshot, hs.slots)
+		}
+	}
 	for id, s := range x.segs {
 		switch l, ok := x.locs.Get(s.parentHash); {
 		case s.parentHash == Root:

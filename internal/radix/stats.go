@@ -24,8 +24,9 @@ type Stats struct {
 	// ApproxBytes estimates the index's memory: segment arrays at their
 	// capacity plus the hash table.
 	ApproxBytes int64
-	// MaskWords is the number of 64-bit mask words per block and medium.
-	MaskWords int
+	// HolderSets is the number of distinct holder sets (sets of workers
+	// holding a block on a medium) the index stores.
+	HolderSets int
 }
 
 // Stats returns the global counters.
@@ -38,7 +39,7 @@ func (x *Index) Stats() Stats {
 		StoredBlocks:        int64(x.locs.Len()),
 		OrphanBlocks:        x.orphanBlocks,
 		DroppedOrphanBlocks: x.dropped,
-		MaskWords:           x.w,
+		HolderSets:          x.hs.live,
 	}
 	for _, w := range x.workers {
 		if w != nil {
@@ -52,10 +53,11 @@ func (x *Index) Stats() Stats {
 		}
 		st.Segments++
 		st.ApproxBytes += segSize + int64(cap(s.hashes))*8 + int64(cap(s.children))*4
-		for _, m := range s.masks {
-			st.ApproxBytes += int64(cap(m)) * 8
+		for _, ids := range s.sets {
+			st.ApproxBytes += int64(cap(ids)) * 4
 		}
 	}
+	st.ApproxBytes += x.hs.bytes()
 	for i := range x.locs.shards {
 		st.ApproxBytes += int64(len(x.locs.shards[i].slots)) * int64(unsafe.Sizeof(tableSlot{}))
 	}
@@ -118,9 +120,8 @@ func (x *Index) WorkerChains(name string, limit int) []Chain {
 	if !ok {
 		return nil
 	}
-	word, bit := int(slot>>6), uint64(1)<<(slot&63)
 	holds := func(s *segment, o int) bool {
-		held, _ := x.heldBy(s, o, o*x.w+word, bit)
+		held, _ := x.heldBy(s, o, slot)
 		return held
 	}
 	type frame struct {

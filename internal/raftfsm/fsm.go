@@ -133,6 +133,20 @@ type state struct {
 	// epoch ever restarts (a fenced incarnation stays fenced) however many
 	// records were pruned, in one number.
 	epochFloor uint64
+	// alive counts the workers records that are active or draining, so
+	// that a registration checks the worker limit without a scan of every
+	// record (pools reach tens of thousands of workers).
+	alive int
+}
+
+// countAlive recounts st.alive from the worker records.
+func (st *state) countAlive() {
+	st.alive = 0
+	for _, w := range st.workers {
+		if alive(w) {
+			st.alive++
+		}
+	}
 }
 
 func newState(opts Options) *state {
@@ -351,7 +365,7 @@ func (f *FSM) register(c *kvdirv1.RegisterCommand, index uint64) (any, []string)
 	case live && c.Override:
 		owner = w.Owner // an administrator acts for the owner, who keeps it
 	}
-	if !live && f.countAlive() >= st.index.Options().MaxWorkers {
+	if !live && st.alive >= st.index.Options().MaxWorkers {
 		return fmt.Errorf("register %q: %w: %d workers", spec.Id, ErrTooMany, st.index.Options().MaxWorkers), nil
 	}
 	if lim := int(c.MaxOwnerWorkers); lim > 0 && owner != "" && !(live && w.Owner == owner) && f.countOwned(owner) >= lim {
@@ -363,6 +377,9 @@ func (f *FSM) register(c *kvdirv1.RegisterCommand, index uint64) (any, []string)
 	}
 	st.index.ClearWorker(spec.Id)
 	f.overQuota.Delete(spec.Id)
+	if !live {
+		st.alive++
+	}
 	st.workers[spec.Id] = &kvdirv1.Worker{
 		Spec:            proto.Clone(spec).(*kvdirv1.WorkerSpec),
 		State:           kvdirv1.WorkerState_WORKER_STATE_ACTIVE,
@@ -387,19 +404,12 @@ func (f *FSM) countOwned(owner string) int {
 	return n
 }
 
-func (f *FSM) countAlive() int {
-	n := 0
-	for _, w := range f.st.workers {
-		if alive(w) {
-			n++
-		}
-	}
-	return n
-}
-
 // pruneGone forgets the oldest records of gone workers over the bound,
 // raising the epoch floor to their epochs.
 func (f *FSM) pruneGone() {
+	if len(f.st.workers)-f.st.alive <= f.opts.MaxGoneWorkers {
+		return
+	}
 	var gone []*kvdirv1.Worker
 	for _, w := range f.st.workers {
 		if !alive(w) {
@@ -433,6 +443,7 @@ func (f *FSM) retire(id string, epoch uint64, to kvdirv1.WorkerState) (any, []st
 	f.st.index.ClearWorker(id)
 	f.overQuota.Delete(id)
 	w.State = to
+	f.st.alive--
 	w.Load = nil
 	f.pruneGone()
 	return nil, []string{id}

@@ -1,6 +1,7 @@
 package raftfsm_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/kvdir/kvdir/internal/radix"
 	"github.com/kvdir/kvdir/internal/raftfsm"
+	"github.com/kvdir/kvdir/internal/testkit"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -187,5 +189,43 @@ func TestRegisterGoneWorkerCountsTowardLimit(t *testing.T) {
 	errResult(t, res, raftfsm.ErrTooMany)
 	if w := mustWorker(t, h.f, "a"); w.State != wsExpired {
 		t.Fatalf("refused re-registration changed a's state to %v", w.State)
+	}
+}
+
+// TestRegisterLargePool fills the default worker limit, which is no longer
+// bound by the index's layout: 65,536 live workers, each holding a block of
+// one shared chain, are matched together, survive a snapshot restore with
+// the limit still counted, and the next live worker is refused until one
+// retires.
+func TestRegisterLargePool(t *testing.T) {
+	testkit.SkipIfShort(t, "registers 65,536 workers")
+	const n = radix.DefaultMaxWorkers
+	if n < 1<<16 {
+		t.Fatalf("default worker limit %d, want at least 65,536", n)
+	}
+	h := newHarness(t, raftfsm.Options{})
+	for i := range n {
+		id := fmt.Sprintf("w%05d", i)
+		h.register(id)
+		if i%4096 == 0 || i == n-1 {
+			h.publish1(batch(id, 1, 1, 1, stored(0, gpu, 7)), stApplied)
+		}
+	}
+	if m := match(t, h.f, 7); len(m) != n/4096+1 || m["w65535"].Blocks != 1 {
+		t.Fatalf("match over the pool: %d workers", len(m))
+	}
+	g := raftfsm.New(raftfsm.Options{})
+	if err := restore(g, snapshotBytes(t, h.f)); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []*raftfsm.FSM{h.f, g} {
+		h.f = f
+		errResult(t, h.apply(tRegister, &kvdirv1.RegisterCommand{Worker: &kvdirv1.WorkerSpec{Id: "extra", BlockSize: 16}}), raftfsm.ErrTooMany)
+		if res := h.apply(tExpireWorker, &kvdirv1.ExpireWorkerCommand{WorkerId: "w00001", Epoch: 1}); res != nil {
+			t.Fatalf("expire: %v", res)
+		}
+		if e := h.register("extra"); e != 1 {
+			t.Fatalf("register after an expiry: epoch %d", e)
+		}
 	}
 }

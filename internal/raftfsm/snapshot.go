@@ -240,6 +240,7 @@ func readState(r io.Reader, opts Options) (*state, uint64, error) {
 			if crc32.Checksum(end[:8], castagnoli) != binary.LittleEndian.Uint32(end[8:]) {
 				return nil, 0, corrupt("end checksum")
 			}
+			st.countAlive()
 			return st, binary.LittleEndian.Uint64(end[:8]), nil
 		default:
 			return nil, 0, corrupt("unknown record tag %#x", tag)

@@ -32,5 +32,6 @@ github.com/armon/go-radix at a reduced scale, and writes the figures as JSON.`,
 	fl.IntVar(&o.ChurnEvents, "churn-events", o.ChurnEvents, "block events to time for the apply rate")
 	fl.Float64Var(&o.GoRadixScale, "goradix-scale", o.GoRadixScale, "fraction of the full shape to build in go-radix for the comparison (negative: skip)")
 	fl.IntVar(&o.ChainBlocks, "chain", o.ChainBlocks, "blocks per matched chain")
+	fl.IntVar(&o.Workers, "workers", o.Workers, "workers in the pool the contents are spread over (0: the full shape's 64)")
 	return cmd
 }
