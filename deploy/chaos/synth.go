@@ -60,14 +60,6 @@ const SyntheticModel = "chaos-synthetic"
 // chainLen is the length of the synthetic worker's chains.
 const chainLen = 64
 
-// synthBacklog bounds the events the synthetic worker owes while the
-// directory takes none, and synthCatchUp is how many ticks' worth one
-// batch may carry to pay them back.
-const (
-	synthBacklog = 10 * time.Second
-	synthCatchUp = 4
-)
-
 // SyntheticConfig configures a Synthetic worker.
 type SyntheticConfig struct {
 	Client   *dirclient.Client
@@ -266,14 +258,8 @@ func (s *Synthetic) loop(ctx context.Context) {
 			epoch, chains, resident, clear = ep, nil, 0, true
 		}
 		now := time.Now()
-		// Owed events accumulate while the directory cannot take them (no
-		// leader, a slow commit), as an agent's batches queue behind a
-		// stalled stream, up to synthBacklog; a batch carries at most
-		// synthCatchUp ticks' worth, so a backlog drains at that multiple
-		// of the rate, as far as the directory keeps up.
-		credit = min(credit+per*now.Sub(last).Seconds(), per*synthBacklog.Seconds())
+		credit = min(credit+per*now.Sub(last).Seconds(), per) // at most a second's backlog
 		last = now
-		limit := max(synthCatchUp*per*s.cfg.Every.Seconds(), 4*chainLen)
 		var events []*kvdirv1.Event
 		blocks := 0
 		if clear {
@@ -282,7 +268,7 @@ func (s *Synthetic) loop(ctx context.Context) {
 		}
 		// Store new chains and evict as many blocks, oldest first, once
 		// the resident set is full: two block events per block stored.
-		for credit-float64(blocks) >= 2*chainLen && float64(blocks) < limit {
+		for credit-float64(blocks) >= 2*chainLen {
 			chain := make([]uint64, chainLen)
 			for i := range chain {
 				next++
@@ -312,7 +298,8 @@ func (s *Synthetic) loop(ctx context.Context) {
 				return
 			}
 			if errors.Is(err, context.DeadlineExceeded) {
-				continue // the directory is behind: the owed events wait
+				credit = 0 // the directory is behind: the rate drops
+				continue
 			}
 			s.stoppedPublisher(ctx, pub)
 			continue
