@@ -207,6 +207,7 @@ func env(k, def string) string {
 // the balancer and the monitors.
 func newHarness(t *testing.T, ctx context.Context) *harness {
 	t.Helper()
+	raiseFileLimit(t)
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
