@@ -105,13 +105,13 @@ func (c *Cluster) addSlot(i int) {
 
 func (c *Cluster) config(i int, initial map[string]string) node.Config {
 	cfg := node.Config{
-		ID:               id(i),
-		APIAddr:          "127.0.0.1:0",
-		InitialCluster:   initial,
-		Transport:        c.trans[i],
-		LogStore:         c.stores[i],
-		StableStore:      c.stores[i],
-		Snapshots:        c.snaps[i],
+		ID:             id(i),
+		APIAddr:        "127.0.0.1:0",
+		InitialCluster: initial,
+		Transport:      c.trans[i],
+		LogStore:       c.stores[i],
+		StableStore:    c.stores[i],
+		Snapshots:      c.snaps[i],
 		// Short enough for fast elections in failover tests, long enough
 		// that a leader whose lease is half of it (50 ms at 100 ms) does
 		// not step down when a loaded race-detector run delays its
