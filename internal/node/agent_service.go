@@ -132,15 +132,14 @@ func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error 
 		defer close(inflight)
 		recvErr <- func() error {
 			for {
-				fr := publishFrame{req: new(kvdirv1.PublishRequest)}
-				err := stream.RecvMsg(&fr)
+				req, err := stream.Recv()
 				if errors.Is(err, io.EOF) {
 					return nil
 				}
 				if err != nil {
 					return err
 				}
-				b := fr.req.Batch
+				b := req.Batch
 				if b == nil {
 					return status.Error(codes.InvalidArgument, "publish: request without a batch")
 				}
@@ -152,7 +151,7 @@ func (s *agentService) Publish(stream kvdirv1.AgentService_PublishServer) error 
 					case err != nil:
 						return err
 					default:
-						done = n.pub.submit(b, fr.cut)
+						done = n.pub.submit(b)
 					}
 				}
 				select {

@@ -35,7 +35,6 @@ type pubResult struct {
 
 type pubRequest struct {
 	batch *kvdirv1.EventBatch
-	cut   uint64         // blocks cut past the quota as it was decoded
 	done  chan pubResult // buffered, 1
 }
 
@@ -45,7 +44,7 @@ type publishBatcher struct {
 	slots chan struct{} // one per group in flight
 
 	// The leader cuts blocks past a worker's quota before proposing them
-	// (raftfsm.FSM.CutOverQuota, and as it decodes them: publishCodec).
+	// (raftfsm.FSM.CutOverQuota).
 	// freeing counts, per worker, the blocks the batches submitted and not
 	// yet answered may remove (raftfsm.Frees): room the applied state does
 	// not show yet.
@@ -66,11 +65,10 @@ func newPublishBatcher(n *Node) *publishBatcher {
 	}
 }
 
-// submit queues a batch, of which cut blocks were cut past the quota as it
-// was decoded; its result arrives on the returned channel. It fails at once
-// with errShuttingDown when the node stops.
-func (b *publishBatcher) submit(batch *kvdirv1.EventBatch, cut uint64) <-chan pubResult {
-	r := &pubRequest{batch: batch, cut: cut, done: make(chan pubResult, 1)}
+// submit queues a batch; its result arrives on the returned channel. It
+// fails at once with errShuttingDown when the node stops.
+func (b *publishBatcher) submit(batch *kvdirv1.EventBatch) <-chan pubResult {
+	r := &pubRequest{batch: batch, done: make(chan pubResult, 1)}
 	b.mu.Lock()
 	b.addFreeing(batch)
 	b.mu.Unlock()
@@ -127,7 +125,7 @@ func (b *publishBatcher) propose(group []*pubRequest) {
 		cmd.Batches[i] = r.batch
 		// Batches queued before this one are counted in freeing, and so is
 		// this one: more room than there may be, never less.
-		if c := r.cut + n.fsm.CutOverQuota(r.batch, b.freed); c > 0 {
+		if c := n.fsm.CutOverQuota(r.batch, b.freed); c > 0 {
 			if cut == nil {
 				cut = make([]uint64, len(group))
 			}

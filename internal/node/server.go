@@ -47,7 +47,6 @@ func (n *Node) startGRPC() error {
 		grpc.MaxSendMsgSize(maxMessage),
 		grpc.ChainUnaryInterceptor(n.metrics.unary, n.auth.unary, n.memberUnary, n.leaderHeaderUnary),
 		grpc.ChainStreamInterceptor(n.metrics.stream, n.auth.stream, n.memberStream, n.leaderHeaderStream),
-		grpc.ForceServerCodecV2(newPublishCodec(n)),
 	}
 	if n.cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.cfg.TLS)))
