@@ -47,25 +47,8 @@ func viaGateway(ctx context.Context, g *gateway.Gateway, session string, c chatR
 		return a, nil
 	}
 	a.worker, a.fallback = x.ResponseHeader.Get(router.HeaderWorker), x.ResponseHeader.Get(router.HeaderFallback)
-	var out struct {
-		Choices []struct {
-			Message message `json:"message"`
-		} `json:"choices"`
-		Usage struct {
-			Prompt  int `json:"prompt_tokens"`
-			Details struct {
-				Cached int `json:"cached_tokens"`
-			} `json:"prompt_tokens_details"`
-		} `json:"usage"`
-	}
-	if err := json.Unmarshal(x.Body, &out); err != nil {
-		return a, fmt.Errorf("decode %q: %w", x.Body, err)
-	}
-	a.prompt, a.cached = out.Usage.Prompt, out.Usage.Details.Cached
-	if len(out.Choices) > 0 {
-		a.content = out.Choices[0].Message.Content
-	}
-	return a, nil
+	a.prompt, a.cached, a.content, err = decodeChat(x.Body)
+	return a, err
 }
 
 // labelledSum adds up the series of a metric family on url's /metrics whose

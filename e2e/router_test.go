@@ -72,6 +72,18 @@ func sendWith(ctx context.Context, url, session string, c chatRequest, header ma
 	}
 	a := answer{status: resp.StatusCode, worker: resp.Header.Get(router.HeaderWorker), body: string(body),
 		predicted: resp.Header.Get(router.HeaderPredicted), fallback: resp.Header.Get(router.HeaderFallback)}
+	if resp.StatusCode == 200 {
+		var err error
+		if a.prompt, a.cached, a.content, err = decodeChat(body); err != nil {
+			return a, err
+		}
+	}
+	return a, nil
+}
+
+// decodeChat reads a chat completion's prompt and cached token counts and
+// its first choice's content.
+func decodeChat(body []byte) (prompt, cached int, content string, err error) {
 	var out struct {
 		Choices []struct {
 			Message message `json:"message"`
@@ -83,16 +95,13 @@ func sendWith(ctx context.Context, url, session string, c chatRequest, header ma
 			} `json:"prompt_tokens_details"`
 		} `json:"usage"`
 	}
-	if resp.StatusCode == 200 {
-		if err := json.Unmarshal(body, &out); err != nil {
-			return a, fmt.Errorf("decode %q: %w", body, err)
-		}
-		a.prompt, a.cached = out.Usage.Prompt, out.Usage.Details.Cached
-		if len(out.Choices) > 0 {
-			a.content = out.Choices[0].Message.Content
-		}
+	if err := json.Unmarshal(body, &out); err != nil {
+		return 0, 0, "", fmt.Errorf("decode %q: %w", body, err)
 	}
-	return a, nil
+	if len(out.Choices) > 0 {
+		content = out.Choices[0].Message.Content
+	}
+	return out.Usage.Prompt, out.Usage.Details.Cached, content, nil
 }
 
 // systemPrompt returns a distinct system prompt of a few hundred tokens.

@@ -130,3 +130,18 @@ func fitQuota(x *radix.Index, worker string, quota uint64, hashes []uint64) []ui
 	}
 	return hashes
 }
+
+// quotaRoom is the room CutOverQuota starts from: the quota less the
+// blocks the worker holds, if it went over its quota in epoch.
+func (f *FSM) quotaRoom(worker string, epoch uint64) (uint64, bool) {
+	v, ok := f.overQuota.Load(worker)
+	if !ok || v.(quotaMark).epoch != epoch {
+		return 0, false
+	}
+	quota := v.(quotaMark).quota
+	var have uint64
+	if ws, ok := f.index.Load().Worker(worker); ok {
+		have = uint64(ws.Blocks)
+	}
+	return quota - min(have, quota), true
+}

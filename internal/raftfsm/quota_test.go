@@ -1,12 +1,9 @@
 package raftfsm_test
 
 import (
-	"math"
-	"math/rand/v2"
 	"strings"
 	"testing"
 
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvdir/kvdir/internal/raftfsm"
@@ -145,129 +142,5 @@ func TestLeaderCutsPastQuota(t *testing.T) {
 	e = quotaWorker(t, p, 10)
 	if c := p.lead.f.CutOverQuota(batch("w", e, 1, 1, stored(0, gpu, seqChain(1, 20)...)), func(string) (uint64, bool) { return 0, true }); c != 0 {
 		t.Fatalf("re-registered: cut %d", c)
-	}
-}
-
-// TestTrimBatchWireIsCutOverQuota checks that cutting an encoded batch
-// gives what cutting the decoded batch gives.
-func TestTrimBatchWireIsCutOverQuota(t *testing.T) {
-	p := newPair(t)
-	e := quotaWorker(t, p, 10)
-	p.publish(batch("w", e, 1, 1, stored(0, gpu, seqChain(1, 12)...)), 0) // over: dropped 2
-	yes := func(n uint64) func(string) (uint64, bool) {
-		return func(string) (uint64, bool) { return n, true }
-	}
-	alloc := func(n int) []byte { return make([]byte, n) }
-	layout := &kvdirv1.Event{Kind: &kvdirv1.Event_Layout{Layout: &kvdirv1.WorkerLayout{}}}
-	for _, tc := range []struct {
-		name  string
-		b     *kvdirv1.EventBatch
-		freed uint64
-	}{
-		{"all cut", batch("w", e, 2, 2, stored(0, gpu, seqChain(100, 256)...)), 0},
-		{"several pieces", batch("w", e, 2, 4, stored(0, gpu, seqChain(100, 50)...), stored(149, cpu, seqChain(150, 7)...), layout), 0},
-		{"head kept", batch("w", e, 2, 2, stored(0, gpu, seqChain(100, 9)...)), 4},
-		{"removed first", batch("w", e, 2, 3, removed(gpu, false, 1, 2, 3), stored(0, gpu, seqChain(100, 9)...)), 0},
-		{"cleared first", batch("w", e, 2, 3, stored(0, gpu, 100, 101), cleared(), stored(0, gpu, seqChain(200, 9)...)), 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			src, err := proto.Marshal(tc.b)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out, cut, ok := p.lead.f.TrimBatchWire(src, yes(tc.freed), alloc)
-			want := proto.Clone(tc.b).(*kvdirv1.EventBatch)
-			wantCut := p.lead.f.CutOverQuota(want, yes(tc.freed))
-			if !ok || cut != wantCut {
-				t.Fatalf("trimmed %v, cut %d; CutOverQuota cut %d", ok, cut, wantCut)
-			}
-			got := new(kvdirv1.EventBatch)
-			if err := proto.Unmarshal(out, got); err != nil {
-				t.Fatalf("the trimmed batch does not decode: %v", err)
-			}
-			if !proto.Equal(got, want) {
-				t.Fatalf("trimmed\n%v\nwant\n%v", got, want)
-			}
-			if len(out) >= len(src) {
-				t.Fatalf("trimmed %d bytes of %d", len(out), len(src))
-			}
-		})
-	}
-
-	// Random batches of every kind of event.
-	rng := rand.New(rand.NewPCG(1, 2))
-	for i := range 500 {
-		var evs []*kvdirv1.Event
-		for range 1 + rng.IntN(6) {
-			hs := seqChain(1+rng.IntN(1000), rng.IntN(40))
-			switch rng.IntN(8) {
-			case 0:
-				evs = append(evs, removed(gpu, rng.IntN(2) == 0, hs...))
-			case 1:
-				evs = append(evs, cleared())
-			case 2:
-				evs = append(evs, layout)
-			default:
-				evs = append(evs, stored(uint64(rng.IntN(3)), cpu, hs...))
-			}
-		}
-		b := batch("w", e, 2, 2, evs...)
-		freed := uint64(rng.IntN(30))
-		src, err := proto.Marshal(b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := proto.Clone(b).(*kvdirv1.EventBatch)
-		wantCut := p.lead.f.CutOverQuota(want, yes(freed))
-		out, cut, ok := p.lead.f.TrimBatchWire(src, yes(freed), alloc)
-		if !ok {
-			if wantCut != 0 {
-				t.Fatalf("batch %d: left whole, CutOverQuota cut %d", i, wantCut)
-			}
-			continue
-		}
-		got := new(kvdirv1.EventBatch)
-		if err := proto.Unmarshal(out, got); err != nil || cut != wantCut || !proto.Equal(got, want) {
-			t.Fatalf("batch %d: cut %d (%v), want %d:\n%v\nwant\n%v", i, cut, err, wantCut, got, want)
-		}
-	}
-
-	// Left whole: nothing to cut, a worker not over its quota, a leader
-	// that may not cut, and batches CheckBatch must see whole.
-	unpacked := protowire.AppendTag(nil, 2, protowire.Fixed64Type) // StoredBlocks.hashes, one by one
-	unpacked = protowire.AppendFixed64(unpacked, 7)
-	unpackedEvent := protowire.AppendTag(nil, 1, protowire.BytesType)
-	unpackedEvent = protowire.AppendBytes(unpackedEvent, unpacked)
-	unpackedBatch := protowire.AppendTag(nil, 1, protowire.BytesType)
-	unpackedBatch = protowire.AppendString(unpackedBatch, "w")
-	unpackedBatch = protowire.AppendTag(unpackedBatch, 2, protowire.VarintType)
-	unpackedBatch = protowire.AppendVarint(unpackedBatch, e)
-	unpackedBatch = protowire.AppendTag(unpackedBatch, 5, protowire.BytesType)
-	unpackedBatch = protowire.AppendBytes(unpackedBatch, unpackedEvent)
-	for _, tc := range []struct {
-		name  string
-		b     *kvdirv1.EventBatch
-		src   []byte
-		freed func(string) (uint64, bool)
-	}{
-		{name: "room enough", b: batch("w", e, 2, 2, stored(0, gpu, 1, 2)), freed: yes(5)},
-		{name: "another worker", b: batch("v", 1, 2, 2, stored(0, gpu, 1, 2)), freed: yes(0)},
-		{name: "another epoch", b: batch("w", e+1, 2, 2, stored(0, gpu, 1, 2)), freed: yes(0)},
-		{name: "may not cut", b: batch("w", e, 2, 2, stored(0, gpu, 1, 2)), freed: func(string) (uint64, bool) { return 0, false }},
-		{name: "reserved hash cut", b: batch("w", e, 2, 2, stored(0, gpu, 5, 0, 6)), freed: yes(1)},
-		{name: "over the chain limit", b: batch("w", e, 2, 2, stored(0, gpu, seqChain(1, 100_000)...)), freed: yes(0)},
-		{name: "unpacked hashes", src: unpackedBatch, freed: yes(0)},
-		{name: "infinite room", b: batch("w", e, 2, 2, stored(0, gpu, 1, 2)), freed: yes(math.MaxUint64)},
-	} {
-		src := tc.src
-		if src == nil {
-			var err error
-			if src, err = proto.Marshal(tc.b); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if _, cut, ok := p.lead.f.TrimBatchWire(src, tc.freed, alloc); ok || cut != 0 {
-			t.Errorf("%s: trimmed (cut %d)", tc.name, cut)
-		}
 	}
 }
