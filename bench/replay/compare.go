@@ -37,7 +37,13 @@ type Compare struct {
 	HAProxyBin string       // default "haproxy"
 	Base       Config       // the replay settings; URLs and Engines are filled in
 	Log        *slog.Logger
+
+	routerLogs string // the last policy's routers' log tails
 }
+
+// RouterLogs returns the tails of the logs of the routers the last Run
+// started ("" after HAProxy), for a failing test to show.
+func (c *Compare) RouterLogs() string { return c.routerLogs }
 
 // Run replays the trace under policy and summarises it.
 func (c *Compare) Run(ctx context.Context, policy string) (report.Policy, *Result, error) {
@@ -168,14 +174,18 @@ func (c *Compare) start(ctx context.Context, policy string) ([]string, func(), e
 			_ = p.Terminate(5 * time.Second)
 			return nil, nil, fmt.Errorf("haproxy: %w\n%s", err, p.Tail(20))
 		}
+		c.routerLogs = ""
 		return []string{url}, func() { _ = p.Terminate(5 * time.Second) }, nil
 	}
 	var procs []*testkit.Proc
 	var urls []string
 	stop := func() {
+		var logs strings.Builder
 		for _, p := range procs {
 			_ = p.Terminate(10 * time.Second)
+			fmt.Fprintf(&logs, "---- %s\n%s\n", p.Name, p.Tail(20))
 		}
+		c.routerLogs = logs.String()
 	}
 	for i := range n {
 		url := fmt.Sprintf("http://127.0.0.1:%d", ports[i])
