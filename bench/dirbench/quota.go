@@ -69,6 +69,9 @@ type QuotaDetails struct {
 	FillBytesPerEntry float64 `json:"fill_only_bytes_per_entry"`
 	GrowthOverFill    float64 `json:"rss_growth_over_fill_only_quota_bytes"`
 	DigestsAgree      bool    `json:"digests_agree"`
+	// NodeRSSMiB are each node's anonymous RSS at the base, at the quota
+	// and after the flood (node order as started).
+	NodeRSSMiB [][3]float64 `json:"node_rss_anon_mib"`
 }
 
 // QuotaMeasures are a block-quota run's numbers.
@@ -227,6 +230,9 @@ func measureQuota(ctx context.Context, o QuotaOptions) (res *QuotaMeasures, err 
 		return float64(s) / float64(len(v)) / (1 << 20)
 	}
 	res.BaseRSSMiB, res.QuotaRSSMiB, res.FloodRSSMiB = mib(base), mib(atQuota), mib(after)
+	for i := range c.Nodes {
+		res.NodeRSSMiB = append(res.NodeRSSMiB, [3]float64{mib(base[i : i+1]), mib(atQuota[i : i+1]), mib(after[i : i+1])})
+	}
 	log.Info("after the flood", "growth_ratio", res.GrowthRatio, "held", res.Held, "dropped", res.Dropped)
 	if res.Held > uint64(o.Quota) {
 		return nil, fmt.Errorf("the worker holds %d blocks, over its quota of %d", res.Held, o.Quota)
@@ -344,7 +350,7 @@ func settledRSS(ctx context.Context, c *fleet.Directory) ([]int64, error) {
 		var last int64 = -1
 		steady := 0
 		deadline := time.Now().Add(30 * time.Second)
-		for steady < 3 && time.Now().Before(deadline) {
+		for steady < 5 && time.Now().Before(deadline) {
 			v, err := rssAnon(n.Pid())
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", n.ID, err)

@@ -30,6 +30,7 @@ type metrics struct {
 	streamRefusals *prometheus.CounterVec
 	loadsClamped   prometheus.Counter
 	refusedIDs     prometheus.Counter
+	memReturns     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -93,8 +94,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "kvdir_register_invalid_total",
 		Help: "Registrations refused before proposing: a worker id, model, address or label with control characters, non-printable runes or invalid UTF-8.",
 	})
+	m.memReturns = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvdir_memory_returns_total",
+		Help: "Times the node collected and returned its freed memory to the operating system at the end of a burst of applied entries (internal/memreturn).",
+	})
 	reg.MustRegister(m.commitLatency, m.publishes, m.groupSize, m.matchLatency, m.matchDepth, m.rpcs, m.rpcLatency,
-		m.intentsReceived, m.intentsSent, m.intentsDropped, m.streamRefusals, m.loadsClamped, m.refusedIDs)
+		m.intentsReceived, m.intentsSent, m.intentsDropped, m.streamRefusals, m.loadsClamped, m.refusedIDs, m.memReturns)
 	return m
 }
 

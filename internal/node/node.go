@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/kvdir/kvdir/internal/memreturn"
 	"github.com/kvdir/kvdir/internal/raftfsm"
 )
 
@@ -231,11 +232,12 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.metrics.watchNode(n)
-	n.wg.Add(4)
+	n.wg.Add(5)
 	go n.leaderLoop()
 	go n.memberLoop()
 	go n.pub.run()
 	go n.share.run()
+	go n.returnMemory()
 	n.log.Info("directory node started", "raft", cfg.RaftAdvertise, "api", n.APIAddr(), "http", n.HTTPAddr())
 	return n, nil
 }
@@ -572,4 +574,17 @@ func (n *Node) now() time.Time {
 		return time.Now()
 	}
 	return time.Now().Add(n.cfg.TestClockOffset)
+}
+
+// returnMemory gives the garbage of a burst of applied entries (a flood of
+// events, a catch-up) back to the operating system once the burst ends, so
+// that the node's resident size reflects what it holds (internal/memreturn).
+func (n *Node) returnMemory() {
+	defer n.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-n.stop; cancel() }()
+	memreturn.New(memreturn.Config{Activity: n.fsm.AppliedIndex, OnReturn: func(allocated uint64) {
+		n.metrics.memReturns.Inc()
+		n.log.Debug("returned freed memory at the end of a burst", "allocated_mib", allocated>>20)
+	}}).Run(ctx)
 }
