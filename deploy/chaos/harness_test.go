@@ -135,6 +135,7 @@ type harness struct {
 	t     *testing.T
 	ctx   context.Context
 	d     Docker
+	addrs *Addrs // containers' addresses, for dialling them by name
 	root  string
 	dir   *Directory
 	creds *Credentials // the CA and admin token of the cluster (deploy/secrets)
@@ -220,6 +221,7 @@ func newHarness(t *testing.T, ctx context.Context) *harness {
 		kvdirctl:  env("KVDIR_IMAGE_PREFIX", "kvdir/") + "kvdirctl:" + env("KVDIR_IMAGE_TAG", "dev"),
 	}
 	h.rng = rand.New(rand.NewPCG(h.seed, 1))
+	h.addrs = NewAddrs(h.d, time.Second)
 	for _, tool := range []string{"docker", "docker-compose"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s is not installed: the chaos tests need Docker and docker-compose", tool)
@@ -302,19 +304,9 @@ func newHarness(t *testing.T, ctx context.Context) *harness {
 }
 
 // dialContainer dials addr, whose host is an IP address or a container's
-// name on Network (looked up again at each dial: a restarted container may
-// have a new address).
+// name on Network (Addrs: a restarted container may have a new address).
 func (h *harness) dialContainer(ctx context.Context, network, addr string) (net.Conn, error) {
-	d := &net.Dialer{Timeout: 10 * time.Second}
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil || net.ParseIP(host) != nil {
-		return d.DialContext(ctx, network, addr)
-	}
-	ip, err := h.d.IP(ctx, host)
-	if err != nil || ip == "" {
-		return nil, fmt.Errorf("address of %s: %q %v", host, ip, err)
-	}
-	return d.DialContext(ctx, network, net.JoinHostPort(ip, port))
+	return h.addrs.Dial(ctx, network, addr, 10*time.Second)
 }
 
 // syntheticWorker is the synthetic worker's id.
@@ -323,15 +315,7 @@ const syntheticWorker = "chaos-synthetic-1"
 // dialNode dials a directory node by its advertised address (its
 // container name), at its current address on Network.
 func (h *harness) dialNode(ctx context.Context, addr string) (net.Conn, error) {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, err
-	}
-	ip, err := h.d.IP(ctx, host)
-	if err != nil || ip == "" {
-		return nil, fmt.Errorf("address of %s: %q %v", host, ip, err)
-	}
-	return (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", net.JoinHostPort(ip, port))
+	return h.addrs.Dial(ctx, "tcp", addr, 2*time.Second)
 }
 
 // compose runs deploy/compose/cluster.sh.
