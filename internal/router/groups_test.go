@@ -140,6 +140,9 @@ func TestGroupsRouteEachModelInItsGroup(t *testing.T) {
 			t.Fatalf("model b: group %s, %v, %d candidates", d.group.name, d, len(d.workers))
 		}
 	}
+	if e := s.explain(groupChat(t, "b"), decide("b")); e.Group != "b" {
+		t.Fatalf("explain of model b names group %q", e.Group)
+	}
 	// Over HTTP, each model reaches its own workers only.
 	for _, m := range []string{"a", "b"} {
 		resp, body := post(t, hs.URL+PathChat, `{"model":"`+m+`","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`)
