@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -19,6 +20,11 @@ import (
 // DefaultGroup names the directory group of Config.Directory (the
 // router's --directory).
 const DefaultGroup = "default"
+
+// groupLoadWait is how long, with several groups, readiness waits for a
+// group's first worker list: a group whose nodes are all down when the
+// router starts must not keep the other groups' models out of service.
+const groupLoadWait = 30 * time.Second
 
 // DirectoryGroup is one directory group: a Raft cluster of directory
 // nodes serving a set of models. A large fleet runs several side by side,
@@ -46,10 +52,13 @@ type group struct {
 	rec     *recorder         // nil without a directory
 	share   *sharer           // nil without a directory, or with neither intents nor a local replica
 
-	synced      atomic.Bool  // its worker list has been loaded once
-	localReady  atomic.Bool  // the local replica was seen in sync, or readiness stopped waiting for it
-	failures    atomic.Int32 // consecutive failed directory look-ups
-	pausedUntil atomic.Int64 // unix nanos: the directory is not asked until then
+	synced atomic.Bool // its worker list has been loaded once
+	// unloadedLogged: readiness stopped waiting for the worker list
+	// (groupLoadWait) and said so.
+	unloadedLogged atomic.Bool
+	localReady     atomic.Bool  // the local replica was seen in sync, or readiness stopped waiting for it
+	failures       atomic.Int32 // consecutive failed directory look-ups
+	pausedUntil    atomic.Int64 // unix nanos: the directory is not asked until then
 
 	// served is the group's --models as its nodes report them (nil: not
 	// reported, or every model: the group's workers say which).
@@ -276,16 +285,6 @@ func (s *Server) runGroups(ctx context.Context) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
-}
-
-// groupsSynced reports whether every group's worker list has loaded once.
-func (s *Server) groupsSynced() bool {
-	for _, g := range s.groups {
-		if !g.synced.Load() {
-			return false
-		}
-	}
-	return true
 }
 
 // groupCollector exports each group's local replica position and the

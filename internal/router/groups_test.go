@@ -228,3 +228,52 @@ func TestGroupsModelInTwoGroups(t *testing.T) {
 		t.Fatal("metrics lack kvdir_router_model_group_conflicts 1")
 	}
 }
+
+// TestGroupsReadyWithoutADownGroup starts a router while every node of
+// one of its two groups is down: after the bounded wait it is ready and
+// serves the other group's model, and the down group's model is refused
+// with 503 naming that group.
+func TestGroupsReadyWithoutADownGroup(t *testing.T) {
+	ga := dirtest.New(t, 1, func(_ int, c *node.Config) { c.Lease = time.Hour; c.Models = []string{"a"} })
+	gb := dirtest.New(t, 1, func(_ int, c *node.Config) { c.Lease = time.Hour; c.Models = []string{"b"} })
+	ua := newUpstream(t, "a", okJSON(0))
+	registerIn(t, ga, "a1", "a", ua.URL)
+	gb.Stop(0)
+	var dcs []*dirclient.Client
+	for _, c := range []*dirtest.Cluster{ga, gb} {
+		dc, err := dirclient.New(dirclient.Config{Addrs: c.APIAddrs(), Logger: testkit.Logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { dc.Close() })
+		dcs = append(dcs, dc)
+	}
+	s, err := New(Config{Policy: mustPolicy(t, "kvdir"), Renderer: mustRenderer(t), Logger: testkit.Logger(t), ScrapeInterval: 20 * time.Millisecond,
+		Groups: []DirectoryGroup{{Name: "a", Directory: dcs[0]}, {Name: "b", Directory: dcs[1]}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.groupWait = 2 * time.Second
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	hs := httptest.NewServer(s.Handler())
+	t.Cleanup(hs.Close)
+	testkit.Eventually(t, 10*time.Second, "group a's worker list loaded", func() (bool, string) { return s.groups[0].synced.Load(), "" })
+	if ok, why := s.Ready(); time.Since(s.created) < s.groupWait-100*time.Millisecond && (ok || !strings.Contains(why, "directory group b not loaded yet")) {
+		t.Fatalf("ready within the wait, with group b down: %v %q", ok, why)
+	}
+	testkit.Eventually(t, 10*time.Second, "ready without group b", func() (bool, string) {
+		ok, why := s.Ready()
+		return ok, why
+	})
+	resp, body := post(t, hs.URL+PathChat, `{"model":"a","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderWorker) != "a1" {
+		t.Fatalf("model a with group b down: %d %s", resp.StatusCode, body)
+	}
+	resp, body = post(t, hs.URL+PathChat, `{"model":"b","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "directory group b") {
+		t.Fatalf("model b with its group down: %d %s", resp.StatusCode, body)
+	}
+}

@@ -197,11 +197,6 @@ func (p *pool) replace(specs []workerSpec) []error {
 	return p.update(nil, specs, true, nil)
 }
 
-// apply adds or updates specs and removes the ids in gone.
-func (p *pool) apply(specs []workerSpec, gone []string) []error {
-	return p.update(nil, specs, false, gone)
-}
-
 // replaceGroup makes specs the complete set of g's workers (a discovery
 // snapshot of g's directory); the other groups' workers stay.
 func (p *pool) replaceGroup(g *group, specs []workerSpec) []error {

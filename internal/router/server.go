@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -255,7 +256,8 @@ type Server struct {
 
 	created        time.Time // when New returned: the local replica's wait for readiness counts from here
 	breakerPause   time.Duration
-	conflictLogged sync.Map // models claimed by several groups, logged once
+	groupWait      time.Duration // groupLoadWait (tests shorten it)
+	conflictLogged sync.Map      // models claimed by several groups, logged once
 	runCtx         atomic.Pointer[context.Context]
 	started        atomic.Bool
 }
@@ -266,7 +268,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, policy: cfg.Policy, fallback: cfg.Fallback, renderer: cfg.Renderer, log: cfg.Logger, breakerPause: breakerPause,
-		created: time.Now()}
+		groupWait: groupLoadWait, created: time.Now()}
 	if len(cfg.Groups) > 0 {
 		for _, g := range cfg.Groups {
 			s.groups = append(s.groups, newGroup(g.Name, g.Directory, g.Local))
@@ -476,10 +478,20 @@ func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) Ready() (bool, string) {
 	for _, g := range s.groups {
 		if !g.synced.Load() {
-			if len(s.groups) > 1 {
-				return false, fmt.Sprintf("worker list of directory group %s not loaded yet", g.name)
+			if len(s.groups) == 1 {
+				return false, "worker list not loaded yet"
 			}
-			return false, "worker list not loaded yet"
+			// One group down at start must not keep the others' models
+			// out of service: wait for it a bounded time only.
+			if left := s.groupWait - time.Since(s.created); left > 0 {
+				return false, fmt.Sprintf("worker list of directory group %s not loaded yet; ready once it is, or in %v without it",
+					g.name, left.Round(time.Millisecond))
+			}
+			if g.unloadedLogged.CompareAndSwap(false, true) {
+				s.log.Warn("router: directory group's worker list still not loaded; ready without it (its models are refused until it loads)",
+					"group", g.name, "waited", s.groupWait, "last_error", strings.TrimSpace(s.directoryCause(g)))
+			}
+			continue
 		}
 		if wait := s.localWait(g); wait > 0 {
 			of := "the directory"
