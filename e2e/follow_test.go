@@ -44,8 +44,8 @@ func TestRoutersFollowTheLog(t *testing.T) {
 		EngineArgs: []string{"--time-scale", "0.02", "--default-max-tokens", "4"},
 		RouterArgs: []string{"--policy", "kvdir", "--match-timeout", "200ms", "--follow-log", "--share-intents=false"}})
 	r0, r1 := f.Routers[0].URL, f.Routers[1].URL
-	local := `kvdir_router_matches_total{source="local"}`
-	remote := `kvdir_router_matches_total{source="directory"}`
+	local := `kvdir_router_matches_total{group="default",source="local"}`
+	remote := `kvdir_router_matches_total{group="default",source="directory"}`
 	// A router's replica is in sync once it answers a match itself.
 	for _, r := range []string{r0, r1} {
 		testkit.Eventually(t, 15*time.Second, r+" to answer a match from its replica", func() (bool, string) {
@@ -71,7 +71,7 @@ func TestRoutersFollowTheLog(t *testing.T) {
 	if after != before {
 		t.Fatalf("router 1 asked the directory %v times while its replica was in sync", after-before)
 	}
-	if lag, ok, err := metricOf(r1, "kvdir_router_view_lag_entries"); !ok || err != nil || lag > 1000 {
+	if lag, ok, err := metricOf(r1, `kvdir_router_view_lag_entries{group="default"}`); !ok || err != nil || lag > 1000 {
 		t.Fatalf("router 1's view lag: %v (present %v, %v)", lag, ok, err)
 	}
 }
@@ -143,7 +143,7 @@ func TestFollowingRoutersViewsEqualAfterTraffic(t *testing.T) {
 	tr.stopTraffic(t)
 	checkFollowInvariants(t, f, tr)
 	for _, r := range f.Routers {
-		if n := metricSum(t, r, `kvdir_router_matches_total{source="local"}`); n == 0 {
+		if n := metricSum(t, r, `kvdir_router_matches_total{group="default",source="local"}`); n == 0 {
 			t.Errorf("%s answered no match from its replica", r.Proc.Name)
 		}
 	}
@@ -160,7 +160,7 @@ func TestFollowingRoutersThroughALeaderKill(t *testing.T) {
 	var fallbacks, remote []float64
 	for _, r := range f.Routers {
 		fallbacks = append(fallbacks, metricSum(t, r, "kvdir_router_fallbacks_total"))
-		remote = append(remote, metricSum(t, r, `kvdir_router_matches_total{source="directory"}`))
+		remote = append(remote, metricSum(t, r, `kvdir_router_matches_total{group="default",source="directory"}`))
 	}
 	tr := startTraffic(t, ctx, otherNode(f, old), f.Routers[0].URL, f.Routers[1].URL)
 	tr.waitAcked(t, 30)
@@ -177,7 +177,7 @@ func TestFollowingRoutersThroughALeaderKill(t *testing.T) {
 		if n := metricSum(t, r, "kvdir_router_fallbacks_total") - fallbacks[i]; n != 0 {
 			t.Errorf("%s fell back %v times around the leader kill", r.Proc.Name, n)
 		}
-		if n := metricSum(t, r, `kvdir_router_matches_total{source="directory"}`) - remote[i]; n != 0 {
+		if n := metricSum(t, r, `kvdir_router_matches_total{group="default",source="directory"}`) - remote[i]; n != 0 {
 			t.Errorf("%s asked the directory %v matches around the leader kill instead of its replica", r.Proc.Name, n)
 		}
 	}

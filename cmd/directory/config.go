@@ -93,6 +93,8 @@ func newSettings(env []string, stdout, stderr io.Writer) *settings {
 	fs.Var(cli.StringList(&c.Join), "join", "API addresses (`HOST:PORT,...`) of existing members to ask to add this node (when its data directory is empty)")
 
 	p.Group("Workers and sessions")
+	fs.Var(cli.StringList(&c.Models), "models",
+		"the models this directory group serves (`MODEL,...`; default: every model). A worker of another model is refused at registration, naming this group's models: run several groups side by side, each with its own --models, and give the routers one --directory-group each")
 	fs.Var(cli.PositiveDuration(&c.Lease), "lease", "how long a worker may go without a heartbeat before the leader expires it (at least 100ms)")
 	fs.Var(cli.PositiveDuration(&c.MaxStaleness), "max-staleness", "a follower that has not heard from a leader for this long refuses reads, so clients use a node that has")
 	fs.Var(cli.PositiveDuration(&c.LoadInterval), "load-interval", "how often the leader commits the loads gathered from heartbeats")

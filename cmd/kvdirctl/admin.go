@@ -45,6 +45,9 @@ Needs the admin token when the directory enforces roles.`,
 		Args:              exactArgs("WORKER"),
 		ValidArgsFunction: a.completeWorkers,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.groupOfWorker(cmd.Context(), args[0]); err != nil {
+				return err
+			}
 			c, err := a.dir()
 			if err != nil {
 				return err
@@ -74,6 +77,9 @@ Needs the admin token when the directory enforces roles.`,
 		Args:              exactArgs("WORKER"),
 		ValidArgsFunction: a.completeWorkers,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.groupOfWorker(cmd.Context(), args[0]); err != nil {
+				return err
+			}
 			c, err := a.dir()
 			if err != nil {
 				return err
@@ -363,11 +369,14 @@ func (a *app) leaderTransfer(ctx context.Context, id string) error {
 // Shell completion of worker ids, session ids, member ids and models.
 
 func (a *app) completionClient(cmd *cobra.Command) bool {
-	if a.client != nil {
+	if a.current() != nil {
 		return true
 	}
 	if err := a.setup(cmd); err != nil {
 		return false
+	}
+	if a.cur < 0 {
+		a.useGroup(0) // with several groups, complete from the first
 	}
 	_, err := a.dir()
 	return err == nil
@@ -379,7 +388,7 @@ func (a *app) completeWorkers(cmd *cobra.Command, args []string, toComplete stri
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	lw, err := a.client.ListWorkers(ctx, "", false)
+	lw, err := a.current().ListWorkers(ctx, "", false)
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
@@ -398,7 +407,7 @@ func (a *app) completeSessions(cmd *cobra.Command, args []string, toComplete str
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	ls, err := a.client.ListSessions(ctx, toComplete, "", 200)
+	ls, err := a.current().ListSessions(ctx, toComplete, "", 200)
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
@@ -415,7 +424,7 @@ func (a *app) completeMembers(cmd *cobra.Command, args []string, toComplete stri
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	st, err := a.client.Status(ctx)
+	st, err := a.current().Status(ctx)
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
@@ -434,7 +443,7 @@ func (a *app) completeModels(cmd *cobra.Command, _ []string, toComplete string) 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	lw, err := a.client.ListWorkers(ctx, "", false)
+	lw, err := a.current().ListWorkers(ctx, "", false)
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}

@@ -60,19 +60,25 @@ func (a *app) resolveModel(ctx context.Context, model string) (string, error) {
 	if model != "" {
 		return model, nil
 	}
-	c, err := a.dir()
-	if err != nil {
-		return "", err
-	}
-	lw, err := c.ListWorkers(ctx, "", false)
-	if err != nil {
-		return "", err
-	}
 	var models []string
-	for _, w := range lw.Workers {
-		if m := w.GetSpec().GetModel(); !slices.Contains(models, m) {
-			models = append(models, m)
+	err := a.eachGroup(func(*dirGroup) error {
+		c, err := a.dir()
+		if err != nil {
+			return err
 		}
+		lw, err := c.ListWorkers(ctx, "", false)
+		if err != nil {
+			return err
+		}
+		for _, w := range lw.Workers {
+			if m := w.GetSpec().GetModel(); !slices.Contains(models, m) {
+				models = append(models, m)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
 	}
 	switch len(models) {
 	case 0:
@@ -91,6 +97,9 @@ func (a *app) match(ctx context.Context, p *prompt, lora string, consistent bool
 	}
 	ids, err := p.tokenIDs()
 	if err != nil {
+		return err
+	}
+	if err := a.groupOfModel(ctx, model); err != nil {
 		return err
 	}
 	c, err := a.dir()

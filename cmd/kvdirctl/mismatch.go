@@ -15,7 +15,7 @@ import (
 // reports the cluster).
 func (a *app) cacheMismatches(ctx context.Context, st *ctlview.Status) {
 	st.CacheMismatches = []ctlview.CacheMismatch{}
-	lw, err := a.client.ListWorkers(ctx, "", false)
+	lw, err := a.current().ListWorkers(ctx, "", false)
 	if err != nil {
 		st.CacheCheckError = fmt.Sprintf("cannot list the workers: %v", err)
 		return

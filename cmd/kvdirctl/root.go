@@ -53,8 +53,14 @@ type app struct {
 	output        string
 	verbose       bool
 
+	// groupFlags is --directory-group; groups the directory groups (one,
+	// named default, for --directory), each with its client once dialled;
+	// cur the one dir() returns (-1: none chosen, with several).
+	groupFlags []cli.NamedList
+	groups     []*dirGroup
+	cur        int
+
 	format clitable.Format
-	client *dirclient.Client
 }
 
 // usageErrorf returns a mistake on the command line: exit status 2 and a
@@ -66,8 +72,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	a := &app{out: clitable.SafeWriter(stdout), errOut: clitable.SafeWriter(stderr), rawOut: stdout, getenv: getenv, now: time.Now}
 	root := a.rootCommand()
 	_, err := a.prog.ExecuteC(ctx, root, args)
-	if a.client != nil {
-		a.client.Close()
+	for _, g := range a.groups {
+		if g.client != nil {
+			g.client.Close()
+		}
 	}
 	if err != nil && !cli.IsUsage(err) {
 		err = errors.New(describe(err, a))
@@ -119,6 +127,8 @@ func (a *app) rootCommand() *cobra.Command {
 	pf := root.PersistentFlags()
 	pf.StringSliceVarP(&a.directory, "directory", "d", []string{"127.0.0.1:7001"},
 		"gRPC addresses of directory nodes (host:port), comma-separated; tried in turn when one does not answer")
+	pf.Var(cli.NamedLists(&a.groupFlags), "directory-group",
+		"one directory group of several, as the router's flag: `NAME=HOST:PORT[,HOST:PORT...]`, repeated for each group (in the environment, groups separated by ';'); instead of --directory. Listings ask every group and add a GROUP column; a worker's command finds its group; members, snapshot and leader need a single group")
 	pf.StringVar(&a.token, "token", "", "bearer token (router role for reads, admin role for changes); prefer --token-file or KVDIR_CTL_TOKEN, flags show in ps")
 	pf.StringVar(&a.tokenFile, "token-file", "", "file holding the bearer token")
 	pf.BoolVar(&a.tlsOn, "tls", false, "use TLS with the system's root certificates (implied by --tls-ca and --tls-cert)")
@@ -168,15 +178,13 @@ func (a *app) setup(*cobra.Command) error {
 	if len(addrs) == 0 {
 		return usageErrorf("--directory is empty: give at least one directory node's gRPC address (host:port)")
 	}
-	for _, d := range addrs {
-		if strings.Contains(d, "://") {
-			return usageErrorf("--directory %q: give host:port, without a scheme (TLS is --tls)", d)
-		}
-		if !strings.Contains(d, ":") {
-			return usageErrorf("--directory %q: missing port (the directory's gRPC port, 7001 by default)", d)
-		}
+	if err := checkAddrs("--directory", addrs); err != nil {
+		return err
 	}
 	a.directory = addrs
+	if err := a.parseGroups(addrs); err != nil {
+		return err
+	}
 	if a.token != "" && a.tokenFile != "" {
 		return usageErrorf("--token and --token-file are both set: give one")
 	}
@@ -189,12 +197,17 @@ func (a *app) setup(*cobra.Command) error {
 	return nil
 }
 
-// dir returns the directory client, creating it on first use.
+// dir returns the current directory group's client, creating it on first
+// use.
 func (a *app) dir() (*dirclient.Client, error) {
-	if a.client != nil {
-		return a.client, nil
+	if a.cur < 0 || a.cur >= len(a.groups) {
+		return nil, usageErrorf("this command acts on one directory group, and %d are given (%s): give --directory, or a single --directory-group", len(a.groups), a.groupNames())
 	}
-	cfg := dirclient.Config{Addrs: a.directory, DialTimeout: a.dialTimeout, CallTimeout: a.timeout}
+	g := a.groups[a.cur]
+	if g.client != nil {
+		return g.client, nil
+	}
+	cfg := dirclient.Config{Addrs: g.addrs, DialTimeout: a.dialTimeout, CallTimeout: a.timeout}
 	level := slog.LevelError + 4 // silent unless asked: errors are reported by the command
 	switch {
 	case a.prog.Source(cli.FlagLogLevel) != cli.FromDefault:
@@ -240,7 +253,7 @@ func (a *app) dir() (*dirclient.Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("directory client: %w", err)
 	}
-	a.client = c
+	g.client = c
 	return c, nil
 }
 

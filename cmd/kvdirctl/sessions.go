@@ -57,33 +57,55 @@ recorded. Filter by session-id prefix (--prefix) and by worker (--worker).
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.watchLoop(cmd, w, func(ctx context.Context, out io.Writer) error {
-				c, err := a.dir()
+				doc := ctlview.SessionList{Sessions: []ctlview.Session{}}
+				err := a.eachGroup(func(g *dirGroup) error {
+					c, err := a.dir()
+					if err != nil {
+						return err
+					}
+					resp, err := c.ListSessions(ctx, prefix, worker, limit)
+					if err != nil {
+						return err
+					}
+					doc.Total += resp.Total
+					if doc.Read.Node == "" {
+						doc.Read = readOf(resp.Read) // the first group's
+					}
+					for _, r := range resp.Sessions {
+						v := a.sessionView(r)
+						if a.multiGroup() {
+							v.Group = g.name
+						}
+						doc.Sessions = append(doc.Sessions, v)
+					}
+					return nil
+				})
 				if err != nil {
 					return err
-				}
-				resp, err := c.ListSessions(ctx, prefix, worker, limit)
-				if err != nil {
-					return err
-				}
-				doc := ctlview.SessionList{Sessions: []ctlview.Session{}, Total: resp.Total, Read: readOf(resp.Read)}
-				for _, r := range resp.Sessions {
-					doc.Sessions = append(doc.Sessions, a.sessionView(r))
 				}
 				return a.write(out, doc, func(out io.Writer) error {
 					if len(doc.Sessions) == 0 {
-						fmt.Fprintf(out, "No sessions match (%d recorded in all). Sessions are recorded by the router for requests with a session id.\n", resp.Total)
+						fmt.Fprintf(out, "No sessions match (%d recorded in all). Sessions are recorded by the router for requests with a session id.\n", doc.Total)
 						return nil
 					}
-					t := clitable.NewTab("SESSION", "WORKER", "CACHED/PROMPT", "HIT", "BLOCKS", "LAST-SEEN")
+					cols := []string{"SESSION", "WORKER", "CACHED/PROMPT", "HIT", "BLOCKS", "LAST-SEEN"}
+					if a.multiGroup() {
+						cols = append([]string{"GROUP"}, cols...)
+					}
+					t := clitable.NewTab(cols...)
 					for _, v := range doc.Sessions {
-						t.Add(v.ID, v.Worker, fmt.Sprintf("%d/%d", v.CachedTokens, v.PromptTokens),
-							clitable.Percent(float64(v.CachedTokens), float64(v.PromptTokens)), v.Blocks, sessionAge(v))
+						row := []any{v.ID, v.Worker, fmt.Sprintf("%d/%d", v.CachedTokens, v.PromptTokens),
+							clitable.Percent(float64(v.CachedTokens), float64(v.PromptTokens)), v.Blocks, sessionAge(v)}
+						if a.multiGroup() {
+							row = append([]any{v.Group}, row...)
+						}
+						t.Add(row...)
 					}
 					if _, err := t.WriteTo(out); err != nil {
 						return err
 					}
-					if uint64(len(doc.Sessions)) < resp.Total && prefix == "" && worker == "" {
-						fmt.Fprintf(out, "(%d of %d recorded sessions; --limit shows more)\n", len(doc.Sessions), resp.Total)
+					if uint64(len(doc.Sessions)) < doc.Total && prefix == "" && worker == "" {
+						fmt.Fprintf(out, "(%d of %d recorded sessions; --limit shows more)\n", len(doc.Sessions), doc.Total)
 					}
 					return nil
 				})

@@ -56,6 +56,9 @@ not show.`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.watchLoop(cmd, w, func(ctx context.Context, out io.Writer) error {
+				if a.multiGroup() {
+					return a.groupsStatus(ctx, out)
+				}
 				st, err := a.clusterStatus(ctx)
 				if err != nil {
 					return err
@@ -104,7 +107,7 @@ func (a *app) clusterStatus(ctx context.Context) (*ctlview.Status, error) {
 }
 
 func (a *app) askMembers(ctx context.Context, first *kvdirv1.StatusResponse, members []*kvdirv1.Member) *ctlview.Status {
-	c := a.client
+	c := a.current()
 	answers := make([]*kvdirv1.StatusResponse, len(members))
 	errs := make([]error, len(members))
 	var wg sync.WaitGroup

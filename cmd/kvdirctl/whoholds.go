@@ -1,6 +1,9 @@
 package main
 
 import (
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"context"
 	"fmt"
 	"io"
@@ -67,33 +70,57 @@ asks the router itself.`,
 }
 
 func (a *app) whoHolds(ctx context.Context, target string, prefix bool, limit uint32, prof costmodel.Profile, promptTokens int) error {
-	c, err := a.dir()
-	if err != nil {
-		return err
-	}
-	var resp *kvdirv1.WhoHoldsResponse
-	if prefix {
-		resp, err = c.WhoHoldsPrefix(ctx, target, limit)
-	} else {
-		resp, err = c.WhoHolds(ctx, target)
-	}
-	if err != nil {
-		return err
-	}
-	lw, err := c.ListWorkers(ctx, "", false)
-	if err != nil {
-		return err
-	}
 	var views []ctlview.WhoHolds
-	for _, sh := range resp.Sessions {
-		v, err := a.placeSession(sh, lw.Workers, prof, promptTokens)
+	var read *kvdirv1.ReadInfo
+	found := false
+	// A session is recorded in the group of its model: with several
+	// groups, a session's holders come from the group that knows it, a
+	// prefix's from every group.
+	err := a.eachGroup(func(g *dirGroup) error {
+		if found && !prefix {
+			return nil
+		}
+		c, err := a.dir()
 		if err != nil {
 			return err
 		}
-		views = append(views, v)
+		var resp *kvdirv1.WhoHoldsResponse
+		if prefix {
+			resp, err = c.WhoHoldsPrefix(ctx, target, limit)
+		} else {
+			resp, err = c.WhoHolds(ctx, target)
+		}
+		if err != nil {
+			if a.multiGroup() && status.Code(err) == codes.NotFound {
+				return nil
+			}
+			return err
+		}
+		found = true
+		if read == nil {
+			read = resp.Read
+		}
+		lw, err := c.ListWorkers(ctx, "", false)
+		if err != nil {
+			return err
+		}
+		for _, sh := range resp.Sessions {
+			v, err := a.placeSession(sh, lw.Workers, prof, promptTokens)
+			if err != nil {
+				return err
+			}
+			views = append(views, v)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if !found && !prefix {
+		return fmt.Errorf("session %q is not recorded in any directory group (%s): never routed, or expired", target, a.groupNames())
 	}
 	if prefix {
-		doc := ctlview.WhoHoldsList{Sessions: views, Read: readOf(resp.Read)}
+		doc := ctlview.WhoHoldsList{Sessions: views, Read: readOf(read)}
 		if doc.Sessions == nil {
 			doc.Sessions = []ctlview.WhoHolds{}
 		}

@@ -116,28 +116,49 @@ routers hash prompts with; "16?" is a registered size no event confirmed yet.
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.watchLoop(cmd, w, func(ctx context.Context, out io.Writer) error {
-				c, err := a.dir()
+				doc := ctlview.WorkerList{Workers: []ctlview.Worker{}}
+				err := a.eachGroup(func(g *dirGroup) error {
+					c, err := a.dir()
+					if err != nil {
+						return err
+					}
+					resp, err := c.ListWorkers(ctx, model, all)
+					if err != nil {
+						return err
+					}
+					if doc.Read.Node == "" {
+						doc.Read = readOf(resp.Read) // the first group's
+					}
+					for _, wk := range resp.Workers {
+						v := a.workerView(wk)
+						if a.multiGroup() {
+							v.Group = g.name
+						}
+						doc.Workers = append(doc.Workers, v)
+					}
+					return nil
+				})
 				if err != nil {
 					return err
-				}
-				resp, err := c.ListWorkers(ctx, model, all)
-				if err != nil {
-					return err
-				}
-				doc := ctlview.WorkerList{Workers: []ctlview.Worker{}, Read: readOf(resp.Read)}
-				for _, wk := range resp.Workers {
-					doc.Workers = append(doc.Workers, a.workerView(wk))
 				}
 				return a.write(out, doc, func(out io.Writer) error {
 					if len(doc.Workers) == 0 {
 						fmt.Fprintln(out, "No workers registered"+modelSuffix(model)+". Agents register their engine when they start (cmd/agent).")
 						return nil
 					}
-					t := clitable.NewTab("ID", "ADDRESS", "MODEL", "STATE", "EPOCH", "BLOCKS", "KV-USAGE", "RUNNING", "WAITING", "PREFIX-HIT", "HEARTBEAT", "BLOCK-SIZE")
+					cols := []string{"ID", "ADDRESS", "MODEL", "STATE", "EPOCH", "BLOCKS", "KV-USAGE", "RUNNING", "WAITING", "PREFIX-HIT", "HEARTBEAT", "BLOCK-SIZE"}
+					if a.multiGroup() {
+						cols = append([]string{"GROUP"}, cols...)
+					}
+					t := clitable.NewTab(cols...)
 					for _, v := range doc.Workers {
-						t.Add(v.ID, rankedAddress(v), v.Model, stateText(v), v.Epoch, v.Blocks, clitable.Percent(float64(v.KVUsage), 1),
+						row := []any{v.ID, rankedAddress(v), v.Model, stateText(v), v.Epoch, v.Blocks, clitable.Percent(float64(v.KVUsage), 1),
 							v.Running, v.Waiting, clitable.Percent(float64(v.PrefixHits), float64(v.PrefixQueries)), heartbeat(v),
-							blockSizesText(v))
+							blockSizesText(v)}
+						if a.multiGroup() {
+							row = append([]any{v.Group}, row...)
+						}
+						t.Add(row...)
 					}
 					_, err := t.WriteTo(out)
 					return err
@@ -178,6 +199,9 @@ func modelSuffix(model string) string {
 }
 
 func (a *app) workerGet(ctx context.Context, id string, top uint32, withSessions bool) error {
+	if err := a.groupOfWorker(ctx, id); err != nil {
+		return err
+	}
 	c, err := a.dir()
 	if err != nil {
 		return err
@@ -187,6 +211,9 @@ func (a *app) workerGet(ctx context.Context, id string, top uint32, withSessions
 		return err
 	}
 	v := a.workerView(resp.Worker)
+	if a.multiGroup() {
+		v.Group = a.groups[a.cur].name
+	}
 	byTail := map[uint64][]string{}
 	if withSessions && len(resp.Chains) > 0 {
 		ss, err := c.ListSessions(ctx, "", id, 10_000)
@@ -207,6 +234,9 @@ func (a *app) workerGet(ctx context.Context, id string, top uint32, withSessions
 	return a.write(a.out, doc, func(out io.Writer) error {
 		kv := clitable.NewTab()
 		kv.Add("id:", v.ID)
+		if v.Group != "" {
+			kv.Add("directory group:", v.Group)
+		}
 		kv.Add("address:", v.Address)
 		if v.DataParallelRank != nil {
 			kv.Add("data-parallel rank:", fmt.Sprintf("%d (requests carry X-data-parallel-rank: %d)", *v.DataParallelRank, *v.DataParallelRank))

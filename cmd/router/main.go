@@ -61,6 +61,7 @@ type options struct {
 	dirTLS                                         *tls.Config
 	followLog, calibrate                           bool
 	directory                                      []string
+	groups                                         []cli.NamedList // --directory-group, in order
 	hashBalance, seed                              int
 	chunkTokens                                    int
 	sessionCacheSessions, sessionCacheBytes        int
@@ -86,6 +87,10 @@ worker to send it to, placed exactly as the proxy places it.`
 const examples = `  # Discover the workers from a three-node directory:
   router --directory 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
 
+  # Two directory groups, each serving its own models (their nodes' --models):
+  router --directory-group chat=10.0.1.1:7001,10.0.1.2:7001,10.0.1.3:7001 \
+         --directory-group code=10.0.2.1:7001,10.0.2.2:7001,10.0.2.3:7001
+
   # Two static workers, placed by session hash:
   router --workers a=http://127.0.0.1:8001,b=http://127.0.0.1:8002 --policy session-hash
 
@@ -110,7 +115,7 @@ const (
 // newProgram declares the flags, with the router library's defaults.
 func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Program, *options) {
 	p := &cli.Program{Name: "router", Env: "ROUTER", Summary: summary, Examples: examples, Notes: notes,
-		Usage: "router (--directory HOST:PORT,... | --workers ID=URL,...) [--mode proxy|epp] [flags]", Getenv: getenv, Stdout: stdout, Stderr: stderr}
+		Usage: "router (--directory HOST:PORT,... | --directory-group NAME=HOST:PORT,... ... | --workers ID=URL,...) [--mode proxy|epp] [flags]", Getenv: getenv, Stdout: stdout, Stderr: stderr}
 	o := &options{cfg: router.DefaultConfig(), addr: "127.0.0.1:8080", policy: "kvdir", fallback: "session-hash", profile: costmodel.DefaultProfileName, calibrate: true,
 		mode: modeProxy, eppAddr: "127.0.0.1:9002", hashBalance: 150, tokenizer: "chatml-cl100k", sessionCacheSessions: 100000, sessionCacheBytes: 256 << 20, shutdownTimeout: 30 * time.Second}
 	c := &o.cfg
@@ -122,6 +127,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.StringVar(&o.eppCert, "epp-tls-cert", o.eppCert, "with --mode epp: PEM certificate `FILE` to serve --epp-addr over TLS (with --epp-tls-key); plaintext without")
 	fs.StringVar(&o.eppKey, "epp-tls-key", o.eppKey, "with --mode epp: PEM private key `FILE` of --epp-tls-cert")
 	fs.Var(cli.StringList(&o.directory), "directory", "comma-separated gRPC addresses (`HOST:PORT,...`) of directory nodes")
+	fs.Var(cli.NamedLists(&o.groups), "directory-group", "one directory group of several side by side, each serving some models (its nodes' --models): `NAME=HOST:PORT[,HOST:PORT...]`; repeat the flag for each group (in the environment, separate groups with ';'). Workers are discovered from every group and a request goes to the workers of its model's group only, matched and recorded there; a model two groups claim is routed with the first given. Instead of --directory (which is one group, named default)")
 	fs.StringVar(&o.workers, "workers", o.workers, "static workers instead of discovery: `id=url[@model][#rank],...` (model learned from the engine's metrics if omitted; #rank: one data-parallel rank of the engine at url, its load read from that rank's series and its requests sent with "+router.HeaderDataParallelRank+"); with --directory, prefixes are still matched there")
 	fs.StringVar(&c.EngineKind, "engine-kind", "auto", "shape of the engines' /metrics: "+enginemetrics.KindNames+" (auto: detected from each scrape)")
 	fs.StringVar(&o.token, "token", o.token, "bearer `TOKEN` for the directory (prefer --token-file or "+p.EnvVar("token")+": flags show in ps)")
@@ -176,14 +182,21 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	if err := p.Parse(args); err != nil {
 		return p, nil, err
 	}
+	if len(o.directory) > 0 && len(o.groups) > 0 {
+		return p, nil, cli.Usagef("give --directory (one directory group) or --directory-group (one or more, named), not both")
+	}
+	if len(o.groups) > 1 && o.workers != "" {
+		return p, nil, cli.Usagef("--workers takes one directory at most: give --directory, or a single --directory-group")
+	}
+	dirs := len(o.directory) > 0 || len(o.groups) > 0
 	switch o.mode {
 	case modeProxy:
-		if len(o.directory) == 0 && o.workers == "" {
+		if !dirs && o.workers == "" {
 			return p, nil, cli.Usagef("give --directory (discover workers from the kvdir directory) or --workers (a static list)")
 		}
 	case modeEPP:
-		if len(o.directory) == 0 || o.workers != "" {
-			return p, nil, cli.Usagef("--mode epp needs --directory and no --workers: its candidates are the directory's registered workers, matched to the gateway's pod endpoints by their registered address")
+		if !dirs || o.workers != "" {
+			return p, nil, cli.Usagef("--mode epp needs --directory and no --workers (or --directory-group instead of --directory): its candidates are the directory's registered workers, matched to the gateway's pod endpoints by their registered address")
 		}
 		if (o.eppCert == "") != (o.eppKey == "") {
 			return p, nil, cli.Usagef("give both --epp-tls-cert and --epp-tls-key, or neither")
@@ -351,30 +364,41 @@ func serve(ctx context.Context, o *options, ready chan<- string) error {
 	if err != nil {
 		return err
 	}
+	groups := o.groups
 	if len(o.directory) > 0 {
+		groups = []cli.NamedList{{Name: router.DefaultGroup, Items: o.directory}}
+	}
+	if len(groups) > 0 {
 		if err := o.directorySecurity(); err != nil {
 			return err
 		}
-		dir, err := dirclient.New(dirclient.Config{Addrs: o.directory, Token: o.token, TLS: o.dirTLS, Logger: log})
+	} else if o.followLog {
+		return cli.Usagef("--follow-log needs --directory")
+	}
+	for _, gr := range groups {
+		dir, err := dirclient.New(dirclient.Config{Addrs: gr.Items, Token: o.token, TLS: o.dirTLS, Logger: log.With("group", gr.Name)})
 		if err != nil {
-			return fmt.Errorf("directory client: %w", err)
+			return fmt.Errorf("directory client of group %s: %w", gr.Name, err)
 		}
 		defer dir.Close()
-		cfg.Directory = dir
+		g := router.DirectoryGroup{Name: gr.Name, Directory: dir}
 		if o.followLog {
-			fl, err := follow.New(follow.Config{Addrs: o.directory, Token: o.token, DialOptions: o.followDialOptions(), Logger: log})
+			fl, err := follow.New(follow.Config{Addrs: gr.Items, Token: o.token, DialOptions: o.followDialOptions(), Logger: log.With("group", gr.Name)})
 			if err != nil {
-				return fmt.Errorf("--follow-log: %w", err)
+				return fmt.Errorf("--follow-log (group %s): %w", gr.Name, err)
 			}
 			defer fl.Close()
 			fctx, stopFollow := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			go func() { defer close(done); _ = fl.Run(fctx) }()
 			defer func() { stopFollow(); <-done }()
-			cfg.Local = fl
+			g.Local = fl
 		}
-	} else if o.followLog {
-		return cli.Usagef("--follow-log needs --directory")
+		if len(o.groups) == 0 { // --directory: the one group, as before
+			cfg.Directory, cfg.Local = g.Directory, g.Local
+		} else {
+			cfg.Groups = append(cfg.Groups, g)
+		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return cli.Usage(err)
@@ -414,7 +438,7 @@ func serve(ctx context.Context, o *options, ready chan<- string) error {
 	}
 	go func() { serveErr <- httpserve.Serve(hs, ln) }()
 	log.Info("router: serving", "mode", o.mode, "addr", ln.Addr().String(), "policy", pol.Name(), "fallback", fb.Name(),
-		"directory", strings.Join(o.directory, ","), "static_workers", len(cfg.Static))
+		"directory", strings.Join(o.directory, ","), "directory_groups", o.groupsString(), "static_workers", len(cfg.Static))
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -476,4 +500,16 @@ func serveEPP(ctx context.Context, o *options, srv *router.Server, errs chan<- e
 	}()
 	o.log.Info("router: endpoint picker serving", "epp_addr", ln.Addr().String(), "tls", o.eppCert != "")
 	return gs, nil
+}
+
+// groupsString lists --directory-group for the start-up log.
+func (o *options) groupsString() string {
+	var b strings.Builder
+	for i, g := range o.groups {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(g.Name + "=" + strings.Join(g.Items, ","))
+	}
+	return b.String()
 }

@@ -32,6 +32,11 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--mode", "epp", "--workers", "a=http://h:1"}, "--mode epp needs --directory and no --workers"},
 		{[]string{"--mode", "epp", "--directory", "a:1", "--workers", "a=http://h:1"}, "--mode epp needs --directory and no --workers"},
 		{[]string{"--mode", "epp", "--directory", "a:1", "--epp-tls-cert", "c.pem"}, "both --epp-tls-cert and --epp-tls-key"},
+		{[]string{"--directory", "a:1", "--directory-group", "g=b:1"}, "give --directory (one directory group) or --directory-group"},
+		{[]string{"--directory-group", "g=a:1", "--directory-group", "g=b:1"}, "the name g is given twice"},
+		{[]string{"--directory-group", "g="}, "g has an empty list"},
+		{[]string{"--directory-group", "a:1"}, "want NAME=ITEM"},
+		{[]string{"--directory-group", "g=a:1", "--directory-group", "h=b:1", "--workers", "a=http://h:1"}, "--workers takes one directory at most"},
 	} {
 		if _, _, err := parseFlags(c.args, env(nil), io.Discard, io.Discard); err == nil || !cli.IsUsage(err) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("parseFlags(%q) = %v, want a usage error with %q", c.args, err, c.want)
@@ -39,6 +44,25 @@ func TestParseFlags(t *testing.T) {
 	}
 	if _, _, err := parseFlags([]string{"--help"}, env(nil), io.Discard, io.Discard); !errors.Is(err, cli.ErrHelp) {
 		t.Errorf("--help: %v", err)
+	}
+}
+
+// TestParseDirectoryGroups checks --directory-group: repeatable, in
+// order, and from the environment with groups separated by ';'.
+func TestParseDirectoryGroups(t *testing.T) {
+	_, o, err := parseFlags([]string{"--directory-group", "chat=a:1,a:2", "--directory-group", "code=b:1"}, env(nil), io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.groupsString(); got != "chat=a:1,a:2; code=b:1" {
+		t.Fatalf("groups %q", got)
+	}
+	_, o, err = parseFlags(nil, env(map[string]string{"KVDIR_ROUTER_DIRECTORY_GROUP": "chat=a:1;code=b:1,b:2"}), io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.groupsString(); got != "chat=a:1; code=b:1,b:2" {
+		t.Fatalf("groups from the environment %q", got)
 	}
 }
 

@@ -24,8 +24,8 @@ const DashboardFile = "kvdir-dashboard.json"
 var RouterContract = map[string]*Family{
 	"kvdir_router_requests_total":                {Type: "counter", Labels: anyValues("worker", "policy", "outcome")},
 	"kvdir_router_decision_seconds":              {Type: "histogram", Labels: anyValues()},
-	"kvdir_router_directory_lookup_seconds":      {Type: "histogram", Labels: anyValues()},
-	"kvdir_router_fallbacks_total":               {Type: "counter", Labels: anyValues("reason")},
+	"kvdir_router_directory_lookup_seconds":      {Type: "histogram", Labels: anyValues("group")},
+	"kvdir_router_fallbacks_total":               {Type: "counter", Labels: anyValues("group", "reason")},
 	"kvdir_router_retries_total":                 {Type: "counter", Labels: anyValues("reason")},
 	"kvdir_router_predicted_cached_tokens_total": {Type: "counter", Labels: anyValues("worker")},
 	"kvdir_router_engine_cached_tokens_total":    {Type: "counter", Labels: anyValues("worker")},

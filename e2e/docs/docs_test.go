@@ -40,6 +40,8 @@ var notRun = []struct{ file, contains, reason string }{
 	{"*", "--workers a=http://10.0.0.7", "addresses of engines that do not exist here"},
 	{"*", "members add n4", "a template (HOST:PORT), not a command"},
 	{"cmd/directory/README.md", "KVDIR_DIRECTORY_LOG_LEVEL=info ./bin/directory --config", "runs a node in the foreground until Ctrl-C"},
+	{"cmd/directory/README.md", "--models code-7b", "a second directory group beside the guide's cluster; e2e/groups_test.go runs two groups as processes"},
+	{"cmd/kvdirctl/README.md", "--directory-group code=", "needs a second directory group; cmd/kvdirctl/groups_test.go (in process) and e2e/groups_test.go run two"},
 	{"docs/running.md", "make cluster-up", "Docker; the chaos tier (make test-chaos) runs the compose cluster"},
 	{"*", "--watch", "runs until Ctrl-C"},
 	{"docs/engine-side.md", "--worker-address http://10.0.0.7", "an engine at an address that does not exist here"},

@@ -14,6 +14,8 @@ import (
 	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/kvevents"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -26,6 +28,10 @@ const (
 	DefaultRegisterRetry     = time.Second
 	DefaultShutdownTimeout   = 5 * time.Second
 )
+
+// maxRefusedBackoff bounds the pause between registrations the directory
+// refused as of a model its group does not serve (FailedPrecondition).
+const maxRefusedBackoff = time.Minute
 
 // Config configures an Agent.
 type Config struct {
@@ -185,6 +191,7 @@ type Agent struct {
 	pendingSince  time.Time
 	needClear     bool
 	lastReg       time.Time
+	regBackoff    time.Duration // pause after a refused registration (wrong directory group), doubling
 	haveLive      bool
 	lastLive      uint64
 	last          uint64
@@ -424,9 +431,20 @@ func (a *Agent) registerEpoch(ctx context.Context) bool {
 		DataParallelRank: a.cfg.DataParallelRank,
 	})
 	if err != nil {
+		if status.Code(err) == codes.FailedPrecondition {
+			// The directory group does not serve this model (its nodes'
+			// --models): retrying soon cannot help, so back off, and say
+			// what to fix.
+			a.regBackoff = min(max(2*a.regBackoff, a.cfg.RegisterRetry), maxRefusedBackoff)
+			a.lastReg = time.Now().Add(a.regBackoff - a.cfg.RegisterRetry)
+			a.log.Error("agent: the directory refused to register the worker, and retrying soon cannot help: a directory group serving other models (its nodes' --models) refuses this one; point --directory at the nodes of the group serving it",
+				"worker", a.cfg.WorkerID, "model", a.cfg.Model, "retry_in", a.regBackoff, "err", status.Convert(err).Message())
+			return false
+		}
 		a.log.Warn("agent: register failed; will retry", "worker", a.cfg.WorkerID, "err", err)
 		return false
 	}
+	a.regBackoff = 0
 	a.pub = a.dir.NewPublisher(a.cfg.WorkerID, resp.Epoch, dirclient.WithQueueLimit(a.cfg.QueueLimit))
 	a.epoch.Store(resp.Epoch)
 	a.needClear = true

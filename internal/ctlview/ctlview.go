@@ -140,6 +140,9 @@ type WorkerDetail struct {
 
 // Worker is one worker as kvdirctl shows it.
 type Worker struct {
+	// Group is the directory group the worker is in, with several
+	// (kvdirctl --directory-group); omitted with one.
+	Group     string `json:"group,omitempty"`
 	ID        string `json:"id"`
 	Address   string `json:"address"`
 	Model     string `json:"model"`
@@ -245,6 +248,9 @@ type SessionList struct {
 
 // Session is one recorded session.
 type Session struct {
+	// Group is the directory group the session is recorded in, with
+	// several; omitted with one.
+	Group        string          `json:"group,omitempty"`
 	ID           string          `json:"session_id"`
 	Worker       string          `json:"worker"`
 	PromptTokens uint32          `json:"prompt_tokens"`

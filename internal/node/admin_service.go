@@ -55,6 +55,7 @@ func (s *adminService) Status(context.Context, *kvdirv1.StatusRequest) (*kvdirv1
 	}
 	resp.Routers = n.share.statuses()
 	resp.Intents = uint64(n.share.intents.len())
+	resp.ServedModels = n.servedModels()
 	if f := r.GetConfiguration(); f.Error() == nil {
 		for _, srv := range f.Configuration().Servers {
 			resp.Members = append(resp.Members, &kvdirv1.Member{

@@ -27,6 +27,9 @@ func (s *agentService) Register(ctx context.Context, req *kvdirv1.RegisterReques
 		n.metrics.refusedIDs.Inc()
 		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
 	}
+	if err := n.checkServedModel(req.Worker); err != nil {
+		return nil, err
+	}
 	if !n.IsLeader() { // the leader stamps the registration
 		c, err := n.fwd.leader(ctx)
 		if err != nil {

@@ -105,6 +105,7 @@ func (s *directoryService) ListWorkers(_ context.Context, req *kvdirv1.ListWorke
 	applied := s.n.fsm.AppliedIndex()
 	return &kvdirv1.ListWorkersResponse{
 		Workers: s.n.fsm.Workers(req.Model, req.IncludeGone), Read: s.n.readInfo(applied),
+		ServedModels: s.n.servedModels(),
 	}, nil
 }
 
@@ -194,6 +195,7 @@ func (s *directoryService) WatchWorkers(req *kvdirv1.WatchWorkersRequest, stream
 		applied := n.fsm.AppliedIndex()
 		return stream.Send(&kvdirv1.WatchWorkersResponse{
 			Workers: n.fsm.Workers(req.Model, true), Snapshot: true, AppliedIndex: applied,
+			ServedModels: n.servedModels(),
 		})
 	}
 	if err := snapshot(); err != nil {

@@ -60,6 +60,11 @@ type Config struct {
 	// Join lists API addresses of existing members; a node without state
 	// asks them to add it.
 	Join []string
+	// Models, when set, are the only models this directory group serves:
+	// a worker registration for another model is refused with
+	// FailedPrecondition, so that a fleet of several groups never holds a
+	// model's workers in two of them. Empty: every model.
+	Models []string
 
 	// Lease is how long a worker stays without a heartbeat before the
 	// leader expires it (default 10s).

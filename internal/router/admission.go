@@ -193,13 +193,14 @@ func (a *admitter) wakeLocked() {
 // other routers' shared intents). With no worker to ask it says yes: the
 // placement then answers the client why not.
 func (a *admitter) fits(e *admission.Entry[*held]) bool {
-	cs, aerr := a.s.candidates(e.Value.model, nil, nil, time.Now())
+	g := a.s.groupFor(e.Value.model)
+	cs, aerr := a.s.candidates(g, e.Value.model, nil, nil, time.Now())
 	if aerr != nil {
 		return true
 	}
 	for _, c := range cs {
 		l := c.w.load()
-		if sh := a.s.share; sh != nil && sh.publish {
+		if sh := g.share; sh != nil && sh.publish {
 			q, _ := sh.peers.load(c.w.id)
 			l.QueuedPrefillTokens += q
 		}

@@ -43,8 +43,19 @@ func (c Config) Validate() error {
 	if c.Policy == nil || c.Renderer == nil {
 		return errors.New("router: Config.Policy and Config.Renderer are required")
 	}
-	if c.Directory == nil && len(c.Static) == 0 {
+	if c.Directory == nil && len(c.Static) == 0 && len(c.Groups) == 0 {
 		return errors.New("router: give a directory to discover workers from, or a static worker list")
+	}
+	if len(c.Groups) > 0 {
+		if c.Directory != nil || c.Local != nil {
+			return errors.New("router: give the directory as Config.Directory (one group) or as Config.Groups (several), not both")
+		}
+		if len(c.Static) > 0 && len(c.Groups) > 1 {
+			return errors.New("router: static workers take one directory group at most")
+		}
+		if err := validateGroups(c.Groups); err != nil {
+			return err
+		}
 	}
 	if c.LocalStaleAfter < 0 || c.LocalMaxStale < 0 || (c.LocalMaxStale > 0 && c.LocalMaxStale < c.LocalStaleAfter) {
 		return fmt.Errorf("router: --follow-max-stale %v must be at least --follow-stale-after %v (and neither negative)", c.LocalMaxStale, c.LocalStaleAfter)

@@ -71,11 +71,11 @@ const (
 	MatchDirectory  = "directory"   // a directory node, over gRPC
 )
 
-// matcherFor returns what answers the next match: the local replica
+// matcherFor returns what answers g's next match: its local replica
 // while it is in sync and not older than LocalMaxStale (marked stale past
-// LocalStaleAfter: a slightly old view beats hashing), else the directory.
-func (s *Server) matcherFor() (Matcher, string) {
-	if l := s.cfg.Local; l != nil && l.Synced() {
+// LocalStaleAfter: a slightly old view beats hashing), else its directory.
+func (s *Server) matcherFor(g *group) (Matcher, string) {
+	if l := g.local; l != nil && l.Synced() {
 		switch age := l.Staleness(); {
 		case age <= s.cfg.LocalStaleAfter:
 			return l, MatchLocal
@@ -83,12 +83,13 @@ func (s *Server) matcherFor() (Matcher, string) {
 			return l, MatchLocalStale
 		}
 	}
-	return s.dir, MatchDirectory
+	return g.matcher, MatchDirectory
 }
 
 // decision is the outcome of placing one request, with what explain and the
 // metrics report.
 type decision struct {
+	group    *group // the directory group serving the request's model
 	policy   string
 	fallback string // why the directory was not used; "" if it was (or was not needed)
 	// matchSource says what answered the directory look-up (Match*; ""
@@ -136,18 +137,22 @@ type candidate struct {
 	lora string
 }
 
-// candidates returns the workers serving model (as their own model, or as
-// a LoRA adapter their engine lists) and, with a subset, at one of its
-// endpoints, the routable ones first selected;
+// candidates returns the workers of g serving model (as their own model,
+// or as a LoRA adapter their engine lists) and, with a subset, at one of
+// its endpoints, the routable ones first selected;
 // with none routable, every worker of the model (a down mark may be
-// stale). An error is an apiError for the client.
-func (s *Server) candidates(model string, exclude []string, subset *endpointSubset, now time.Time) ([]candidate, *apiError) {
+// stale). g is the group serving model (groupFor; nil: none does). An
+// error is an apiError for the client.
+func (s *Server) candidates(g *group, model string, exclude []string, subset *endpointSubset, now time.Time) ([]candidate, *apiError) {
 	if subset != nil && len(subset.list) == 0 {
 		return nil, unavailable("no eligible endpoint: the data plane's subset hint (%s) lists no endpoint", subsetKey)
 	}
 	var all, ok []candidate
 	var outside int // workers of the model outside the subset
 	for _, w := range s.pool.sorted() {
+		if g == nil || s.groupOf(w) != g {
+			continue
+		}
 		lora, serves := w.servesModel(model)
 		if !serves || slices.Contains(exclude, w.id) {
 			continue
@@ -170,19 +175,29 @@ func (s *Server) candidates(model string, exclude []string, subset *endpointSubs
 			return nil, badGateway("every worker serving model %q failed before responding", model)
 		}
 		models := s.models()
-		if len(models) == 0 {
-			if dir := s.cfg.Directory; dir != nil {
-				// Say whether the directory is down, not the agents.
-				_, down := dir.LastFailure()
-				switch synced := s.synced.Load(); {
+		if len(models) == 0 || (g == nil && len(s.groups) > 1) {
+			// Say whether the directory is down, not the agents: with
+			// several groups, any group that may be the model's.
+			for _, gr := range s.groups {
+				if gr.dir == nil || (g != nil && gr != g) {
+					continue
+				}
+				_, down := gr.dir.LastFailure()
+				of := "the directory"
+				if len(s.groups) > 1 {
+					of = "directory group " + gr.name
+				}
+				switch synced := gr.synced.Load(); {
 				case down && !synced:
-					return nil, unavailable("directory unreachable: no worker is known, as the worker list has not been loaded from the directory%s", s.directoryCause())
-				case down:
-					return nil, unavailable("directory unreachable: no worker is known (the directory's last worker list had none for model %q or any other)%s", model, s.directoryCause())
+					return nil, unavailable("directory unreachable: no worker is known, as the worker list has not been loaded from %s%s", of, s.directoryCause(gr))
+				case down && len(models) == 0:
+					return nil, unavailable("directory unreachable: no worker is known (the directory's last worker list had none for model %q or any other)%s", model, s.directoryCause(gr))
 				case !synced:
-					return nil, unavailable("no worker is known yet: the worker list has not been loaded from the directory%s", s.directoryCause())
+					return nil, unavailable("no worker is known yet: the worker list has not been loaded from %s%s", of, s.directoryCause(gr))
 				}
 			}
+		}
+		if len(models) == 0 {
 			return nil, unavailable("no worker is registered yet, for model %q or any other (are the agents running and registered?)", model)
 		}
 		if !slices.Contains(models, model) {
@@ -213,12 +228,13 @@ func (s *Server) candidates(model string, exclude []string, subset *endpointSubs
 // its model, minus exclude.
 func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*decision, *apiError) {
 	now := time.Now()
-	cs, aerr := s.candidates(req.model, exclude, req.subset, now)
+	g := s.groupFor(req.model)
+	cs, aerr := s.candidates(g, req.model, exclude, req.subset, now)
 	if aerr != nil {
 		return nil, aerr
 	}
 	ws := make([]*worker, len(cs))
-	d := &decision{policy: s.policy.Name(), workers: ws, ns: make([]blockhash.Namespace, len(cs))}
+	d := &decision{group: g, policy: s.policy.Name(), workers: ws, ns: make([]blockhash.Namespace, len(cs))}
 	for i, c := range cs {
 		ws[i] = c.w
 		// The agent indexes its engine's blocks under the model it
@@ -263,7 +279,7 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 		d.cands[i] = placement.Candidate{Worker: w.id, Load: w.load()}
 		d.dir[i] = -1
 		d.bs[i] = d.ns[i].BlockSize
-		s.share.addLoad(d, i)
+		g.share.addLoad(d, i)
 	}
 	if needsDirectory(d.policy) {
 		d.fallback = s.matchDirectory(ctx, d, chainFor)
@@ -285,7 +301,7 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	if err != nil {
 		return nil, unavailable("placement failed: %v", err)
 	}
-	d.pickChain = s.share.chainOf(d, chainFor)
+	d.pickChain = g.share.chainOf(d, chainFor)
 	d.scoreDur = time.Since(t3)
 	return d, nil
 }
@@ -330,34 +346,36 @@ func (s *Server) render(ctx context.Context, req *request) (*prompt, error) {
 	return newIDsPrompt(ids), err
 }
 
-// matchDirectory fills d.dir from the directory and returns the fallback
-// reason, or "" on success.
+// matchDirectory fills d.dir from the directory of d's group and returns
+// the fallback reason, or "" on success. Each group has its own breaker:
+// one group's outage does not switch the others off.
 func (s *Server) matchDirectory(ctx context.Context, d *decision, chainFor func(blockhash.Namespace) ([]uint64, error)) string {
-	if s.dir == nil {
+	g := d.group
+	if g.matcher == nil && g.local == nil {
 		return FallbackNoDirectory
 	}
 	if len(d.chain) == 0 {
 		return "" // shorter than a block: nothing to match anywhere
 	}
 	now := time.Now().UnixNano()
-	if until := s.dirPausedUntil.Load(); until > now {
+	if until := g.pausedUntil.Load(); until > now {
 		return FallbackDown
-	} else if until != 0 && !s.dirPausedUntil.CompareAndSwap(until, 0) {
+	} else if until != 0 && !g.pausedUntil.CompareAndSwap(until, 0) {
 		return FallbackDown // another request is the one trying again
 	}
 	reason, err := s.lookup(ctx, d, chainFor)
 	switch {
 	case reason == "":
-		s.dirFailures.Store(0)
+		g.failures.Store(0)
 	case reason == FallbackTimeout:
 		// Slow, not down: a busy machine must not switch the directory off.
-	case s.dirFailures.Add(1) >= breakerFailures:
-		s.dirFailures.Store(0)
-		s.dirPausedUntil.Store(time.Now().Add(s.breakerPause).UnixNano())
+	case g.failures.Add(1) >= breakerFailures:
+		g.failures.Store(0)
+		g.pausedUntil.Store(time.Now().Add(s.breakerPause).UnixNano())
 		if refused(err) {
-			s.log.Warn("router: directory unreachable; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause, "last_error", strings.TrimSpace(s.directoryCause()), "err", err)
+			s.log.Warn("router: directory unreachable; placing by the fallback policy for a moment", "group", g.name, "reason", reason, "pause", s.breakerPause, "last_error", strings.TrimSpace(s.directoryCause(g)), "err", err)
 		} else {
-			s.log.Warn("router: directory look-ups failing; placing by the fallback policy for a moment", "reason", reason, "pause", s.breakerPause, "err", err)
+			s.log.Warn("router: directory look-ups failing; placing by the fallback policy for a moment", "group", g.name, "reason", reason, "pause", s.breakerPause, "err", err)
 		}
 	}
 	return reason
@@ -380,10 +398,13 @@ func refused(err error) bool {
 	return true
 }
 
-// directoryCause says why the directory has not answered, from its
+// directoryCause says why g's directory has not answered, from its
 // client's latest failed attempt ("" if none is known).
-func (s *Server) directoryCause() string {
-	f, ok := s.cfg.Directory.LastFailure()
+func (s *Server) directoryCause(g *group) string {
+	if g.dir == nil {
+		return ""
+	}
+	f, ok := g.dir.LastFailure()
 	if !ok {
 		return " (no node has answered yet)"
 	}
@@ -405,7 +426,7 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 	// The local replica answers from memory and needs no deadline: arming
 	// its timer would wake the runtime's timer thread, which on a busy
 	// machine can take the decision's CPU for a scheduler slice.
-	m, source := s.matcherFor()
+	m, source := s.matcherFor(d.group)
 	mctx := ctx
 	if source == MatchDirectory {
 		var cancel context.CancelFunc
@@ -423,8 +444,8 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 		}
 		start := time.Now()
 		resp, err := m.MatchChain(mctx, chain, uint32(ns.BlockSize), false)
-		s.metrics.matches.WithLabelValues(source).Inc()
-		s.metrics.dirLookup.Observe(time.Since(start).Seconds())
+		s.metrics.matches.WithLabelValues(d.group.name, source).Inc()
+		s.metrics.dirLookup.WithLabelValues(d.group.name).Observe(time.Since(start).Seconds())
 		if err != nil {
 			if errors.Is(mctx.Err(), context.DeadlineExceeded) && !refused(err) {
 				return FallbackTimeout, err

@@ -52,7 +52,7 @@ func decisionServer(t *testing.T, m *fakeMatcher) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.dir = m
+	s.groups[0].matcher = m
 	s.pool.replace([]workerSpec{{ID: "a", Address: "http://127.0.0.1:1", Model: "m", BlockSize: 16}, {ID: "b", Address: "http://127.0.0.1:2", Model: "m", BlockSize: 16}})
 	return s
 }
@@ -157,7 +157,7 @@ func TestDirectoryBreaker(t *testing.T) {
 // a fallback, not a slow request.
 func TestMatchTimeout(t *testing.T) {
 	s := decisionServer(t, &fakeMatcher{})
-	s.dir = slowMatcher{}
+	s.groups[0].matcher = slowMatcher{}
 	s.cfg.MatchTimeout = 2 * time.Millisecond
 	start := time.Now()
 	d, aerr := s.decide(t.Context(), longChat(t), nil)

@@ -27,7 +27,10 @@ type Explanation struct {
 	// MatchSource says what answered the directory look-up: local (the
 	// router's replica of the directory), local-stale (the same, not heard
 	// from the directory within --follow-stale-after), or directory.
-	MatchSource           string  `json:"match_source,omitempty"`
+	MatchSource string `json:"match_source,omitempty"`
+	// Group is the directory group serving the model, with several
+	// (--directory-group); omitted with one.
+	Group                 string  `json:"group,omitempty"`
 	Pick                  string  `json:"pick"`
 	PredictedCachedTokens int     `json:"predicted_cached_tokens"`
 	DecisionMicros        float64 `json:"decision_us"`
@@ -186,6 +189,9 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 		DecisionMicros: float64((d.renderDur + d.hashDur + d.matchDur + d.scoreDur).Nanoseconds()) / 1e3,
 		RenderMicros:   us(d.renderDur), HashMicros: us(d.hashDur), MatchMicros: us(d.matchDur), ScoreMicros: us(d.scoreDur),
 		Profile: s.explainProfile(d.policy), Workers: make([]WorkerScore, len(d.cands))}
+	if len(s.groups) > 1 {
+		e.Group = d.group.name
+	}
 	for i, c := range d.cands {
 		ws := WorkerScore{Worker: c.Worker, Address: d.workers[i].address, MatchedBlocks: c.MatchedBlocks,
 			HostBlocks: c.HostBlocks, DiskBlocks: c.DiskBlocks,

@@ -86,6 +86,7 @@ type ownIntent struct {
 // routers' (peers).
 type sharer struct {
 	s       *Server
+	g       *group // the directory group it shares in
 	id      string
 	dir     *dirclient.Client
 	publish bool // send and use intents (Config.ShareIntents); else only report the view
@@ -102,8 +103,8 @@ type sharer struct {
 	wake    chan struct{}       // 1-buffered
 }
 
-func newSharer(s *Server) *sharer {
-	sh := &sharer{s: s, id: s.cfg.RouterID, dir: s.cfg.Directory, publish: s.cfg.ShareIntents, specTTL: s.cfg.SpecTTL,
+func newSharer(s *Server, g *group) *sharer {
+	sh := &sharer{s: s, g: g, id: s.cfg.RouterID, dir: g.dir, publish: s.cfg.ShareIntents, specTTL: s.cfg.SpecTTL,
 		peers: newPeerIntents(), own: map[uint64]*ownIntent{}, pending: map[uint64]struct{}{}, wake: make(chan struct{}, 1)}
 	start := uint64(time.Now().UnixNano()) // ids and versions grow across restarts
 	sh.nextID.Store(start)
@@ -293,7 +294,7 @@ func (sh *sharer) sweepOwnLocked(now time.Time) {
 
 // report is the router's view for its Share stream.
 func (sh *sharer) report() *kvdirv1.RouterView {
-	l := sh.s.cfg.Local
+	l := sh.g.local
 	if l == nil {
 		return &kvdirv1.RouterView{}
 	}
@@ -689,19 +690,19 @@ func (pi *peerIntents) workers() (ids []string, queued, inFlight []int) {
 
 // peerCollector exports the other routers' load per worker at scrape time.
 type peerCollector struct {
-	sh             *sharer
+	s              *Server
 	queued, flight *prometheus.Desc
 	connected      *prometheus.Desc
 }
 
-func newPeerCollector(sh *sharer) *peerCollector {
-	return &peerCollector{sh: sh,
+func newPeerCollector(s *Server) *peerCollector {
+	return &peerCollector{s: s,
 		queued: prometheus.NewDesc("kvdir_router_peer_queued_prefill_tokens",
 			"Uncached prompt tokens other routers sent to the worker and have not seen past their first byte (their shared intents).", []string{"worker"}, nil),
 		flight: prometheus.NewDesc("kvdir_router_peer_inflight",
 			"Requests other routers sent to the worker and have not seen finish (their shared intents).", []string{"worker"}, nil),
 		connected: prometheus.NewDesc("kvdir_router_share_connected",
-			"1 while the router's Share stream to the directory is open.", nil, nil)}
+			"1 while the router's Share stream to the directory group is open.", []string{"group"}, nil)}
 }
 
 func (c *peerCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -711,14 +712,20 @@ func (c *peerCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {
-	ids, q, n := c.sh.peers.workers()
-	for i, id := range ids {
-		ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(q[i]), id)
-		ch <- prometheus.MustNewConstMetric(c.flight, prometheus.GaugeValue, float64(n[i]), id)
+	for _, g := range c.s.groups {
+		sh := g.share
+		if sh == nil {
+			continue
+		}
+		ids, q, n := sh.peers.workers()
+		for i, id := range ids {
+			ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(q[i]), id)
+			ch <- prometheus.MustNewConstMetric(c.flight, prometheus.GaugeValue, float64(n[i]), id)
+		}
+		v := 0.0
+		if sh.connected.Load() {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.connected, prometheus.GaugeValue, v, g.name)
 	}
-	v := 0.0
-	if c.sh.connected.Load() {
-		v = 1
-	}
-	ch <- prometheus.MustNewConstMetric(c.connected, prometheus.GaugeValue, v)
 }

@@ -96,7 +96,7 @@ func TestPeerIntentsAccounting(t *testing.T) {
 func TestPeerIntentsCountInPlacement(t *testing.T) {
 	s := decisionServer(t, &fakeMatcher{})
 	s.cfg.ShareIntents = true
-	s.share = newSharer(s)
+	s.groups[0].share = newSharer(s, s.groups[0])
 	req := longChat(t)
 	d, aerr := s.decide(t.Context(), req, nil)
 	if aerr != nil {
@@ -105,7 +105,7 @@ func TestPeerIntentsCountInPlacement(t *testing.T) {
 	if len(d.pickChain) != len(d.chain) || d.pickChain[0] != d.chain[0] {
 		t.Fatalf("pick chain %d blocks, chain %d", len(d.pickChain), len(d.chain))
 	}
-	s.share.peers.apply([]*kvdirv1.PlacementIntent{testPeerIntent("other", 1, 1, "b", kvdirv1.IntentState_INTENT_STATE_QUEUED,
+	s.groups[0].share.peers.apply([]*kvdirv1.PlacementIntent{testPeerIntent("other", 1, 1, "b", kvdirv1.IntentState_INTENT_STATE_QUEUED,
 		300, time.Minute, time.Minute, d.chain...)}, time.Now())
 	d, aerr = s.decide(t.Context(), req, nil)
 	if aerr != nil {
@@ -126,7 +126,7 @@ func TestPeerIntentsCountInPlacement(t *testing.T) {
 		t.Fatalf("explain of a: %+v", a)
 	}
 	// With intents off the same peer state is ignored.
-	s.share.publish = false
+	s.groups[0].share.publish = false
 	d, _ = s.decide(t.Context(), req, nil)
 	if d.cands[1].MatchedBlocks != 0 || d.cands[1].Load.QueuedPrefillTokens != 0 || d.peerSpec != nil {
 		t.Fatalf("intents off: b matched %d, load %+v", d.cands[1].MatchedBlocks, d.cands[1].Load)
@@ -139,7 +139,7 @@ func TestPeerIntentsCountInPlacement(t *testing.T) {
 func TestOwnIntentLifecycle(t *testing.T) {
 	s := decisionServer(t, &fakeMatcher{})
 	s.cfg.ShareIntents, s.cfg.RouterID = true, "me"
-	sh := newSharer(s)
+	sh := newSharer(s, s.groups[0])
 	d, aerr := s.decide(t.Context(), longChat(t), nil)
 	if aerr != nil {
 		t.Fatal(aerr)
@@ -222,7 +222,7 @@ func TestRoutersShareIntents(t *testing.T) {
 	s1, url1 := router(0, "r1")
 	s2, _ := router(1, "r2")
 	testkit.Eventually(t, 10*time.Second, "both routers connected", func() (bool, string) {
-		return s1.share.connected.Load() && s2.share.connected.Load(), ""
+		return s1.groups[0].share.connected.Load() && s2.groups[0].share.connected.Load(), ""
 	})
 	body := `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"` + strings.Repeat("shared prefixes herd. ", 40) + `"}]}`
 	done := make(chan struct{})
@@ -236,7 +236,7 @@ func TestRoutersShareIntents(t *testing.T) {
 	}()
 	var worker string
 	testkit.Eventually(t, 10*time.Second, "router 2 to count router 1's request", func() (bool, string) {
-		ids, q, n := s2.share.peers.workers()
+		ids, q, n := s2.groups[0].share.peers.workers()
 		if len(ids) == 1 && q[0] > 0 && n[0] == 1 {
 			worker = ids[0]
 			return true, ""
@@ -261,7 +261,7 @@ func TestRoutersShareIntents(t *testing.T) {
 	close(release)
 	<-done
 	testkit.Eventually(t, 10*time.Second, "router 2 to see the request end", func() (bool, string) {
-		q, n := s2.share.peers.load(worker)
+		q, n := s2.groups[0].share.peers.load(worker)
 		return q == 0 && n == 0, fmt.Sprint(q, n)
 	})
 	// Each node lists the router it serves.

@@ -64,7 +64,7 @@ func (s *Server) blockSizeOf(w *worker) int { return s.blockSizesOf(w)[0] }
 // for the directory worker of the same id, until ctx ends. Static workers
 // without one keep hashing with the configured block size.
 func (s *Server) watchStaticLayouts(ctx context.Context) {
-	err := s.cfg.Directory.WatchWorkers(ctx, "", func(resp *kvdirv1.WatchWorkersResponse) error {
+	err := s.groups[0].dir.WatchWorkers(ctx, "", func(resp *kvdirv1.WatchWorkersResponse) error {
 		byID := s.pool.snapshot()
 		seen := map[string]bool{}
 		for _, dw := range resp.GetWorkers() {
@@ -129,8 +129,8 @@ func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blo
 		if dir < 0 || (dir < len(chain) && w.spec.matched(chain[dir:dir+1], now) == 1) {
 			spec = w.spec.matched(chain, now)
 		}
-		if dir < 0 || (dir < len(chain) && s.share.matched(w.id, chain[dir:dir+1]) == 1) {
-			peer = s.share.matched(w.id, chain)
+		if dir < 0 || (dir < len(chain) && d.group.share.matched(w.id, chain[dir:dir+1]) == 1) {
+			peer = d.group.share.matched(w.id, chain)
 		}
 		if tokens := max(spec, peer, dir, 0) * bs; tokens > bestTokens {
 			bestTokens = tokens
@@ -184,7 +184,7 @@ func (s *Server) peerSpeculativeBlocks(d *decision, i int) int {
 	if err != nil {
 		return 0
 	}
-	return s.share.matched(d.workers[i].id, chain)
+	return d.group.share.matched(d.workers[i].id, chain)
 }
 
 // engineBlockSize is the block size w's engine uses, for the

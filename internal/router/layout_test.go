@@ -63,7 +63,7 @@ func TestDecisionHashesWithLearnedBlockSize(t *testing.T) {
 		16: {"b": 1, "c": 3},
 	}}
 	s := decisionServer(t, &fakeMatcher{})
-	s.dir = m
+	s.groups[0].matcher = m
 	s.pool.replace([]workerSpec{
 		{ID: "a", Address: "http://127.0.0.1:1", Model: "m", BlockSize: 16, BlockSizes: []int{64}},
 		{ID: "b", Address: "http://127.0.0.1:2", Model: "m", BlockSize: 16},

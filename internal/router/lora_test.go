@@ -156,7 +156,7 @@ func TestLoRANamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	hm := &hashMatcher{held: map[uint64]map[string]uint32{}}
-	s.dir = hm
+	s.groups[0].matcher = hm
 	s.pool.replace([]workerSpec{{ID: "a", Address: "http://127.0.0.1:1", Model: "m", BlockSize: 16}, {ID: "b", Address: "http://127.0.0.1:2", Model: "m", BlockSize: 16}})
 	served := &servedModels{bases: []string{"m"}, adapters: map[string]adapterCard{"sql": {parent: "m", root: "/a/sql"}}}
 	s.pool.snapshot()["a"].served.Store(served)

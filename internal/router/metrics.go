@@ -21,7 +21,7 @@ type metrics struct {
 	reg            *prometheus.Registry
 	requests       *prometheus.CounterVec
 	decision       prometheus.Histogram
-	dirLookup      prometheus.Histogram
+	dirLookup      *prometheus.HistogramVec
 	matches        *prometheus.CounterVec
 	fallbacks      *prometheus.CounterVec
 	retries        *prometheus.CounterVec
@@ -31,7 +31,7 @@ type metrics struct {
 	ttft           *prometheus.HistogramVec
 	workers        prometheus.GaugeFunc
 	inflight       *prometheus.GaugeVec
-	sessionsLost   prometheus.Counter
+	sessionsLost   *prometheus.CounterVec
 	sessionBatches *prometheus.CounterVec
 	scrapeFailures *prometheus.CounterVec
 	modelsFailures *prometheus.CounterVec
@@ -48,11 +48,11 @@ func newMetrics(numWorkers func() float64) *metrics {
 		decision: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvdir_router_decision_seconds",
 			Help:    "Time to place a request: render, tokenize, hash, directory match and score.",
 			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 14)}),
-		dirLookup: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvdir_router_directory_lookup_seconds",
-			Help:    "Directory match calls, successful or not.",
-			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 12)}),
+		dirLookup: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvdir_router_directory_lookup_seconds",
+			Help:    "Directory match calls, successful or not, by directory group.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 12)}, []string{"group"}),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_fallbacks_total",
-			Help: "Requests placed without the directory, by reason."}, []string{"reason"}),
+			Help: "Requests placed without the directory, by directory group (of the request's model) and reason."}, []string{"group", "reason"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_retries_total",
 			Help: "Requests placed again after a worker failed before its first response byte, by reason."}, []string{"reason"}),
 		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_predicted_cached_tokens_total",
@@ -68,10 +68,10 @@ func newMetrics(numWorkers func() float64) *metrics {
 			Help: "Workers known to the router."}, numWorkers),
 		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvdir_router_inflight",
 			Help: "Requests this router sent to a worker and has not seen finish."}, []string{"worker"}),
-		sessionsLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_router_session_records_dropped_total",
-			Help: "Session records not written to the directory (it failed or the queue was full)."}),
+		sessionsLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_session_records_dropped_total",
+			Help: "Session records not written to the directory (it failed or the queue was full), by directory group."}, []string{"group"}),
 		sessionBatches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_session_batches_total",
-			Help: "RecordSessions calls, by result."}, []string{"result"}),
+			Help: "RecordSessions calls, by directory group and result."}, []string{"group", "result"}),
 		scrapeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_engine_scrape_failures_total",
 			Help: "Failed scrapes of an engine's /metrics, by worker and reason (unreachable, status, unknown-exposition, read)."}, []string{"worker", "reason"}),
 		modelsFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_engine_models_failures_total",
@@ -80,7 +80,7 @@ func newMetrics(numWorkers func() float64) *metrics {
 	m.bodiesReading = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvdir_router_request_bodies_reading",
 		Help: "Requests whose body the router is still receiving (slow or stalled clients show here until --body-timeout)."})
 	m.matches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvdir_router_matches_total",
-		Help: "Directory look-ups by what answered them: local (the router's replica of the directory) or directory (a node, over gRPC)."}, []string{"source"})
+		Help: "Directory look-ups by directory group and what answered them: local (the router's replica of the directory) or directory (a node, over gRPC)."}, []string{"group", "source"})
 	m.intentsSent = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_router_intents_sent_total",
 		Help: "Placement intents (and updates of them) this router sent to the directory's Share stream."})
 	m.intentsReceived = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvdir_router_intents_received_total",

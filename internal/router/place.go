@@ -64,7 +64,7 @@ func (s *Server) place(ctx context.Context, req *request, exclude []string, firs
 	}
 	s.metrics.decision.Observe(time.Since(start).Seconds())
 	if d.fallback != "" && first {
-		s.metrics.fallbacks.WithLabelValues(d.fallback).Inc()
+		s.metrics.fallbacks.WithLabelValues(groupName(d.group), d.fallback).Inc()
 	}
 	wk := d.workers[d.pick.Index]
 	f = &flight{s: s, req: req, d: d, wk: wk, uncached: int64(max(d.tokens-d.pick.PredictedCachedTokens, 0))}
@@ -79,7 +79,7 @@ func (s *Server) place(ctx context.Context, req *request, exclude []string, firs
 	// byte and for the TTL after it ...
 	wk.spec.pending(d.chain, f.sent)
 	// ... and tell the other routers (shared intents).
-	f.it = s.share.placed(wk, d, f.uncached, f.sent)
+	f.it = d.group.share.placed(wk, d, f.uncached, f.sent)
 	return f, nil, false
 }
 
@@ -181,12 +181,12 @@ func (f *flight) end(outcome string, u *usageScanner, stream bool) {
 	// A turn placed with the directory's answer and reported by the engine
 	// compares a prediction with the truth: the misconfiguration check
 	// counts it, here and (through the session record) in the directory.
-	comparable := known && outcome == OutcomeOK && s.dir != nil && d.fallback == "" && needsDirectory(d.policy) && len(d.chain) > 0
+	comparable := known && outcome == OutcomeOK && d.group.matcher != nil && d.fallback == "" && needsDirectory(d.policy) && len(d.chain) > 0
 	var turn cachecheck.Turn
 	if comparable {
 		turn = s.observeTurn(req, d, cached)
 	}
-	if s.rec != nil && req.session != "" && len(d.chain) > 0 && outcome == OutcomeOK {
+	if d.group.rec != nil && req.session != "" && len(d.chain) > 0 && outcome == OutcomeOK {
 		if !known {
 			cached = d.pick.PredictedCachedTokens
 		}
@@ -196,7 +196,7 @@ func (f *flight) end(outcome string, u *usageScanner, stream bool) {
 			p := uint32(d.pick.PredictedCachedTokens)
 			rec.PredictedCachedTokens, rec.ModelDiffers, rec.Salted = &p, turn.ModelDiffers, turn.Salted
 		}
-		s.rec.add(rec)
+		d.group.rec.add(rec)
 	}
 	if s.calib != nil {
 		var ttft time.Duration

@@ -22,6 +22,9 @@ type worker struct {
 	// endpoint picker's data plane names the worker by.
 	endpoint string
 	modelp   atomic.Pointer[string] // served model; "" until known (static workers learn it from metrics)
+	// group is the directory group the worker was discovered from (nil:
+	// a static worker, or one given without a group: the first group).
+	group *group
 
 	// rank, with hasRank, is the data-parallel rank of the engine at
 	// address this worker is (fixed for the worker's life).
@@ -191,26 +194,37 @@ func (p *pool) store(byID map[string]*worker) {
 
 // replace makes specs the complete worker set (a discovery snapshot).
 func (p *pool) replace(specs []workerSpec) []error {
-	return p.update(specs, true, nil)
+	return p.update(nil, specs, true, nil)
 }
 
-// apply adds or updates specs and removes the ids in gone.
-func (p *pool) apply(specs []workerSpec, gone []string) []error {
-	return p.update(specs, false, gone)
+// replaceGroup makes specs the complete set of g's workers (a discovery
+// snapshot of g's directory); the other groups' workers stay.
+func (p *pool) replaceGroup(g *group, specs []workerSpec) []error {
+	return p.update(g, specs, true, nil)
 }
 
-func (p *pool) update(specs []workerSpec, full bool, gone []string) (errs []error) {
+// applyGroup adds or updates g's workers specs and removes g's workers in
+// gone.
+func (p *pool) applyGroup(g *group, specs []workerSpec, gone []string) []error {
+	return p.update(g, specs, false, gone)
+}
+
+// update applies a discovery message of group g. A worker id another
+// group already holds is refused: ids are unique across the fleet.
+func (p *pool) update(g *group, specs []workerSpec, full bool, gone []string) (errs []error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	old := p.snapshot()
 	next := make(map[string]*worker, len(old)+len(specs))
-	if !full {
-		for id, w := range old {
+	for id, w := range old {
+		if !full || w.group != g {
 			next[id] = w
 		}
 	}
 	for _, id := range gone {
-		delete(next, id)
+		if w := next[id]; w != nil && w.group == g {
+			delete(next, id)
+		}
 	}
 	for _, s := range specs {
 		addr, err := validateAddress(s.Address)
@@ -218,9 +232,14 @@ func (p *pool) update(specs []workerSpec, full bool, gone []string) (errs []erro
 			errs = append(errs, fmt.Errorf("worker %s: %w", s.ID, err))
 			continue
 		}
+		if other := next[s.ID]; other != nil && other.group != g {
+			errs = append(errs, fmt.Errorf("worker %s: registered in directory group %s as well as %s; ids must be unique across groups, keeping %s's",
+				s.ID, groupName(other.group), groupName(g), groupName(other.group)))
+			continue
+		}
 		w, ok := old[s.ID]
-		if !ok || w.address != addr || (s.Model != "" && w.model() != s.Model) || w.hasRank != s.HasRank || w.rank != s.Rank {
-			w = &worker{id: s.ID, address: addr, endpoint: endpointOf(addr), rank: s.Rank, hasRank: s.HasRank, spec: newSpecSet(p.specTTL), stop: make(chan struct{})}
+		if !ok || w.group != g || w.address != addr || (s.Model != "" && w.model() != s.Model) || w.hasRank != s.HasRank || w.rank != s.Rank {
+			w = &worker{id: s.ID, address: addr, endpoint: endpointOf(addr), rank: s.Rank, hasRank: s.HasRank, group: g, spec: newSpecSet(p.specTTL), stop: make(chan struct{})}
 			w.setModel(s.Model)
 			if s.Running != 0 || s.Waiting != 0 || s.KVUsage != 0 {
 				w.running.Store(int32(s.Running))
@@ -251,6 +270,14 @@ func (p *pool) update(specs []workerSpec, full bool, gone []string) (errs []erro
 		}
 	}
 	return errs
+}
+
+// groupName names g in messages ("" for no group: the first).
+func groupName(g *group) string {
+	if g == nil {
+		return DefaultGroup
+	}
+	return g.name
 }
 
 // close stops every worker's scraper.

@@ -147,7 +147,7 @@ func TestAllWorkersFailing(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.pool.replace([]workerSpec{{ID: "a", Address: workers[0].Address, Model: "m"}, {ID: "b", Address: workers[1].Address, Model: "m"}})
-	s.synced.Store(true)
+	s.groups[0].synced.Store(true)
 	rec := &bodyRecorder{hdr: http.Header{}}
 	req, _ := http.NewRequest(http.MethodPost, PathChat, strings.NewReader(chatBody))
 	s.Handler().ServeHTTP(rec, req)

@@ -8,11 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvdir/kvdir/internal/admission"
@@ -75,8 +75,15 @@ type Config struct {
 	// Renderer turns prompts into token ids (required).
 	Renderer Renderer
 	// Directory, when set, is used to match prefixes, to discover workers
-	// (unless Static is set) and to record sessions.
+	// (unless Static is set) and to record sessions: the router's one
+	// directory group, named DefaultGroup.
 	Directory *dirclient.Client
+	// Groups, instead of Directory, are several directory groups side by
+	// side, each serving some models (group.go): workers are discovered
+	// from every group, and a request is matched, recorded and shared in
+	// the group serving its model only. Their order decides a model two
+	// groups claim (the first). Each group's Local is its local replica.
+	Groups []DirectoryGroup
 	// Local, when set with Directory, answers prefix matches from a local
 	// replica of the directory (internal/follow) while it is in sync; the
 	// directory answers them otherwise. Its lag is the
@@ -234,14 +241,12 @@ type Server struct {
 	policy    placement.Policy
 	fallback  placement.Policy
 	renderer  Renderer
-	dir       Matcher
+	groups    []*group // at least one; the first takes static workers
 	pool      *pool
 	scraper   *scraper
 	modelPoll *modelPoller // nil when disabled
 	metrics   *metrics
-	rec       *recorder
 	adm       *admitter // nil without late binding
-	share     *sharer   // nil without a directory, or with neither intents nor a local replica
 	mismatch  *mismatchChecker
 	transport *http.Transport
 	bufs      sync.Pool
@@ -249,12 +254,10 @@ type Server struct {
 	mux       *http.ServeMux // admin plus the proxied API
 	admin     *http.ServeMux
 
-	synced         atomic.Bool  // the worker list has been loaded once
-	created        time.Time    // when New returned: the local replica's wait for readiness counts from here
-	localReady     atomic.Bool  // the local replica was seen in sync, or readiness stopped waiting for it
-	dirFailures    atomic.Int32 // consecutive failed directory look-ups
-	dirPausedUntil atomic.Int64 // unix nanos: the directory is not asked until then
+	created        time.Time // when New returned: the local replica's wait for readiness counts from here
 	breakerPause   time.Duration
+	groupWait      time.Duration // groupLoadWait (tests shorten it)
+	conflictLogged sync.Map      // models claimed by several groups, logged once
 	runCtx         atomic.Pointer[context.Context]
 	started        atomic.Bool
 }
@@ -265,9 +268,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, policy: cfg.Policy, fallback: cfg.Fallback, renderer: cfg.Renderer, log: cfg.Logger, breakerPause: breakerPause,
-		created: time.Now()}
-	if cfg.Directory != nil {
-		s.dir = cfg.Directory
+		groupWait: groupLoadWait, created: time.Now()}
+	if len(cfg.Groups) > 0 {
+		for _, g := range cfg.Groups {
+			s.groups = append(s.groups, newGroup(g.Name, g.Directory, g.Local))
+		}
+	} else {
+		s.groups = []*group{newGroup(DefaultGroup, cfg.Directory, cfg.Local)}
 	}
 	s.transport = &http.Transport{
 		Proxy:               nil,
@@ -283,14 +290,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Calibrator != nil {
 		s.calib = newCalibration(cfg.Calibrator, s.metrics.reg)
 	}
-	if l := cfg.Local; l != nil {
-		s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvdir_router_view_lag_entries",
-			Help: "Log entries the router's local replica of the directory is behind the last commit index a node reported."},
-			func() float64 { return float64(l.Lag()) }))
-		s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvdir_router_view_staleness_seconds",
-			Help: "Seconds since a current directory node last sent the router's local replica anything (entries, a snapshot or a keepalive); very large before the first."},
-			func() float64 { return l.Staleness().Seconds() }))
-	}
+	s.metrics.reg.MustRegister(newGroupCollector(s))
 	kind, force, err := engineKind(cfg.EngineKind)
 	if err != nil {
 		return nil, err
@@ -310,13 +310,19 @@ func New(cfg Config) (*Server, error) {
 			timeout: min(max(cfg.ModelsInterval, time.Second), 5*time.Second), log: s.log,
 			onFailure: func(w *worker, reason string) { s.metrics.modelsFailures.WithLabelValues(w.id, reason).Inc() }}
 	}
-	if cfg.Directory != nil {
-		s.rec = newRecorder(cfg.Directory, cfg.SessionInterval, 512, s.metrics, s.log)
-		getter = cfg.Directory
-		if cfg.ShareIntents || cfg.Local != nil {
-			s.share = newSharer(s)
-			s.metrics.reg.MustRegister(newPeerCollector(s.share))
+	for _, g := range s.groups {
+		if g.dir == nil {
+			continue
 		}
+		g.rec = newRecorder(g.dir, cfg.SessionInterval, 512, s.metrics, s.log)
+		g.rec.group = g.name
+		getter = groupGetter{s}
+		if cfg.ShareIntents || g.local != nil {
+			g.share = newSharer(s, g)
+		}
+	}
+	if s.sharing() {
+		s.metrics.reg.MustRegister(newPeerCollector(s))
 	}
 	if cfg.AdmissionQueue > 0 {
 		s.adm = newAdmitter(s)
@@ -360,13 +366,15 @@ func (s *Server) Run(ctx context.Context) error {
 	defer s.pool.close()
 	defer s.transport.CloseIdleConnections()
 	var wg sync.WaitGroup
-	if s.rec != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); s.rec.run(ctx) }()
-	}
-	if s.share != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); s.share.run(ctx) }()
+	for _, g := range s.groups {
+		if g.rec != nil {
+			wg.Add(1)
+			go func() { defer wg.Done(); g.rec.run(ctx) }()
+		}
+		if g.share != nil {
+			wg.Add(1)
+			go func() { defer wg.Done(); g.share.run(ctx) }()
+		}
 	}
 	defer wg.Wait()
 	if len(s.cfg.Static) > 0 {
@@ -378,36 +386,14 @@ func (s *Server) Run(ctx context.Context) error {
 		if errs := s.pool.replace(specs); len(errs) > 0 {
 			return fmt.Errorf("router: static workers: %w", errors.Join(errs...))
 		}
-		s.synced.Store(true)
-		if s.cfg.Directory != nil {
+		s.groups[0].synced.Store(true)
+		if s.groups[0].dir != nil {
 			s.watchStaticLayouts(ctx)
 		}
 		<-ctx.Done()
 		return nil
 	}
-	err := s.cfg.Directory.WatchWorkers(ctx, "", func(resp *kvdirv1.WatchWorkersResponse) error {
-		var specs []workerSpec
-		var gone []string
-		for _, w := range resp.GetWorkers() {
-			st := w.GetState()
-			if st == kvdirv1.WorkerState_WORKER_STATE_EXPIRED || st == kvdirv1.WorkerState_WORKER_STATE_DEREGISTERED {
-				gone = append(gone, w.GetSpec().GetId())
-				continue
-			}
-			specs = append(specs, specOf(w))
-		}
-		var errs []error
-		if resp.GetSnapshot() {
-			errs = s.pool.replace(specs)
-			s.synced.Store(true)
-		} else {
-			errs = s.pool.apply(specs, gone)
-		}
-		for _, e := range errs {
-			s.log.Warn("router: ignoring worker", "err", e)
-		}
-		return nil
-	})
+	err := s.runGroups(ctx)
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -480,6 +466,9 @@ func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	_, _ = w.Write([]byte("ok\n"))
+	for _, n := range s.conflictNotes() {
+		_, _ = fmt.Fprintf(w, "warning: %s\n", n)
+	}
 }
 
 // Ready reports whether the router can place requests, and if not why:
@@ -487,12 +476,31 @@ func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
 // replica, the replica has been in sync (see localWait). GET /readyz and
 // the endpoint picker's readiness health service both answer it.
 func (s *Server) Ready() (bool, string) {
-	if !s.synced.Load() {
-		return false, "worker list not loaded yet"
-	}
-	if wait := s.localWait(); wait > 0 {
-		return false, fmt.Sprintf("local replica of the directory not in sync yet; ready once it is, or in %v (--follow-max-stale) without it",
-			wait.Round(time.Millisecond))
+	for _, g := range s.groups {
+		if !g.synced.Load() {
+			if len(s.groups) == 1 {
+				return false, "worker list not loaded yet"
+			}
+			// One group down at start must not keep the others' models
+			// out of service: wait for it a bounded time only.
+			if left := s.groupWait - time.Since(s.created); left > 0 {
+				return false, fmt.Sprintf("worker list of directory group %s not loaded yet; ready once it is, or in %v without it",
+					g.name, left.Round(time.Millisecond))
+			}
+			if g.unloadedLogged.CompareAndSwap(false, true) {
+				s.log.Warn("router: directory group's worker list still not loaded; ready without it (its models are refused until it loads)",
+					"group", g.name, "waited", s.groupWait, "last_error", strings.TrimSpace(s.directoryCause(g)))
+			}
+			continue
+		}
+		if wait := s.localWait(g); wait > 0 {
+			of := "the directory"
+			if len(s.groups) > 1 {
+				of = "directory group " + g.name
+			}
+			return false, fmt.Sprintf("local replica of %s not in sync yet; ready once it is, or in %v (--follow-max-stale) without it",
+				of, wait.Round(time.Millisecond))
+		}
 	}
 	now := time.Now()
 	for _, wk := range s.pool.snapshot() {
@@ -514,22 +522,22 @@ func (s *Server) Ready() (bool, string) {
 // readiness no longer depends on it: a directory outage later must not take
 // every router out of service at once (matches then go by staleness, see
 // matcherFor).
-func (s *Server) localWait() time.Duration {
-	l := s.cfg.Local
-	if l == nil || s.localReady.Load() {
+func (s *Server) localWait(g *group) time.Duration {
+	l := g.local
+	if l == nil || g.localReady.Load() {
 		return 0
 	}
 	if l.Synced() {
-		if s.localReady.CompareAndSwap(false, true) {
-			s.log.Info("router: local replica of the directory in sync; ready", "after", time.Since(s.created).Round(time.Millisecond))
+		if g.localReady.CompareAndSwap(false, true) {
+			s.log.Info("router: local replica of the directory in sync; ready", "group", g.name, "after", time.Since(s.created).Round(time.Millisecond))
 		}
 		return 0
 	}
 	left := s.cfg.LocalMaxStale - time.Since(s.created)
 	if left <= 0 {
-		if s.localReady.CompareAndSwap(false, true) {
+		if g.localReady.CompareAndSwap(false, true) {
 			s.log.Warn("router: local replica of the directory still not in sync; ready without it (matches go to the directory, or the fallback policy)",
-				"waited", s.cfg.LocalMaxStale)
+				"group", g.name, "waited", s.cfg.LocalMaxStale)
 		}
 		return 0
 	}

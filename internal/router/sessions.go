@@ -25,6 +25,7 @@ type recorder struct {
 	maxBatch int
 	timeout  time.Duration
 	m        *metrics
+	group    string // the directory group it writes to (the group label)
 	log      *slog.Logger
 	done     chan struct{}
 }
@@ -39,7 +40,7 @@ func (r *recorder) add(rec *kvdirv1.SessionRecord) {
 	select {
 	case r.in <- rec:
 	default:
-		r.m.sessionsLost.Inc()
+		r.m.sessionsLost.WithLabelValues(r.group).Inc()
 	}
 }
 
@@ -62,12 +63,12 @@ func (r *recorder) run(ctx context.Context) {
 		_, err := r.dir.RecordSessions(cctx, recs)
 		cancel()
 		if err != nil {
-			r.m.sessionBatches.WithLabelValues("error").Inc()
-			r.m.sessionsLost.Add(float64(len(recs)))
+			r.m.sessionBatches.WithLabelValues(r.group, "error").Inc()
+			r.m.sessionsLost.WithLabelValues(r.group).Add(float64(len(recs)))
 			r.log.Warn("router: recording sessions failed", "sessions", len(recs), "err", err)
 			return
 		}
-		r.m.sessionBatches.WithLabelValues("ok").Inc()
+		r.m.sessionBatches.WithLabelValues(r.group, "ok").Inc()
 	}
 	for {
 		select {

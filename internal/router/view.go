@@ -27,13 +27,42 @@ type View struct {
 	IndexDigest string `json:"index_digest,omitempty"`
 	Digest      string `json:"digest,omitempty"`
 	Snapshots   uint64 `json:"snapshots,omitempty"`
+	// Groups, with several directory groups (--directory-group), is each
+	// group's view, in flag order (the top level repeats the first's);
+	// Conflicts names the models several groups claim.
+	Groups    []GroupView `json:"groups,omitempty"`
+	Conflicts []string    `json:"conflicts,omitempty"`
 }
 
-// view reports the router's view of the directory.
+// GroupView is one directory group's part of View.
+type GroupView struct {
+	Name string `json:"name"`
+	// ServedModels are the group's --models, as its nodes report them
+	// (empty: every model; its workers say which).
+	ServedModels []string `json:"served_models,omitempty"`
+	View
+}
+
+// view reports the router's view of the directory: of its first group's
+// at the top level (the only group, usually) and, with several groups,
+// each group's in Groups.
 func (s *Server) view() View {
-	_, src := s.matcherFor()
+	v := s.groupView(s.groups[0])
+	if len(s.groups) > 1 {
+		for _, g := range s.groups {
+			gv := GroupView{Name: g.name, ServedModels: g.servedModels(), View: s.groupView(g)}
+			v.Groups = append(v.Groups, gv)
+		}
+		v.Conflicts = s.conflictNotes()
+	}
+	return v
+}
+
+// groupView reports the router's view of g's directory.
+func (s *Server) groupView(g *group) View {
+	_, src := s.matcherFor(g)
 	v := View{Source: src}
-	l := s.cfg.Local
+	l := g.local
 	if l == nil {
 		return v
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -45,12 +46,12 @@ func TestViewReportsTheReplica(t *testing.T) {
 	v := getView(t, s)
 	want := View{Following: true, Source: MatchLocal, Node: rv.Node, Synced: true, StalenessMs: 120,
 		AppliedIndex: 41, CommitIndex: 44, LagEntries: 3, IndexDigest: "0000000000001234", Digest: "0000000000000abc", Snapshots: 1}
-	if v != want {
+	if !reflect.DeepEqual(v, want) {
 		t.Fatalf("view\n got %+v\nwant %+v", v, want)
 	}
 	rec := httptest.NewRecorder()
 	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	for _, line := range []string{"kvdir_router_view_lag_entries 3", "kvdir_router_view_staleness_seconds 0.12"} {
+	for _, line := range []string{`kvdir_router_view_lag_entries{group="default"} 3`, `kvdir_router_view_staleness_seconds{group="default"} 0.12`} {
 		if !strings.Contains(rec.Body.String(), "\n"+line+"\n") {
 			t.Fatalf("metrics lack %q", line)
 		}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -51,6 +52,8 @@ func New(t testing.TB, cfg Config) *Fleet {
 type Engine struct {
 	WorkerID string
 	URL      string // the simulator's base URL
+	Model    string // the model it serves
+	Group    string // its directory group's name (Config.Groups; "" with one directory)
 	Sim      *testkit.Proc
 	Agent    *testkit.Proc
 }
@@ -103,11 +106,32 @@ type Config struct {
 	// --kv-events-pull --metrics-format trtllm) whose agent polls its POST /kv_cache_events
 	// (--kv-events-pull-url) instead of subscribing over ZeroMQ.
 	PullEvents bool
+	// Groups, when set, runs several directory groups instead of one
+	// directory (DirectoryNodes, Engines and Model are then unused): each
+	// group is a cluster of its own, its nodes started with --models of
+	// its model, with engines of that model whose agents register there;
+	// every router is given one --directory-group per group, in order.
+	Groups []GroupConfig
+}
+
+// GroupConfig describes one directory group of a fleet (Config.Groups).
+type GroupConfig struct {
+	Name    string
+	Nodes   int    // directory nodes (default 3)
+	Model   string // the model it serves (its nodes' --models)
+	Engines int    // engines of Model, registered in this group
+}
+
+// Group is a running directory group (Config.Groups).
+type Group struct {
+	Name, Model string
+	Directory   *Directory
 }
 
 // Fleet is a running deployment.
 type Fleet struct {
-	Directory *Directory // nil with NoDirectory
+	Directory *Directory // nil with NoDirectory, or with Groups
+	Groups    []*Group   // Config.Groups, running
 	Engines   []*Engine
 	Routers   []*Router
 	bins      map[string]string
@@ -140,7 +164,26 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 			return nil, fmt.Errorf("fleet: %w", err)
 		}
 	}
-	if !cfg.NoDirectory {
+	if len(cfg.Groups) > 0 {
+		cfg.NoDirectory, cfg.Engines = false, 0
+		for _, gc := range cfg.Groups {
+			if gc.Nodes == 0 {
+				gc.Nodes = 3
+			}
+			g := &Group{Name: gc.Name, Model: gc.Model}
+			g.Directory, err = StartDirectory(f.bins["directory"], filepath.Join(cfg.Dir, gc.Name), gc.Nodes,
+				append([]string{"--log-level", "warn", "--models", gc.Model}, cfg.DirectoryArgs...)...)
+			if g.Directory != nil {
+				f.Groups = append(f.Groups, g)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("fleet: directory group %s: %w", gc.Name, err)
+			}
+			if _, err = g.Directory.WaitLeader(30 * time.Second); err != nil {
+				return nil, fmt.Errorf("fleet: directory group %s leader: %w", gc.Name, err)
+			}
+		}
+	} else if !cfg.NoDirectory {
 		if f.Directory, err = StartDirectory(f.bins["directory"], cfg.Dir, cfg.DirectoryNodes, append([]string{"--log-level", "warn"}, cfg.DirectoryArgs...)...); err != nil {
 			return nil, fmt.Errorf("fleet: directory: %w", err)
 		}
@@ -148,10 +191,21 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 			return nil, fmt.Errorf("fleet: directory leader: %w", err)
 		}
 	}
+	// The engines: of the fleet's model, or each group's of its own.
+	type engineSpec struct{ model, group, dirs string }
+	var specs []engineSpec
+	for range cfg.Engines {
+		specs = append(specs, engineSpec{model: cfg.Model})
+	}
+	for i, gc := range cfg.Groups {
+		for range gc.Engines {
+			specs = append(specs, engineSpec{model: gc.Model, group: gc.Name, dirs: f.Groups[i].Directory.Addrs()})
+		}
+	}
 	// Each engine serves HTTP and, over ZMQ, events and replay.
-	agentEvents := make([][]string, cfg.Engines)
-	for i := range cfg.Engines {
-		e := &Engine{WorkerID: fmt.Sprintf("sim-%d", i)}
+	agentEvents := make([][]string, len(specs))
+	for i, sp := range specs {
+		e := &Engine{WorkerID: fmt.Sprintf("sim-%d", i), Model: sp.model, Group: sp.group}
 		e.Sim, _, err = startServing(ctx, "enginesim-"+fmt.Sprint(i), f.bins["enginesim"], 3, func(p []int) ([]string, string) {
 			e.URL = fmt.Sprintf("http://127.0.0.1:%d", p[0])
 			events := []string{"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", p[1]), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", p[2])}
@@ -161,7 +215,7 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 				events = []string{"--kv-events-pull", "--metrics-format", "trtllm"}
 				agentEvents[i] = []string{"--kv-events-pull-url", e.URL + "/kv_cache_events"}
 			}
-			args := append(append([]string{"--addr", fmt.Sprintf("127.0.0.1:%d", p[0]), "--model", cfg.Model, "--seed", fmt.Sprint(i + 1)},
+			args := append(append([]string{"--addr", fmt.Sprintf("127.0.0.1:%d", p[0]), "--model", sp.model, "--seed", fmt.Sprint(i + 1)},
 				events...), cfg.EngineArgs...)
 			if i < len(cfg.PerEngineArgs) {
 				args = append(args, cfg.PerEngineArgs[i]...)
@@ -179,8 +233,12 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 		if cfg.NoDirectory {
 			break
 		}
-		aargs := append(append(append([]string{"--directory", f.DirectoryAddrs(), "--worker-id", e.WorkerID, "--worker-address", e.URL,
-			"--model", cfg.Model, "--engine-kind", "enginesim"}, agentEvents[i]...),
+		dirs := f.DirectoryAddrs()
+		if specs[i].group != "" {
+			dirs = specs[i].dirs
+		}
+		aargs := append(append(append([]string{"--directory", dirs, "--worker-id", e.WorkerID, "--worker-address", e.URL,
+			"--model", e.Model, "--engine-kind", "enginesim"}, agentEvents[i]...),
 			"--http-addr", "127.0.0.1:0", "--log-level", "warn"), cfg.AgentArgs...)
 		if e.Agent, err = StartProc("agent-"+fmt.Sprint(i), f.bins["agent"], aargs...); err != nil {
 			return nil, err
@@ -205,6 +263,10 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 					ws = append(ws, e.WorkerID+"="+e.URL+"@"+cfg.Model)
 				}
 				args = append(args, "--workers", strings.Join(ws, ","))
+			} else if len(f.Groups) > 0 {
+				for _, g := range f.Groups {
+					args = append(args, "--directory-group", g.Name+"="+g.Directory.Addrs())
+				}
 			} else {
 				args = append(args, "--directory", f.DirectoryAddrs())
 			}
@@ -226,7 +288,7 @@ func Start(ctx context.Context, cfg Config) (f *Fleet, err error) {
 		}
 	}
 	for _, r := range f.Routers {
-		if err := f.WaitRouterWorkers(ctx, r, cfg.Engines, 60*time.Second); err != nil {
+		if err := f.WaitRouterWorkers(ctx, r, len(specs), 60*time.Second); err != nil {
 			return nil, fmt.Errorf("fleet: %s: %w\n%s", r.Proc.Name, err, r.Proc.Tail(20))
 		}
 	}
@@ -284,6 +346,9 @@ func (f *Fleet) Stop() {
 	if f.Directory != nil {
 		f.Directory.Stop()
 	}
+	for _, g := range f.Groups {
+		g.Directory.Stop()
+	}
 }
 
 // Logs returns the tail of every process's output, for failure reports.
@@ -300,6 +365,9 @@ func (f *Fleet) Logs(lines int) string {
 	}
 	if f.Directory != nil {
 		b.WriteString(f.Directory.Logs(lines))
+	}
+	for _, g := range f.Groups {
+		fmt.Fprintf(&b, "==== directory group %s\n%s", g.Name, g.Directory.Logs(lines))
 	}
 	return b.String()
 }

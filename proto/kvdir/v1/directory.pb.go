@@ -1141,9 +1141,12 @@ func (x *ListWorkersRequest) GetIncludeGone() bool {
 }
 
 type ListWorkersResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Workers       []*Worker              `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
-	Read          *ReadInfo              `protobuf:"bytes,2,opt,name=read,proto3" json:"read,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Workers []*Worker              `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	Read    *ReadInfo              `protobuf:"bytes,2,opt,name=read,proto3" json:"read,omitempty"`
+	// The models this directory group serves (the node's --models); empty:
+	// every model.
+	ServedModels  []string `protobuf:"bytes,3,rep,name=served_models,json=servedModels,proto3" json:"served_models,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1188,6 +1191,13 @@ func (x *ListWorkersResponse) GetWorkers() []*Worker {
 func (x *ListWorkersResponse) GetRead() *ReadInfo {
 	if x != nil {
 		return x.Read
+	}
+	return nil
+}
+
+func (x *ListWorkersResponse) GetServedModels() []string {
+	if x != nil {
+		return x.ServedModels
 	}
 	return nil
 }
@@ -1811,9 +1821,12 @@ type WatchWorkersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The first message holds every worker (snapshot set); later ones the
 	// workers that changed.
-	Workers       []*Worker `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
-	Snapshot      bool      `protobuf:"varint,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
-	AppliedIndex  uint64    `protobuf:"varint,3,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Workers      []*Worker `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	Snapshot     bool      `protobuf:"varint,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	AppliedIndex uint64    `protobuf:"varint,3,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	// The models this directory group serves (the node's --models); empty:
+	// every model. Set on the snapshot message.
+	ServedModels  []string `protobuf:"bytes,4,rep,name=served_models,json=servedModels,proto3" json:"served_models,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1867,6 +1880,13 @@ func (x *WatchWorkersResponse) GetAppliedIndex() uint64 {
 		return x.AppliedIndex
 	}
 	return 0
+}
+
+func (x *WatchWorkersResponse) GetServedModels() []string {
+	if x != nil {
+		return x.ServedModels
+	}
+	return nil
 }
 
 // FollowRequest opens a Follow stream.
@@ -2910,7 +2930,10 @@ type StatusResponse struct {
 	// The routers connected to this node's Share stream.
 	Routers []*RouterStatus `protobuf:"bytes,15,rep,name=routers,proto3" json:"routers,omitempty"`
 	// Placement intents the node holds (soft state, every router's).
-	Intents       uint64 `protobuf:"varint,16,opt,name=intents,proto3" json:"intents,omitempty"`
+	Intents uint64 `protobuf:"varint,16,opt,name=intents,proto3" json:"intents,omitempty"`
+	// The models this directory group serves (the node's --models); empty:
+	// every model.
+	ServedModels  []string `protobuf:"bytes,17,rep,name=served_models,json=servedModels,proto3" json:"served_models,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3055,6 +3078,13 @@ func (x *StatusResponse) GetIntents() uint64 {
 		return x.Intents
 	}
 	return 0
+}
+
+func (x *StatusResponse) GetServedModels() []string {
+	if x != nil {
+		return x.ServedModels
+	}
+	return nil
 }
 
 type AddMemberRequest struct {
@@ -3693,10 +3723,11 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\x04read\x18\x03 \x01(\v2\x12.kvdir.v1.ReadInfoR\x04read\"M\n" +
 	"\x12ListWorkersRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12!\n" +
-	"\finclude_gone\x18\x02 \x01(\bR\vincludeGone\"i\n" +
+	"\finclude_gone\x18\x02 \x01(\bR\vincludeGone\"\x8e\x01\n" +
 	"\x13ListWorkersResponse\x12*\n" +
 	"\aworkers\x18\x01 \x03(\v2\x10.kvdir.v1.WorkerR\aworkers\x12&\n" +
-	"\x04read\x18\x02 \x01(\v2\x12.kvdir.v1.ReadInfoR\x04read\"N\n" +
+	"\x04read\x18\x02 \x01(\v2\x12.kvdir.v1.ReadInfoR\x04read\x12#\n" +
+	"\rserved_models\x18\x03 \x03(\tR\fservedModels\"N\n" +
 	"\x10GetWorkerRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1d\n" +
 	"\n" +
@@ -3734,11 +3765,12 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\x05total\x18\x02 \x01(\x04R\x05total\x12&\n" +
 	"\x04read\x18\x03 \x01(\v2\x12.kvdir.v1.ReadInfoR\x04read\"+\n" +
 	"\x13WatchWorkersRequest\x12\x14\n" +
-	"\x05model\x18\x01 \x01(\tR\x05model\"\x83\x01\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\"\xa8\x01\n" +
 	"\x14WatchWorkersResponse\x12*\n" +
 	"\aworkers\x18\x01 \x03(\v2\x10.kvdir.v1.WorkerR\aworkers\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x12#\n" +
-	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\"0\n" +
+	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\x12#\n" +
+	"\rserved_models\x18\x04 \x03(\tR\fservedModels\"0\n" +
 	"\rFollowRequest\x12\x1f\n" +
 	"\vafter_index\x18\x01 \x01(\x04R\n" +
 	"afterIndex\"N\n" +
@@ -3817,7 +3849,7 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\rstored_blocks\x18\x04 \x01(\x04R\fstoredBlocks\x12#\n" +
 	"\rorphan_blocks\x18\x05 \x01(\x04R\forphanBlocks\x12!\n" +
 	"\fapprox_bytes\x18\x06 \x01(\x04R\vapproxBytes\x12\x1a\n" +
-	"\bsessions\x18\a \x01(\x04R\bsessions\"\xd4\x04\n" +
+	"\bsessions\x18\a \x01(\x04R\bsessions\"\xf9\x04\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -3836,7 +3868,8 @@ const file_kvdir_v1_directory_proto_rawDesc = "" +
 	"\vwrite_error\x18\x0e \x01(\tR\n" +
 	"writeError\x120\n" +
 	"\arouters\x18\x0f \x03(\v2\x16.kvdir.v1.RouterStatusR\arouters\x12\x18\n" +
-	"\aintents\x18\x10 \x01(\x04R\aintents\"\x83\x01\n" +
+	"\aintents\x18\x10 \x01(\x04R\aintents\x12#\n" +
+	"\rserved_models\x18\x11 \x03(\tR\fservedModels\"\x83\x01\n" +
 	"\x10AddMemberRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1f\n" +
