@@ -68,7 +68,7 @@ func TestCAVerifiesEachMemberForItsOwnNames(t *testing.T) {
 			t.Errorf("%s: key does not match certificate: %v", n.Compose, err)
 		}
 		c := parseCert(t, certPEM)
-		own := []string{n.Compose, n.Pod + "." + K8sHeadless, n.Pod + "." + K8sHeadless + ".kvdir.svc.cluster.local", K8sService, "localhost", "127.0.0.1"}
+		own := []string{n.Compose, n.Pod + "." + n.Headless(), n.Pod + "." + n.Headless() + ".kvdir.svc.cluster.local", n.Set, "localhost", "127.0.0.1"}
 		for _, name := range own {
 			for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
 				if _, err := c.Verify(x509.VerifyOptions{DNSName: name, Roots: roots, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
@@ -77,7 +77,7 @@ func TestCAVerifiesEachMemberForItsOwnNames(t *testing.T) {
 			}
 		}
 		other := Nodes[(i+1)%len(Nodes)]
-		for _, name := range []string{other.Compose, other.Pod + "." + K8sHeadless} {
+		for _, name := range []string{other.Compose, other.Pod + "." + other.Headless()} {
 			if err := c.VerifyHostname(name); err == nil {
 				t.Errorf("%s: valid for another member's name %s", n.Compose, name)
 			}
@@ -270,7 +270,7 @@ func TestRunFlags(t *testing.T) {
 	if code := run([]string{"--out", dir, "--owner", "none"}, &out, &errb); code != 0 {
 		t.Fatalf("run --out: exit %d: %s", code, errb.String())
 	}
-	if !strings.Contains(out.String(), "wrote 18 files, kept 0 existing") {
+	if !strings.Contains(out.String(), "wrote 25 files, kept 0 existing") {
 		t.Errorf("summary %q", out.String())
 	}
 }
