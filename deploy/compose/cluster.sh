@@ -14,7 +14,11 @@
 # The routers are started only when their image exists (cmd/router may not
 # be built yet); the script says when it leaves them out. COMPOSE overrides
 # the compose command (default docker-compose); KVDIR_IMAGE_PREFIX and
-# KVDIR_IMAGE_TAG as in .env.
+# KVDIR_IMAGE_TAG as in .env. KVDIR_COMPOSE_GROUPS=1 adds groups.yml: a
+# second directory group (kvdir-dir4..6) serving a second model, with its
+# engine and agent (kvdir-engine5, kvdir-agent5), and routers (and ctl) given
+# both groups. down always includes groups.yml, so that it removes that
+# group's containers and volumes too.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -32,12 +36,25 @@ export KVDIR_SECRETS_DIR="$secrets"
 # theirs; files of another user need their group bit (set by secrets_ready).
 KVDIR_SECRETS_GID="$(stat -c %g "$secrets/ca.crt" 2>/dev/null || id -g)"
 export KVDIR_SECRETS_GID
-compose() { $COMPOSE --project-directory "$here" -f "$here/docker-compose.yml" "$@"; }
+files=(-f "$here/docker-compose.yml")
+groups="${KVDIR_COMPOSE_GROUPS:-}"
+case "$groups" in
+  ""|0) groups="" ;;
+  1) files+=(-f "$here/groups.yml") ;;
+  *) echo "cluster.sh: KVDIR_COMPOSE_GROUPS=$groups: want 1 (two directory groups) or empty" >&2; exit 2 ;;
+esac
+compose() { $COMPOSE --project-directory "$here" "${files[@]}" "$@"; }
+# down: the files of every variant, so that nothing a variant started is left.
+compose_all() { $COMPOSE --project-directory "$here" -f "$here/docker-compose.yml" -f "$here/groups.yml" "$@"; }
 
-# secrets_ready: generate the secrets if the CA is missing (existing files are kept).
+# secrets_ready: generate the secrets if the CA is missing, or the second
+# group's if they are missing and it is wanted (existing files are kept).
 secrets_ready() {
   if [ ! -f "$secrets/ca.crt" ]; then
     echo "cluster.sh: no secrets in $secrets: generating them (make deploy-secrets)"
+    (cd "$root" && "${GO:-go}" run ./deploy/gensecrets --out "$secrets")
+  elif [ -n "$groups" ] && { [ ! -f "$secrets/kvdir-dir4.crt" ] || [ ! -f "$secrets/agent-engine5.token" ]; }; then
+    echo "cluster.sh: $secrets has no secrets for the second group: adding them (make deploy-secrets keeps what exists)"
     (cd "$root" && "${GO:-go}" run ./deploy/gensecrets --out "$secrets")
   fi
   KVDIR_SECRETS_GID="$(stat -c %g "$secrets/ca.crt")"
@@ -49,11 +66,16 @@ secrets_ready() {
 }
 
 # ctl ARGS...: kvdirctl in its image on kvdir-net, trusting the cluster's CA,
-# with the admin token.
+# with the admin token; given both groups with KVDIR_COMPOSE_GROUPS=1.
 ctl() {
+  local dir=(--directory kvdir-dir1:7001,kvdir-dir2:7001,kvdir-dir3:7001)
+  if [ -n "$groups" ]; then
+    dir=(--directory-group main=kvdir-dir1:7001,kvdir-dir2:7001,kvdir-dir3:7001
+      --directory-group large=kvdir-dir4:7001,kvdir-dir5:7001,kvdir-dir6:7001)
+  fi
   "$DOCKER" run --rm --pull never --network kvdir-net --group-add "$KVDIR_SECRETS_GID" \
     -v "$secrets/ca.crt:/etc/kvdir/tls/ca.crt:ro" -v "$secrets/admin.token:/etc/kvdir/tokens/admin:ro" \
-    "${prefix}kvdirctl:$tag" --directory kvdir-dir1:7001,kvdir-dir2:7001,kvdir-dir3:7001 \
+    "${prefix}kvdirctl:$tag" "${dir[@]}" \
     --tls-ca /etc/kvdir/tls/ca.crt --token-file /etc/kvdir/tokens/admin "$@"
 }
 
@@ -108,7 +130,7 @@ up() {
 
 case "${1:-}" in
   up) up ;;
-  down) compose down --volumes --remove-orphans --timeout 40 ;;
+  down) compose_all down --volumes --remove-orphans --timeout 40 ;;
   ps) compose ps ;;
   ctl) shift; ctl "$@" ;;
   *) echo "usage: $0 up|down|ps|ctl ARGS..." >&2; exit 2 ;;

@@ -57,11 +57,15 @@ const (
 
 // Node is one directory member: its certificate is valid for its compose
 // container name and for its Kubernetes StatefulSet pod, and for the names
-// every member answers to (the Services, loopback).
+// every member of its group answers to (the group's Service, loopback).
 type Node struct {
 	Compose string // container name, kvdir-dir1
 	Pod     string // StatefulSet pod name, kvdir-directory-0
+	Set     string // the group's StatefulSet and Service name, kvdir-directory
 }
+
+// Headless names the node's headless Service (its StatefulSet's serviceName).
+func (n Node) Headless() string { return n.Set + "-headless" }
 
 // CertFile and KeyFile name the node's certificate and key files.
 func (n Node) CertFile() string { return n.Compose + ".crt" }
@@ -91,21 +95,33 @@ const (
 	SecretAdmin     = "kvdir-admin-secrets"     // CA and the admin token, for kvdirctl
 )
 
-// Nodes are the directory members of the compose cluster and of deploy/k8s.
+// LargeGroup is the StatefulSet of the second directory group the Helm
+// chart's ci/two-groups-values.yaml deploys (group large); its compose
+// counterpart is kvdir-dir4..6 (deploy/compose/groups.yml).
+const LargeGroup = K8sStatefulSet + "-large"
+
+// Nodes are the directory members of the compose cluster and of deploy/k8s
+// (kvdir-dir1..3, the pods kvdir-directory-0..2), and of the second group of
+// the compose cluster's groups.yml and the chart's two-group values
+// (kvdir-dir4..6, the pods kvdir-directory-large-0..2).
 var Nodes = []Node{
-	{Compose: "kvdir-dir1", Pod: K8sStatefulSet + "-0"},
-	{Compose: "kvdir-dir2", Pod: K8sStatefulSet + "-1"},
-	{Compose: "kvdir-dir3", Pod: K8sStatefulSet + "-2"},
+	{Compose: "kvdir-dir1", Pod: K8sStatefulSet + "-0", Set: K8sStatefulSet},
+	{Compose: "kvdir-dir2", Pod: K8sStatefulSet + "-1", Set: K8sStatefulSet},
+	{Compose: "kvdir-dir3", Pod: K8sStatefulSet + "-2", Set: K8sStatefulSet},
+	{Compose: "kvdir-dir4", Pod: LargeGroup + "-0", Set: LargeGroup},
+	{Compose: "kvdir-dir5", Pod: LargeGroup + "-1", Set: LargeGroup},
+	{Compose: "kvdir-dir6", Pod: LargeGroup + "-2", Set: LargeGroup},
 }
 
 // Agents are the agent credentials: one per compose engine (its worker id
-// is the engine's container name) and one for the vLLM pods of deploy/k8s
+// is the engine's container name; engine5 is groups.yml's) and one for the vLLM pods of deploy/k8s
 // (worker id = pod name, vllm-<replicaset hash>-<suffix>).
 var Agents = []Agent{
 	{Name: "engine1", Patterns: []string{"kvdir-engine1"}},
 	{Name: "engine2", Patterns: []string{"kvdir-engine2"}},
 	{Name: "engine3", Patterns: []string{"kvdir-engine3"}},
 	{Name: "engine4", Patterns: []string{"kvdir-engine4"}},
+	{Name: "engine5", Patterns: []string{"kvdir-engine5"}},
 	{Name: "vllm", Patterns: []string{"vllm-*"}},
 }
 
@@ -113,10 +129,10 @@ var Agents = []Agent{
 func (n Node) DNSNames() []string {
 	names := []string{n.Compose, n.Pod}
 	for _, suffix := range []string{"", "." + Namespace, "." + Namespace + ".svc", "." + Namespace + ".svc.cluster.local"} {
-		names = append(names, n.Pod+"."+K8sHeadless+suffix)
+		names = append(names, n.Pod+"."+n.Headless()+suffix)
 	}
 	for _, suffix := range []string{"", "." + Namespace, "." + Namespace + ".svc", "." + Namespace + ".svc.cluster.local"} {
-		names = append(names, K8sService+suffix)
+		names = append(names, n.Set+suffix)
 	}
 	return append(names, "localhost")
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,7 +16,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/kvdir/kvdir/deploy/helm"
 	"github.com/kvdir/kvdir/deploy/k8s"
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 func generate(t *testing.T, dir string, force bool) Result {
@@ -68,7 +71,7 @@ func TestCAVerifiesEachMemberForItsOwnNames(t *testing.T) {
 			t.Errorf("%s: key does not match certificate: %v", n.Compose, err)
 		}
 		c := parseCert(t, certPEM)
-		own := []string{n.Compose, n.Pod + "." + K8sHeadless, n.Pod + "." + K8sHeadless + ".kvdir.svc.cluster.local", K8sService, "localhost", "127.0.0.1"}
+		own := []string{n.Compose, n.Pod + "." + n.Headless(), n.Pod + "." + n.Headless() + ".kvdir.svc.cluster.local", n.Set, "localhost", "127.0.0.1"}
 		for _, name := range own {
 			for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
 				if _, err := c.Verify(x509.VerifyOptions{DNSName: name, Roots: roots, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
@@ -77,7 +80,7 @@ func TestCAVerifiesEachMemberForItsOwnNames(t *testing.T) {
 			}
 		}
 		other := Nodes[(i+1)%len(Nodes)]
-		for _, name := range []string{other.Compose, other.Pod + "." + K8sHeadless} {
+		for _, name := range []string{other.Compose, other.Pod + "." + other.Headless()} {
 			if err := c.VerifyHostname(name); err == nil {
 				t.Errorf("%s: valid for another member's name %s", n.Compose, name)
 			}
@@ -270,7 +273,7 @@ func TestRunFlags(t *testing.T) {
 	if code := run([]string{"--out", dir, "--owner", "none"}, &out, &errb); code != 0 {
 		t.Fatalf("run --out: exit %d: %s", code, errb.String())
 	}
-	if !strings.Contains(out.String(), "wrote 18 files, kept 0 existing") {
+	if !strings.Contains(out.String(), "wrote 25 files, kept 0 existing") {
 		t.Errorf("summary %q", out.String())
 	}
 }
@@ -315,9 +318,11 @@ func TestOwner(t *testing.T) {
 }
 
 // TestKubernetesSecretsCoverTheManifests checks that every Secret key the
-// manifests in deploy/k8s mount or read (secretKeyRef, secret volumes and
-// their items, the directory's per-pod certificate names) is one the
-// generated kubernetes.yaml provides, so that applying both starts the pods.
+// manifests in deploy/k8s and the Helm chart's two-group rendering
+// (ci/two-groups-values.yaml, when helm is installed) mount or read
+// (secretKeyRef, secret volumes and their items, each directory pod's
+// certificate, keyed by pod name) is one the generated kubernetes.yaml
+// provides, so that applying both starts the pods.
 func TestKubernetesSecretsCoverTheManifests(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "secrets")
 	generate(t, dir, false)
@@ -330,10 +335,32 @@ func TestKubernetesSecretsCoverTheManifests(t *testing.T) {
 		s := o.Obj.(*corev1.Secret)
 		have[s.Name] = s.Data
 	}
-	_, objs, err := k8s.LoadDir("../k8s")
+	_, kust, err := k8s.LoadDir("../k8s")
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Run("k8s", func(t *testing.T) { secretsCover(t, have, kust) })
+	t.Run("helm two groups", func(t *testing.T) {
+		testkit.SkipIfShort(t, "runs helm template")
+		h := helm.Binary()
+		if h == "" {
+			t.Skip("no helm: make helm-install")
+		}
+		out, err := helm.Template(h, []string{"ci/two-groups-values.yaml"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs, err := k8s.DecodeStream("helm-template", out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		secretsCover(t, have, objs)
+	})
+}
+
+// secretsCover checks that every Secret key objs need is in have.
+func secretsCover(t *testing.T, have map[string]map[string][]byte, objs []k8s.Object) {
+	t.Helper()
 	need := func(where, secret, key string) {
 		t.Helper()
 		if _, ok := have[secret]; !ok {
@@ -350,12 +377,15 @@ func TestKubernetesSecretsCoverTheManifests(t *testing.T) {
 			spec = &v.Spec.Template.Spec
 		case *appsv1.StatefulSet:
 			spec = &v.Spec.Template.Spec
-			for _, n := range Nodes {
-				// KVDIR_DIRECTORY_TLS_CERT is /etc/kvdir/secrets/$(POD_NAME).crt.
-				if strings.HasPrefix(n.Pod, v.Name+"-") {
-					need(o.String(), SecretDirectory, n.Pod+".crt")
-					need(o.String(), SecretDirectory, n.Pod+".key")
-				}
+			// KVDIR_DIRECTORY_TLS_CERT is /etc/kvdir/secrets/$(POD_NAME).crt.
+			replicas := int32(1)
+			if v.Spec.Replicas != nil {
+				replicas = *v.Spec.Replicas
+			}
+			for i := range replicas {
+				pod := fmt.Sprintf("%s-%d", v.Name, i)
+				need(o.String(), SecretDirectory, pod+".crt")
+				need(o.String(), SecretDirectory, pod+".key")
 			}
 		default:
 			continue
@@ -380,6 +410,6 @@ func TestKubernetesSecretsCoverTheManifests(t *testing.T) {
 		}
 	}
 	if refs < 6 {
-		t.Errorf("only %d Secret references in deploy/k8s: the manifests should mount the generated Secrets", refs)
+		t.Errorf("only %d Secret references: the manifests should mount the generated Secrets", refs)
 	}
 }

@@ -2,6 +2,7 @@ package helm
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -154,6 +155,10 @@ func TestChartRendersStrictly(t *testing.T) {
 					t.Errorf("router replicas %v without autoscaling, want 1", d.Spec.Replicas)
 				}
 			}},
+		{values: "ci/two-groups-values.yaml", want: append(slices.Clone(base), "StatefulSet/kvdir-directory-large",
+			"Service/kvdir-directory-large-headless", "Service/kvdir-directory-large", "PodDisruptionBudget/kvdir-directory-large",
+			"NetworkPolicy/kvdir-directory", "NetworkPolicy/kvdir-directory-large", "Deployment/vllm"),
+			check: checkTwoGroups},
 		{values: "ci/external-engines-values.yaml", want: append(slices.Clone(base), "InferencePool/llama3"),
 			absent: []string{"Deployment/vllm", "HTTPRoute/llama3", "ConfigMap/kvdir-dashboard", "NetworkPolicy/kvdir-directory"},
 			allow:  []string{"no NetworkPolicy with Ingress selects the directory's pods"},
@@ -304,7 +309,8 @@ func TestChartMatchesKustomize(t *testing.T) {
 
 // TestChartVariablesAreFlags builds each kvdir binary the chart runs, in
 // every variant, and checks that its --help names every KVDIR_ variable the
-// chart sets on it: a variable that is no flag's would be ignored.
+// chart sets on it (a variable that is no flag's would be ignored) and every
+// flag its arguments give (an unknown flag stops the binary).
 func TestChartVariablesAreFlags(t *testing.T) {
 	h := helmOrSkip(t)
 	ci, err := CIValues()
@@ -333,9 +339,15 @@ func TestChartVariablesAreFlags(t *testing.T) {
 				}
 				checked++
 			}
+			for _, name := range cv.Flags {
+				if !strings.Contains(help[cv.Binary], "--"+name+" ") {
+					t.Errorf("%v: %s: container %s gives --%s, which %s --help does not list", values, cv.Obj, cv.Container, name, cv.Binary)
+				}
+				checked++
+			}
 		}
 	}
-	t.Logf("%d variables of %d binaries checked", checked, len(help))
+	t.Logf("%d variables and flags of %d binaries checked", checked, len(help))
 }
 
 // TestGatewayExample decodes the example Gateway (deploy/gateway) strictly
@@ -410,10 +422,145 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"directory.replicas=2", "directory.replicas must be odd"},
 		{"router.mode=sidecar", `router.mode must be proxy or epp, not "sidecar"`},
 		{"directory.podAntiAffinity=soft", "directory.podAntiAffinity must be required or preferred"},
+		{"directory.groups=null", "directory.groups must list at least one group"},
+		{"directory.groups[0].name=Main", `directory.groups[0].name "Main" must be a DNS label`},
+		{"directory.groups[0]=x", "directory.groups[0] must be a mapping"},
+		{"directory.groups[0].name=main,directory.groups[1].name=main", `group name "main" is used twice`},
+		{"directory.groups[0].name=main,directory.groups[0].models={llama3-8b},directory.groups[1].name=large,directory.groups[1].replicas=4",
+			"directory.replicas must be odd and at least 1 (a Raft quorum), not 4 (group large)"},
+		{"directory.groups[0].name=main,directory.groups[1].name=large", "groups main and large both list no models"},
+		{"directory.groups[0].name=main,directory.groups[0].models={llama3-8b},directory.groups[1].name=large,directory.groups[1].models={llama3-8b}",
+			`model "llama3-8b" is in groups main and large`},
+		{"directory.groups[0].name=main,directory.groups[0].models={llama3-70b}", `no directory group serves model "llama3-8b" (vllm.servedModelName)`},
 	} {
 		_, err := Template(h, nil, tc.set)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("--set %s: %v, want an error saying %q", tc.set, err, tc.want)
 		}
+	}
+}
+
+// envOf returns a container's variables by name.
+func envOf(c corev1.Container) map[string]string {
+	m := map[string]string{}
+	for _, e := range c.Env {
+		m[e.Name] = e.Value
+	}
+	return m
+}
+
+// checkTwoGroups checks ci/two-groups-values.yaml's rendering: two Raft
+// groups, each listing its own members only in its initial cluster and
+// serving its model; routers given a --directory-group per group and no
+// single --directory; the vLLM pods' agents (model llama3-70b) dialling
+// group large. k8s.Check has checked the same generally; this pins the
+// values' meaning.
+func checkTwoGroups(t *testing.T, objs []k8s.Object) {
+	t.Helper()
+	members := func(set string, port int) string {
+		var m []string
+		for i := range 3 {
+			m = append(m, fmt.Sprintf("%s-%d.%s-headless:%d", set, i, set, port))
+		}
+		return strings.Join(m, ",")
+	}
+	for _, g := range []struct{ set, model, size string }{
+		{"kvdir-directory", "llama3-8b", "2Gi"}, {"kvdir-directory-large", "llama3-70b", "8Gi"},
+	} {
+		s := find[*appsv1.StatefulSet](objs, "StatefulSet", g.set)
+		if s == nil {
+			t.Fatalf("no StatefulSet %s", g.set)
+		}
+		env := envOf(s.Spec.Template.Spec.Containers[0])
+		var cluster []string
+		for i := range 3 {
+			cluster = append(cluster, fmt.Sprintf("%s-%d=%s-%d.%s-headless:7000", g.set, i, g.set, i, g.set))
+		}
+		if got := env["KVDIR_DIRECTORY_INITIAL_CLUSTER"]; got != strings.Join(cluster, ",") {
+			t.Errorf("%s: initial cluster %q, want its own members %q", g.set, got, strings.Join(cluster, ","))
+		}
+		if got := env["KVDIR_DIRECTORY_MODELS"]; got != g.model {
+			t.Errorf("%s: KVDIR_DIRECTORY_MODELS %q, want %s", g.set, got, g.model)
+		}
+		if s.Spec.ServiceName != g.set+"-headless" || s.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != g.set {
+			t.Errorf("%s: serviceName %s, selector %v: want its own headless Service and pods", g.set, s.Spec.ServiceName, s.Spec.Selector.MatchLabels)
+		}
+		if q := s.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests[corev1.ResourceStorage]; q.String() != g.size {
+			t.Errorf("%s: volume %s, want %s", g.set, q.String(), g.size)
+		}
+	}
+	r := find[*appsv1.Deployment](objs, "Deployment", "kvdir-router").Spec.Template.Spec.Containers[0]
+	want := []string{"--directory-group", "main=" + members("kvdir-directory", 7001), "--directory-group", "large=" + members("kvdir-directory-large", 7001)}
+	if !slices.Equal(r.Args, want) {
+		t.Errorf("router args %q, want %q", r.Args, want)
+	}
+	if v, ok := envOf(r)["KVDIR_ROUTER_DIRECTORY"]; ok {
+		t.Errorf("router has KVDIR_ROUTER_DIRECTORY=%s beside --directory-group", v)
+	}
+	a := find[*appsv1.Deployment](objs, "Deployment", "vllm").Spec.Template.Spec.InitContainers[0]
+	if got := envOf(a)["KVDIR_AGENT_DIRECTORY"]; got != members("kvdir-directory-large", 7001) {
+		t.Errorf("vLLM agents dial %q, want group large's members (model llama3-70b)", got)
+	}
+}
+
+// TestChartGroupChecks renders ci/two-groups-values.yaml, makes the
+// mistakes a two-group deployment can make one at a time, and expects
+// k8s.Check to report each: a router leaving a group out, an agent dialling
+// the group of another model, a list mixing the groups' members, a group
+// whose initial cluster names the other's member.
+func TestChartGroupChecks(t *testing.T) {
+	h := helmOrSkip(t)
+	router := func(objs []k8s.Object) *corev1.Container {
+		return &find[*appsv1.Deployment](objs, "Deployment", "kvdir-router").Spec.Template.Spec.Containers[0]
+	}
+	setEnv := func(c *corev1.Container, name, value string) {
+		for i := range c.Env {
+			if c.Env[i].Name == name {
+				c.Env[i].Value = value
+				return
+			}
+		}
+		c.Env = append(c.Env, corev1.EnvVar{Name: name, Value: value})
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(objs []k8s.Object)
+		want   string
+	}{
+		{"router leaves a group out", func(objs []k8s.Object) { r := router(objs); r.Args = r.Args[:2] },
+			"no --directory-group names directory group kvdir-directory-large"},
+		{"router with one list", func(objs []k8s.Object) {
+			r := router(objs)
+			r.Args = nil
+			setEnv(r, "KVDIR_ROUTER_DIRECTORY", "kvdir-directory-0.kvdir-directory-headless:7001,kvdir-directory-1.kvdir-directory-headless:7001,kvdir-directory-2.kvdir-directory-headless:7001")
+		}, "KVDIR_ROUTER_DIRECTORY names kvdir-directory only, of 2 directory groups"},
+		{"agent in the other model's group", func(objs []k8s.Object) {
+			a := &find[*appsv1.Deployment](objs, "Deployment", "vllm").Spec.Template.Spec.InitContainers[0]
+			setEnv(a, "KVDIR_AGENT_DIRECTORY", "kvdir-directory-0.kvdir-directory-headless:7001,kvdir-directory-1.kvdir-directory-headless:7001,kvdir-directory-2.kvdir-directory-headless:7001")
+		}, `which does not serve the agent's model "llama3-70b"`},
+		{"mixed members", func(objs []k8s.Object) {
+			r := router(objs)
+			r.Args[3] = "large=kvdir-directory-large-0.kvdir-directory-large-headless:7001,kvdir-directory-1.kvdir-directory-headless:7001,kvdir-directory-large-2.kvdir-directory-large-headless:7001"
+		}, "mixes members of kvdir-directory-large and kvdir-directory"},
+		{"initial cluster across groups", func(objs []k8s.Object) {
+			c := &find[*appsv1.StatefulSet](objs, "StatefulSet", "kvdir-directory-large").Spec.Template.Spec.Containers[0]
+			setEnv(c, "KVDIR_DIRECTORY_INITIAL_CLUSTER", "kvdir-directory-0=kvdir-directory-0.kvdir-directory-headless:7000,kvdir-directory-large-1=kvdir-directory-large-1.kvdir-directory-large-headless:7000,kvdir-directory-large-2=kvdir-directory-large-2.kvdir-directory-large-headless:7000")
+		}, "KVDIR_DIRECTORY_INITIAL_CLUSTER is"},
+		{"model in two groups", func(objs []k8s.Object) {
+			c := &find[*appsv1.StatefulSet](objs, "StatefulSet", "kvdir-directory").Spec.Template.Spec.Containers[0]
+			setEnv(c, "KVDIR_DIRECTORY_MODELS", "llama3-8b,llama3-70b")
+		}, "model llama3-70b is also served by kvdir-directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, h, []string{"ci/two-groups-values.yaml"})
+			if err := k8s.Check(objs); err != nil {
+				t.Fatalf("before the mistake: %v", err)
+			}
+			tc.mutate(objs)
+			err := k8s.Check(objs)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("k8s.Check: %v, want a finding saying %q", err, tc.want)
+			}
+		})
 	}
 }

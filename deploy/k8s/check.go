@@ -57,8 +57,8 @@ func containers(spec *corev1.PodSpec) []*corev1.Container {
 // workload selectors that miss their own template; Services, PDBs and HPAs
 // that select or target nothing; Service target ports and probe ports that
 // no container declares; $(VAR) references to variables not defined before
-// them; the directory StatefulSet's Raft membership; the directory
-// addresses agents and routers dial; the vLLM flags the agent relies on;
+// them; each directory StatefulSet's Raft membership; the directory
+// groups agents and routers dial (groups.go); the vLLM flags the agent relies on;
 // that kvdir containers set only their own binary's KVDIR_<NAME>_ variables;
 // and the endpoint-picker objects: InferencePools, HTTPRoutes and
 // ServiceMonitors (gateway.go).
@@ -96,7 +96,7 @@ func Check(objs []Object) error {
 			checkStatefulSet(o, v, objs, add)
 		}
 	}
-	errs = append(errs, checkDirectoryClients(objs, ws)...)
+	errs = append(errs, checkDirectoryGroups(objs, ws)...)
 	errs = append(errs, checkEngines(ws)...)
 	errs = append(errs, checkTokenizeURLs(objs, ws)...)
 	errs = append(errs, checkEnvNames(objs)...)
@@ -111,8 +111,9 @@ var BinaryEnv = map[string]string{
 	"directory": "DIRECTORY", "agent": "AGENT", "router": "ROUTER", "enginesim": "ENGINESIM", "kvdirctl": "CTL",
 }
 
-// KVDIRVars returns, for every container running a kvdir image, its binary
-// and the KVDIR_ variables the manifests set on it.
+// KVDIRVars returns, for every container running a kvdir image, its binary,
+// the KVDIR_ variables the manifests set on it and the flags its arguments
+// give.
 func KVDIRVars(objs []Object) []ContainerVars {
 	var out []ContainerVars
 	for _, w := range workloads(objs) {
@@ -125,6 +126,12 @@ func KVDIRVars(objs []Object) []ContainerVars {
 			for _, e := range c.Env {
 				if strings.HasPrefix(e.Name, "KVDIR_") {
 					cv.Vars = append(cv.Vars, e.Name)
+				}
+			}
+			for _, a := range c.Args {
+				if name, ok := strings.CutPrefix(a, "--"); ok && name != "" {
+					name, _, _ = strings.Cut(name, "=")
+					cv.Flags = append(cv.Flags, name)
 				}
 			}
 			out = append(out, cv)
@@ -141,12 +148,14 @@ func kvdirImage(image string) (name, binary string, ok bool) {
 	return name, binary, ok
 }
 
-// ContainerVars is one container's kvdir binary and KVDIR_ variables.
+// ContainerVars is one container's kvdir binary, KVDIR_ variables and
+// command-line flags.
 type ContainerVars struct {
 	Obj       Object
 	Container string
 	Binary    string
 	Vars      []string
+	Flags     []string // names of the --flags in its arguments, without the dashes
 }
 
 // checkEnvNames checks that every KVDIR_ variable of a kvdir container is
@@ -454,60 +463,6 @@ func checkStatefulSet(o Object, s *appsv1.StatefulSet, objs []Object, add func(O
 	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		add(o, "container %s: readiness must be GET /readyz", c.Name)
 	}
-}
-
-// directoryClientVars are the variables that list directory API addresses.
-var directoryClientVars = []string{"KVDIR_AGENT_DIRECTORY", "KVDIR_ROUTER_DIRECTORY", "KVDIR_CTL_DIRECTORY"}
-
-// checkDirectoryClients checks that every directory address list names each
-// member of the directory StatefulSet by its headless-Service DNS name and
-// API port.
-func checkDirectoryClients(objs []Object, ws []workload) []error {
-	var errs []error
-	members := map[string]bool{} // "pod.service:port"
-	var all []string
-	for _, o := range objs {
-		s, ok := o.Obj.(*appsv1.StatefulSet)
-		if !ok || directoryContainer(s) == nil {
-			continue
-		}
-		port := containerPort(directoryContainer(s), "api")
-		replicas := int32(1)
-		if s.Spec.Replicas != nil {
-			replicas = *s.Spec.Replicas
-		}
-		for i := range replicas {
-			a := fmt.Sprintf("%s-%d.%s:%d", s.Name, i, s.Spec.ServiceName, port)
-			members[a] = true
-			all = append(all, a)
-		}
-	}
-	for _, w := range ws {
-		for _, c := range containers(&w.template.Spec) {
-			for _, v := range directoryClientVars {
-				list, ok := env(c, v)
-				if !ok {
-					continue
-				}
-				if len(members) == 0 {
-					errs = append(errs, fmt.Errorf("%s: container %s sets %s but no directory StatefulSet exists", w.obj, c.Name, v))
-					continue
-				}
-				got := strings.Split(list, ",")
-				for _, a := range got {
-					if !members[a] {
-						errs = append(errs, fmt.Errorf("%s: container %s: %s lists %q, which is not a directory member's headless address (members: %s)", w.obj, c.Name, v, a, strings.Join(all, ",")))
-					}
-				}
-				for _, a := range all {
-					if !slices.Contains(got, a) {
-						errs = append(errs, fmt.Errorf("%s: container %s: %s leaves out member %s", w.obj, c.Name, v, a))
-					}
-				}
-			}
-		}
-	}
-	return errs
 }
 
 // kvEventsConfig is vLLM's KVEventsConfig (vllm/config/kv_events.py);

@@ -233,6 +233,9 @@ func isClient(w workload) bool {
 				return true
 			}
 		}
+		if len(groupArgs(c)) > 0 {
+			return true
+		}
 	}
 	return false
 }

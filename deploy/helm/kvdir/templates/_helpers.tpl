@@ -22,31 +22,120 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "kvdir.httpPort" -}}7002{{- end -}}
 {{- define "kvdir.routerPort" -}}8080{{- end -}}
 
-{{/* The directory replica count, checked: Raft wants an odd membership. */}}
-{{- define "kvdir.directoryReplicas" -}}
-{{- $n := int .Values.directory.replicas -}}
+{{/*
+The directory groups, resolved: a JSON list with one object per entry of
+directory.groups, each the directory values with the group's keys laid over
+them (a map one level deep: persistence.size alone keeps
+persistence.storageClassName), plus
+  fullname        the objects' name: kvdir-directory for the first group (the
+                  names of a one-group install, so adding a group leaves the
+                  running one, its volumes and certificates as they are),
+                  kvdir-directory-<name> for the others
+  models          the models the group serves (empty: every model)
+  addrs           every member's API address by headless DNS name (what
+                  agents and routers dial), comma-separated
+  initialCluster  the Raft membership: id=raft address for each member
+Checked: at least one group; names DNS labels of at most 20 characters, each
+once; replicas odd; a model in at most one group; at most one group with no
+models (the one serving every model no other group lists).
+*/}}
+{{- define "kvdir.groups" -}}
+{{- $d := .Values.directory -}}
+{{- $base := omit $d "groups" -}}
+{{- if not $d.groups -}}
+{{- fail "directory.groups must list at least one group" -}}
+{{- end -}}
+{{- $out := list -}}
+{{- $names := dict -}}
+{{- $owner := dict -}}
+{{- $catchAll := "" -}}
+{{- range $i, $g := $d.groups -}}
+{{- if not (kindIs "map" $g) -}}
+{{- fail (printf "directory.groups[%d] must be a mapping (name, models, ...), not %v" $i $g) -}}
+{{- end -}}
+{{- $name := toString (default "" $g.name) -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,18}[a-z0-9])?$" $name) -}}
+{{- fail (printf "directory.groups[%d].name %q must be a DNS label (lower-case letters, digits, '-') of at most 20 characters" $i $name) -}}
+{{- end -}}
+{{- if hasKey $names $name -}}
+{{- fail (printf "directory.groups: group name %q is used twice" $name) -}}
+{{- end -}}
+{{- $_ := set $names $name true -}}
+{{- $m := deepCopy $base -}}
+{{- range $k, $v := omit $g "name" "models" -}}
+{{- if and (kindIs "map" $v) (kindIs "map" (get $base $k)) -}}
+{{- $sub := deepCopy (get $base $k) -}}
+{{- range $k2, $v2 := $v -}}
+{{- $_ := set $sub $k2 $v2 -}}
+{{- end -}}
+{{- $_ := set $m $k $sub -}}
+{{- else -}}
+{{- $_ := set $m $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- $models := list -}}
+{{- range $g.models -}}
+{{- $model := toString . -}}
+{{- if hasKey $owner $model -}}
+{{- fail (printf "directory.groups: model %q is in groups %s and %s: a model's blocks live in one group" $model (get $owner $model) $name) -}}
+{{- end -}}
+{{- $_ := set $owner $model $name -}}
+{{- $models = append $models $model -}}
+{{- end -}}
+{{- if not $models -}}
+{{- if $catchAll -}}
+{{- fail (printf "directory.groups: groups %s and %s both list no models (each would serve every model): give one of them models" $catchAll $name) -}}
+{{- end -}}
+{{- $catchAll = $name -}}
+{{- end -}}
+{{- $n := int $m.replicas -}}
 {{- if or (lt $n 1) (eq (mod $n 2) 0) -}}
-{{- fail (printf "directory.replicas must be odd and at least 1 (a Raft quorum), not %d" $n) -}}
+{{- fail (printf "directory.replicas must be odd and at least 1 (a Raft quorum), not %d (group %s)" $n $name) -}}
 {{- end -}}
-{{- $n -}}
+{{- $full := "kvdir-directory" -}}
+{{- if gt $i 0 -}}
+{{- $full = printf "kvdir-directory-%s" $name -}}
 {{- end -}}
-
-{{/* Every member's API address, by headless DNS name: what agents and routers dial. */}}
-{{- define "kvdir.directoryAddrs" -}}
 {{- $addrs := list -}}
-{{- range $i := until (int (include "kvdir.directoryReplicas" .)) -}}
-{{- $addrs = append $addrs (printf "kvdir-directory-%d.kvdir-directory-headless:%s" $i (include "kvdir.apiPort" $)) -}}
+{{- $members := list -}}
+{{- range $j := until $n -}}
+{{- $addrs = append $addrs (printf "%s-%d.%s-headless:%s" $full $j $full (include "kvdir.apiPort" $)) -}}
+{{- $members = append $members (printf "%s-%d=%s-%d.%s-headless:%s" $full $j $full $j $full (include "kvdir.raftPort" $)) -}}
 {{- end -}}
-{{- join "," $addrs -}}
+{{- $_ := set $m "name" $name -}}
+{{- $_ := set $m "replicas" $n -}}
+{{- $_ := set $m "fullname" $full -}}
+{{- $_ := set $m "models" $models -}}
+{{- $_ := set $m "addrs" (join "," $addrs) -}}
+{{- $_ := set $m "initialCluster" (join "," $members) -}}
+{{- $out = append $out $m -}}
+{{- end -}}
+{{- toJson $out -}}
 {{- end -}}
 
-{{/* The Raft membership: id=raft address for each member. */}}
-{{- define "kvdir.initialCluster" -}}
-{{- $m := list -}}
-{{- range $i := until (int (include "kvdir.directoryReplicas" .)) -}}
-{{- $m = append $m (printf "kvdir-directory-%d=kvdir-directory-%d.kvdir-directory-headless:%s" $i $i (include "kvdir.raftPort" $)) -}}
+{{/*
+The group the engines' agents register with: the one listing the model the
+vLLM pods serve (vllm.servedModelName), else the one listing no models.
+kvdir.agentGroup . returns it as JSON; it fails if no group serves the model.
+*/}}
+{{- define "kvdir.agentGroup" -}}
+{{- $model := .Values.vllm.servedModelName -}}
+{{- $found := dict -}}
+{{- $all := dict -}}
+{{- range (include "kvdir.groups" . | fromJsonArray) -}}
+{{- if has $model .models -}}
+{{- $found = . -}}
+{{- else if and (not .models) (not $found) -}}
+{{- $all = . -}}
 {{- end -}}
-{{- join "," $m -}}
+{{- end -}}
+{{- if not $found -}}
+{{- $found = $all -}}
+{{- end -}}
+{{- if not $found -}}
+{{- fail (printf "no directory group serves model %q (vllm.servedModelName): list it in a group's models, or leave one group's models empty" $model) -}}
+{{- end -}}
+{{- toJson $found -}}
 {{- end -}}
 
 {{/* The router mode, checked. */}}
