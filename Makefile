@@ -156,7 +156,7 @@ bench-eval: ## kvbench eval: the capacity sweep over every member of bench/testd
 	$(GO) run ./bench/cmd/kvbench eval --set bench/testdata/evalset.json --out-dir bench/results
 
 .PHONY: bench
-bench: bench-index bench-directory bench-directory-workers bench-directory-groups bench-follow bench-agent bench-router bench-router-memory bench-sim bench-sim-routers bench-capacity bench-eval demo ## Every benchmark; refreshes bench/results/ and the figure tables quoting them
+bench: bench-index bench-directory bench-directory-workers bench-directory-groups bench-follow bench-agent bench-router bench-router-candidates bench-router-memory bench-sim bench-sim-routers bench-capacity bench-eval demo ## Every benchmark; refreshes bench/results/ and the figure tables quoting them
 	$(GO) run ./bench/cmd/kvbench docs
 
 .PHONY: bench-index
@@ -204,6 +204,11 @@ bench-agent: ## Agent decode+hash rate, end-to-end event lag (directory, engines
 bench-router: haproxy-dep ## Router decision time, proxy overhead vs HAProxy, throughput (real processes) -> bench/results/router.json
 	@mkdir -p bench/results
 	$(GO) run ./bench/cmd/kvbench router --out bench/results/router.json
+
+.PHONY: bench-router-candidates
+bench-router-candidates: ## Router decision time, warm 32 k-token session, 4 vs 1,024 candidate workers side by side -> bench/results/router-candidates.json
+	@mkdir -p bench/results
+	$(GO) test -run '^$$' -bench 'DecisionCandidates$$' -benchtime 2000x -count 1 ./internal/router -args -candidates-out $(CURDIR)/bench/results/router-candidates.json
 
 .PHONY: bench-router-memory
 bench-router-memory: ## Router memory with 200 slow bodies held and 500 clients (real processes) -> bench/results/router-memory.json
