@@ -59,7 +59,10 @@ type WorkersDetails struct {
 	// PairRatios are, per round, the largest pool's throughput over the
 	// smallest's.
 	PairRatios []float64 `json:"pair_ratios"`
-	Method     string    `json:"method"`
+	// Retries counts runs done again after a failure (a leadership change
+	// on the loaded machine fails a publish in flight).
+	Retries int    `json:"retries"`
+	Method  string `json:"method"`
 }
 
 // WorkersMeasures are the pool comparison's figures and details.
@@ -138,7 +141,11 @@ func measureWorkers(ctx context.Context, cfg Options, pools []int) (*WorkersMeas
 		}
 		for _, p := range order {
 			inflight := max(1, total/p)
-			run, err := publishPool(ctx, bins["directory"], filepath.Join(dir, fmt.Sprintf("round%d-%d", r+1, p)), cfg, work[p], inflight)
+			var run *PoolRun
+			err := retry(cfg, &m.Retries, func(try int) (err error) {
+				run, err = publishPool(ctx, bins["directory"], filepath.Join(dir, fmt.Sprintf("round%d-%d-try%d", r+1, p, try)), cfg, work[p], inflight)
+				return err
+			})
 			if err != nil {
 				return nil, fmt.Errorf("round %d, %d workers: %w", r+1, p, err)
 			}
@@ -248,7 +255,9 @@ type GroupsDetails struct {
 	Rounds         int        `json:"rounds"`
 	CPUs           int        `json:"cpus"`
 	Runs           []GroupRun `json:"runs"`
-	Method         string     `json:"method"`
+	// Retries counts steps done again after a failure.
+	Retries int    `json:"retries"`
+	Method  string `json:"method"`
 }
 
 // GroupsMeasures are the group comparison's figures and details.
@@ -315,7 +324,11 @@ func measureGroups(ctx context.Context, cfg Options, groups int) (*GroupsMeasure
 			if r%2 == 1 {
 				g = groups - i
 			}
-			run, err := publishGroups(ctx, bins["directory"], filepath.Join(dir, fmt.Sprintf("round%d-%d", r+1, g)), cfg, wl, g)
+			var run *GroupRun
+			err := retry(cfg, &m.Retries, func(try int) (err error) {
+				run, err = publishGroups(ctx, bins["directory"], filepath.Join(dir, fmt.Sprintf("round%d-%d-try%d", r+1, g, try)), cfg, wl, g)
+				return err
+			})
 			if err != nil {
 				return nil, fmt.Errorf("round %d, %d groups: %w", r+1, g, err)
 			}
@@ -444,6 +457,23 @@ func stopGroup(c *fleet.Directory, cfg Options, err error) {
 		for _, n := range c.Nodes {
 			fmt.Fprintf(os.Stderr, "---- %s\n%s\n", n.ID, n.Tail(40))
 		}
+	}
+}
+
+// maxRetries is how many times a failed run is done again, on a fresh
+// cluster, before the benchmark gives up.
+const maxRetries = 2
+
+// retry runs f (with its attempt number) until it succeeds or failed
+// maxRetries+1 times, counting the retries in n.
+func retry(cfg Options, n *int, f func(try int) error) error {
+	for try := 0; ; try++ {
+		err := f(try)
+		if err == nil || try == maxRetries || errors.Is(err, context.Canceled) {
+			return err
+		}
+		*n++
+		cfg.Log.Warn("run failed; running it again on a fresh cluster", "try", try+1, "err", err)
 	}
 }
 
