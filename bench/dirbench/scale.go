@@ -91,8 +91,9 @@ func (m *WorkersMeasures) Results(res *benchjson.Results) error {
 }
 
 // RunWorkers measures the directory's commit throughput as the same
-// workload (the index benchmark's shape at opts.Scale, cut into the same
-// batches) is published by pools of different sizes: every pool keeps the
+// workload shape (the index benchmark's at opts.Scale, generated for each
+// pool size, cut into batches of the same size) is published by pools of
+// different sizes: every pool keeps the
 // same batches in flight in total (opts.Inflight per worker of the
 // smallest pool), so that the offered load is the same and only the
 // number of workers differs. Each round starts a fresh cluster per pool,
