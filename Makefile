@@ -156,7 +156,7 @@ bench-eval: ## kvbench eval: the capacity sweep over every member of bench/testd
 	$(GO) run ./bench/cmd/kvbench eval --set bench/testdata/evalset.json --out-dir bench/results
 
 .PHONY: bench
-bench: bench-index bench-directory bench-follow bench-agent bench-router bench-router-memory bench-sim bench-sim-routers bench-capacity bench-eval demo ## Every benchmark; refreshes bench/results/ and the figure tables quoting them
+bench: bench-index bench-directory bench-directory-workers bench-directory-groups bench-follow bench-agent bench-router bench-router-candidates bench-router-memory bench-sim bench-sim-routers bench-capacity bench-eval demo ## Every benchmark; refreshes bench/results/ and the figure tables quoting them
 	$(GO) run ./bench/cmd/kvbench docs
 
 .PHONY: bench-index
@@ -174,6 +174,16 @@ bench-index-workers: ## Index figures on 2 M entries over pools of 64 to 16,384 
 .PHONY: bench-directory-quota
 bench-directory-quota: ## 3 directory processes, one worker flooded past its block quota -> bench/results/directory-quota.json
 	$(GO) run ./bench/cmd/kvbench directory --block-quota
+
+.PHONY: bench-directory-workers
+bench-directory-workers: ## 3 directory processes, the same workload published by 64 then 1,024 workers (same batches in flight) -> bench/results/directory-workers.json
+	@mkdir -p bench/results
+	$(GO) run ./bench/cmd/kvbench directory --worker-pools 64,1024 --scale 0.5 --batch-blocks 256 --rounds 3 --out bench/results/directory-workers.json
+
+.PHONY: bench-directory-groups
+bench-directory-groups: ## 1, 2, 3 independent 3-process directory groups published to at once: events/s, ratio, per-core -> bench/results/directory-groups.json
+	@mkdir -p bench/results
+	$(GO) run ./bench/cmd/kvbench directory --groups 3 --scale 0.5 --rounds 3 --out bench/results/directory-groups.json
 
 .PHONY: bench-directory
 bench-directory: ## 3 directory processes, 64 publishing workers -> bench/results/directory.json
@@ -194,6 +204,11 @@ bench-agent: ## Agent decode+hash rate, end-to-end event lag (directory, engines
 bench-router: haproxy-dep ## Router decision time, proxy overhead vs HAProxy, throughput (real processes) -> bench/results/router.json
 	@mkdir -p bench/results
 	$(GO) run ./bench/cmd/kvbench router --out bench/results/router.json
+
+.PHONY: bench-router-candidates
+bench-router-candidates: ## Router decision time, warm 32 k-token session, 4 vs 1,024 candidate workers side by side -> bench/results/router-candidates.json
+	@mkdir -p bench/results
+	$(GO) test -run '^$$' -bench 'DecisionCandidates$$' -benchtime 2000x -count 1 ./internal/router -args -candidates-out $(CURDIR)/bench/results/router-candidates.json
 
 .PHONY: bench-router-memory
 bench-router-memory: ## Router memory with 200 slow bodies held and 500 clients (real processes) -> bench/results/router-memory.json

@@ -9,6 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/kvdir/kvdir/internal/radix"
 	"github.com/kvdir/kvdir/internal/radix/radixtest"
 	"github.com/kvdir/kvdir/internal/testkit/fleet"
@@ -55,11 +59,28 @@ func Batches(wl *radixtest.Workload, max int) [][]*kvdirv1.EventBatch {
 // PublishAll registers every worker on the leader and publishes their
 // batches on one stream each, inflight batches at a time.
 func PublishAll(ctx context.Context, leader *fleet.DirNode, work [][]*kvdirv1.EventBatch, inflight int, res *Measures) error {
-	agent := kvdirv1.NewAgentServiceClient(leader.Conn())
+	if err := RegisterAll(ctx, leader.Conn(), work); err != nil {
+		return err
+	}
+	return publishRegistered(ctx, leader.Conn(), work, inflight, res)
+}
+
+// RegisterAll registers every worker of work on the leader and stamps its
+// batches with the epoch and their sequence numbers.
+func RegisterAll(ctx context.Context, leader grpc.ClientConnInterface, work [][]*kvdirv1.EventBatch) error {
+	agent := kvdirv1.NewAgentServiceClient(leader)
 	for w, bs := range work {
-		reg, err := agent.Register(ctx, &kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{
+		req := &kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{
 			Id: radixtest.WorkerName(w), BlockSize: 16, Model: "bench", Address: "http://127.0.0.1:1",
-		}})
+		}}
+		reg, err := agent.Register(ctx, req)
+		// A leadership change on a loaded machine fails a registration in
+		// flight; the node forwards the retry to the new leader, and a
+		// registration done twice only raises the epoch.
+		for try := 0; status.Code(err) == codes.Unavailable && try < 5; try++ {
+			time.Sleep(time.Duration(try+1) * 200 * time.Millisecond)
+			reg, err = agent.Register(ctx, req)
+		}
 		if err != nil {
 			return fmt.Errorf("register %s: %w", radixtest.WorkerName(w), err)
 		}
@@ -67,6 +88,13 @@ func PublishAll(ctx context.Context, leader *fleet.DirNode, work [][]*kvdirv1.Ev
 			b.Epoch, b.FirstSeq, b.LastSeq = reg.Epoch, uint64(i+1), uint64(i+1)
 		}
 	}
+	return nil
+}
+
+// publishRegistered publishes the registered workers' batches on one
+// stream each, inflight batches at a time, and records the throughput.
+func publishRegistered(ctx context.Context, leader grpc.ClientConnInterface, work [][]*kvdirv1.EventBatch, inflight int, res *Measures) error {
+	agent := kvdirv1.NewAgentServiceClient(leader)
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex

@@ -118,6 +118,25 @@ var tables = map[string]table{
 | CPU seconds of the three nodes per million events, plain TCP / mutual TLS (` + "`mtls_cpu_ratio`" + `) | | {{m "plain_cpu_seconds_per_m_events" 2}} / {{m "mtls_cpu_seconds_per_m_events" 2}} ({{m "mtls_cpu_ratio" 2}}) |
 | publish-to-acknowledgement p99, plain TCP / mutual TLS | | {{m "plain_burst_commit_p99_ms" 0}} / {{m "mtls_burst_commit_p99_ms" 0}} ms |
 `},
+	"directory-workers": {"directory-workers.json", `| figure | target | measured |
+|---|---|---|
+| block events committed per second, 64 workers ({{dn "entries" 1e6 1}} M events, batches of at most {{dn "batch_blocks" 1 0}} blocks, {{dn "total_inflight_batches" 1 0}} in flight in all; median of {{dn "rounds" 1 0}} rounds) | | {{m "events_per_sec_64_workers" 0}} |
+| same workload and batches, 1,024 workers | | {{m "events_per_sec_1024_workers" 0}} |
+| ` + "`workers_throughput_ratio`" + ` (1,024 / 64 workers, median of the rounds' ratios) | {{t "workers_throughput_ratio" 2}} | {{m "workers_throughput_ratio" 2}} |
+| CPU seconds of the three nodes per million events, 64 / 1,024 workers | | {{m "node_cpu_seconds_per_m_events_64_workers" 2}} / {{m "node_cpu_seconds_per_m_events_1024_workers" 2}} |
+`},
+	"directory-groups": {"directory-groups.json", `| groups side by side (3 nodes each) | all groups' events/s | ratio to one group | nodes' cores busy | events per node CPU second |
+|---|---:|---:|---:|---:|
+| 1 | {{m "events_per_sec_1_groups" 0}} | 1 | {{m "node_cores_busy_1_groups" 2}} | {{m "events_per_node_cpu_second_1_groups" 0}} |
+| 2 | {{m "events_per_sec_2_groups" 0}} | {{m "throughput_ratio_2_groups" 2}} (target {{t "throughput_ratio_2_groups" 1}}) | {{m "node_cores_busy_2_groups" 2}} | {{m "events_per_node_cpu_second_2_groups" 0}} |
+| 3 | {{m "events_per_sec_3_groups" 0}} | {{m "throughput_ratio_3_groups" 2}} | {{m "node_cores_busy_3_groups" 2}} | {{m "events_per_node_cpu_second_3_groups" 0}} |
+`},
+	"router-candidates": {"router-candidates.json", `| candidate workers for the model | decision p50 | decision p99 | target p99 |
+|---|---:|---:|---:|
+| 4 | {{m "decision_p50_us_4_workers" 0}} µs | {{m "decision_p99_us_4_workers" 0}} µs | |
+| 1,024 | {{m "decision_p50_us_1024_workers" 0}} µs | {{m "decision_p99_us_1024_workers" 0}} µs | {{t "decision_p99_us_1024_workers" 0}} µs |
+| match / score p50 at 1,024 (at 4) | {{dn "match_p50_us_1024_workers" 1 0}} / {{dn "score_p50_us_1024_workers" 1 0}} µs ({{dn "match_p50_us_4_workers" 1 0}} / {{dn "score_p50_us_4_workers" 1 1}}) | | |
+`},
 	"directory-quota": {"directory-quota.json", `| figure | target | measured |
 |---|---|---|
 | RSS per block held, one worker at its quota of {{dn "quota_blocks" 1 0}} blocks (steady state; right after the fill) | | {{m "bytes_per_entry" 0}} B ({{dn "fill_only_bytes_per_entry" 1 0}} B; the index's own estimate {{dn "index_estimate_bytes_per_entry" 1 0}} B) |

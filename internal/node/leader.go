@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/kvdir/kvdir/internal/raftfsm"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
@@ -20,13 +21,15 @@ import (
 type leases struct {
 	mu      sync.Mutex
 	entries map[string]*leaseEntry
+	gen     uint64 // calls of expired, to find the entries it did not see
 }
 
 type leaseEntry struct {
 	epoch uint64
 	at    time.Time
 	load  *kvdirv1.Load
-	dirty bool // load not yet committed
+	dirty bool   // load not yet committed
+	seen  uint64 // the leases.gen of the last expired that saw the worker
 }
 
 func newLeases() *leases { return &leases{entries: make(map[string]*leaseEntry)} }
@@ -58,27 +61,30 @@ func (l *leases) restart(now time.Time) {
 }
 
 // expired returns the alive workers whose lease lapsed, starting the clock
-// of workers it has not seen yet, and forgets workers that are gone.
-func (l *leases) expired(workers []*kvdirv1.Worker, lease time.Duration, now time.Time) []*kvdirv1.Worker {
+// of workers it has not seen yet, and forgets workers that are gone. It
+// runs on every tick of the leader loop over every worker, so it allocates
+// nothing per worker it already knows.
+func (l *leases) expired(workers []raftfsm.WorkerEpoch, lease time.Duration, now time.Time) []raftfsm.WorkerEpoch {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out []*kvdirv1.Worker
-	seen := make(map[string]bool, len(workers))
+	l.gen++
+	var out []raftfsm.WorkerEpoch
 	for _, w := range workers {
-		id := w.Spec.Id
-		seen[id] = true
-		e := l.entries[id]
+		e := l.entries[w.ID]
 		if e == nil || e.epoch < w.Epoch {
-			l.entries[id] = &leaseEntry{epoch: w.Epoch, at: now}
+			l.entries[w.ID] = &leaseEntry{epoch: w.Epoch, at: now, seen: l.gen}
 			continue
 		}
+		e.seen = l.gen
 		if now.Sub(e.at) > lease {
 			out = append(out, w)
 		}
 	}
-	for id := range l.entries {
-		if !seen[id] {
-			delete(l.entries, id)
+	if len(l.entries) > len(workers) {
+		for id, e := range l.entries {
+			if e.seen != l.gen {
+				delete(l.entries, id)
+			}
 		}
 	}
 	return out
@@ -106,6 +112,7 @@ func (n *Node) leaderLoop() {
 	defer tick.Stop()
 	leaderCh := n.raft.LeaderCh()
 	var lastLoads, lastSessions time.Time
+	var alive []raftfsm.WorkerEpoch // reused tick to tick
 	for {
 		select {
 		case <-n.stop:
@@ -122,11 +129,12 @@ func (n *Node) leaderLoop() {
 			continue
 		}
 		now := n.now()
-		for _, w := range n.leases.expired(n.fsm.Workers("", false), n.cfg.Lease, now) {
-			n.log.Info("expiring worker: lease lapsed", "worker", w.Spec.Id, "epoch", w.Epoch)
+		alive = n.fsm.AliveEpochs(alive[:0])
+		for _, w := range n.leases.expired(alive, n.cfg.Lease, now) {
+			n.log.Info("expiring worker: lease lapsed", "worker", w.ID, "epoch", w.Epoch)
 			if _, _, err := n.propose(kvdirv1.CommandType_COMMAND_TYPE_EXPIRE_WORKER,
-				&kvdirv1.ExpireWorkerCommand{WorkerId: w.Spec.Id, Epoch: w.Epoch, Reason: "lease lapsed"}); err != nil {
-				n.log.Warn("expire worker", "worker", w.Spec.Id, "err", err)
+				&kvdirv1.ExpireWorkerCommand{WorkerId: w.ID, Epoch: w.Epoch, Reason: "lease lapsed"}); err != nil {
+				n.log.Warn("expire worker", "worker", w.ID, "err", err)
 			}
 		}
 		if now.Sub(lastLoads) >= n.cfg.LoadInterval {

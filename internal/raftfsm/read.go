@@ -52,6 +52,27 @@ func (f *FSM) Workers(model string, includeGone bool) []*kvdirv1.Worker {
 	return out
 }
 
+// WorkerEpoch is a worker's id and current epoch.
+type WorkerEpoch struct {
+	ID    string
+	Epoch uint64
+}
+
+// AliveEpochs appends to dst the id and epoch of every alive worker, in no
+// order: what the leader's lease clocks need on every tick, without the
+// copies and block counts of Workers (which hold the state's lock longer,
+// delaying applies, the more workers there are).
+func (f *FSM) AliveEpochs(dst []WorkerEpoch) []WorkerEpoch {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	for id, w := range f.st.workers {
+		if alive(w) {
+			dst = append(dst, WorkerEpoch{ID: id, Epoch: w.Epoch})
+		}
+	}
+	return dst
+}
+
 // WorkersByID returns copies of the named workers that exist.
 func (f *FSM) WorkersByID(ids []string) []*kvdirv1.Worker {
 	f.mu.RLock()

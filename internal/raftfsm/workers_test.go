@@ -2,6 +2,7 @@ package raftfsm_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -343,4 +344,32 @@ func (h *harness) applyBatch(entries []*rawEntry) []any {
 		h.t.Fatalf("ApplyBatch: %d results for %d entries", len(out), len(logs))
 	}
 	return out
+}
+
+// TestAliveEpochs checks that AliveEpochs lists every alive worker with its
+// current epoch, and no retired one, appending to what it is given.
+func TestAliveEpochs(t *testing.T) {
+	h := newHarness(t, raftfsm.Options{})
+	h.register("a")
+	eb := h.register("b")
+	eb2 := h.register("b") // a new incarnation
+	ec := h.register("c")
+	h.apply(tExpireWorker, &kvdirv1.ExpireWorkerCommand{WorkerId: "c", Epoch: ec, Reason: "lease"})
+	if eb2 <= eb {
+		t.Fatalf("re-registration epoch %d, want above %d", eb2, eb)
+	}
+	got := h.f.AliveEpochs([]raftfsm.WorkerEpoch{{ID: "kept"}})
+	slices.SortFunc(got, func(x, y raftfsm.WorkerEpoch) int { return strings.Compare(x.ID, y.ID) })
+	want := map[string]uint64{"kept": 0, "b": eb2}
+	for _, w := range h.f.Workers("", false) {
+		want[w.Spec.Id] = w.Epoch
+	}
+	if len(got) != len(want) || len(got) != 3 {
+		t.Fatalf("AliveEpochs = %v, want %v", got, want)
+	}
+	for _, w := range got {
+		if e, ok := want[w.ID]; !ok || e != w.Epoch {
+			t.Fatalf("AliveEpochs = %v, want %v", got, want)
+		}
+	}
 }

@@ -276,15 +276,16 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	d.spec = make([]int, len(ws))
 	d.bs = make([]int, len(ws))
 	for i, w := range ws {
-		d.cands[i] = placement.Candidate{Worker: w.id, Load: w.load()}
+		d.cands[i] = placement.Candidate{Worker: w.id, Load: w.loadAt(now)}
 		d.dir[i] = -1
 		d.bs[i] = d.ns[i].BlockSize
 		g.share.addLoad(d, i)
 	}
 	if needsDirectory(d.policy) {
 		d.fallback = s.matchDirectory(ctx, d, chainFor)
+		var cache nsCache
 		for i, w := range ws {
-			s.matchCandidate(d, i, w, chainFor, now)
+			s.matchCandidateIn(d, i, w, chainFor, now, &cache)
 		}
 	}
 	t3 := time.Now()
@@ -416,11 +417,15 @@ func (s *Server) directoryCause(g *group) string {
 // fills d.dirBy; it returns the fallback reason, or "", and the error.
 func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhash.Namespace) ([]uint64, error)) (string, error) {
 	groups := map[blockhash.Namespace]bool{}
+	var last blockhash.Namespace // the candidates mostly share one: skip re-adding it
 	for i, w := range d.workers {
 		for _, bs := range s.blockSizesOf(w) {
 			ns := d.ns[i]
 			ns.BlockSize = bs
-			groups[ns] = true
+			if len(groups) > 0 && ns == last {
+				continue
+			}
+			groups[ns], last = true, ns
 		}
 	}
 	// The local replica answers from memory and needs no deadline: arming

@@ -36,6 +36,13 @@ func BenchmarkDecisionWarm32k(b *testing.B) {
 	benchDecision(b, true, true)
 }
 
+// BenchmarkDecisionWarm32k1024Workers is BenchmarkDecisionWarm32k with
+// 1,024 candidate workers for the model (one of which holds the session):
+// the decision's cost per candidate (score, directory lookups, sorting).
+func BenchmarkDecisionWarm32k1024Workers(b *testing.B) {
+	benchDecisionWorkers(b, 1024, true, true)
+}
+
 // BenchmarkDecisionWarm32kDirectory is the same turn with every match asked
 // of the directory node over gRPC.
 func BenchmarkDecisionWarm32kDirectory(b *testing.B) {
@@ -90,7 +97,13 @@ type decisionFixture struct {
 }
 
 func newDecisionFixture(b *testing.B, local bool) *decisionFixture {
-	const model, blockSize, workers = "m", 16, 4
+	return newDecisionFixtureWorkers(b, 4, local)
+}
+
+// newDecisionFixtureWorkers is newDecisionFixture with workers candidate
+// workers.
+func newDecisionFixtureWorkers(b *testing.B, workers int, local bool) *decisionFixture {
+	const model, blockSize = "m", 16
 	c := dirtest.New(b, 1, func(_ int, cfg *node.Config) { cfg.Lease = time.Hour })
 	dc, err := dirclient.New(dirclient.Config{Addrs: c.APIAddrs(), Logger: testkit.Logger(b)})
 	if err != nil {
@@ -121,6 +134,15 @@ func newDecisionFixture(b *testing.B, local bool) *decisionFixture {
 		cfg.Directory = dc
 		cfg.SpecTTL = time.Hour
 		cfg.Explain = ExplainOpen // BenchmarkExplainWarm32k asks explain
+		if workers > 64 {
+			// The tests' 20 ms would have this one process (router and
+			// every engine) serve tens of thousands of scrapes a second.
+			cfg.ScrapeInterval = time.Second
+			// The same process serving all those engines can keep the
+			// replica's stream from a beat for over the default 2 s on a
+			// busy machine; the decision's cost is what is timed here.
+			cfg.LocalStaleAfter = time.Minute
+		}
 		if fl != nil {
 			cfg.Local = fl
 		}
@@ -189,7 +211,11 @@ func (f *decisionFixture) request(i int, warm bool) *request {
 }
 
 func benchDecision(b *testing.B, local, warm bool) {
-	f := newDecisionFixture(b, local)
+	benchDecisionWorkers(b, 4, local, warm)
+}
+
+func benchDecisionWorkers(b *testing.B, workers int, local, warm bool) {
+	f := newDecisionFixtureWorkers(b, workers, local)
 	s, ctx := f.s, context.Background()
 	times := make([]float64, 0, b.N)
 	parts := map[string][]float64{}

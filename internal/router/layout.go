@@ -50,9 +50,26 @@ func (s *Server) blockSizesOf(w *worker) []int {
 		return *p
 	}
 	if bs := int(w.blockSize.Load()); bs > 0 {
-		return []int{bs}
+		return oneBlockSize(bs)
 	}
-	return []int{s.cfg.BlockSize}
+	return oneBlockSize(s.cfg.BlockSize)
+}
+
+// singleSizes are the one-size lists of the usual block sizes, shared so
+// that a decision does not allocate one per candidate; callers only read
+// what blockSizesOf returns.
+var singleSizes = func() (out [257][]int) {
+	for i := range out {
+		out[i] = []int{i}
+	}
+	return out
+}()
+
+func oneBlockSize(bs int) []int {
+	if bs >= 0 && bs < len(singleSizes) {
+		return singleSizes[bs]
+	}
+	return []int{bs}
 }
 
 // blockSizeOf returns w's (first) KV block size: the smallest learned from
@@ -109,20 +126,50 @@ func (s *Server) watchStaticLayouts(ctx context.Context) {
 // block. d.spec is then -1 (at most d.dir; speculativeBlocks counts them),
 // and so is d.peerSpec for the other routers' entries (peerSpeculativeBlocks).
 func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blockhash.Namespace) ([]uint64, error), now time.Time) {
+	s.matchCandidateIn(d, i, w, chainFor, now, &nsCache{})
+}
+
+// nsCache keeps the chain and the directory's answers of the namespace the
+// previous candidate was matched in: the candidates of a decision mostly
+// share one, and looking both up by namespace (three strings hashed) for
+// each of a thousand candidates showed in the decision's time.
+type nsCache struct {
+	ns    blockhash.Namespace
+	ok    bool // ns, chain, err, byID and inDir are set
+	chain []uint64
+	err   error
+	byID  map[string]dirMatch
+	inDir bool
+}
+
+func (c *nsCache) get(d *decision, ns blockhash.Namespace, chainFor func(blockhash.Namespace) ([]uint64, error)) *nsCache {
+	if c.ok && c.ns == ns {
+		return c
+	}
+	c.ns, c.ok = ns, true
+	c.chain, c.err = chainFor(ns)
+	c.byID, c.inDir = d.dirBy[ns]
+	return c
+}
+
+// matchCandidateIn is matchCandidate with the namespace cache of the
+// decision's loop over its candidates.
+func (s *Server) matchCandidateIn(d *decision, i int, w *worker, chainFor func(blockhash.Namespace) ([]uint64, error), now time.Time, cache *nsCache) {
 	bestTokens := -1
 	var bestDir dirMatch // the directory's answer in the winning size
 	bestSpec := 0        // the speculative blocks (both kinds) in it
 	for _, bs := range s.blockSizesOf(w) {
 		ns := d.ns[i]
 		ns.BlockSize = bs
-		chain, err := chainFor(ns)
+		c := cache.get(d, ns, chainFor)
+		chain, err := c.chain, c.err
 		if err != nil {
 			continue
 		}
 		dir := -1
 		var dm dirMatch
-		if byID, ok := d.dirBy[ns]; ok {
-			dm = byID[w.id]
+		if c.inDir {
+			dm = c.byID[w.id]
 			dir = dm.blocks
 		}
 		spec, peer := -1, -1

@@ -83,14 +83,18 @@ func (w *worker) routable(now time.Time) bool {
 }
 
 // load returns w's load as placement sees it.
-func (w *worker) load() placement.Load {
+func (w *worker) load() placement.Load { return w.loadAt(time.Now()) }
+
+// loadAt is load with the busy fraction at now: a decision reads every
+// candidate's load at its own start, not the clock once per candidate.
+func (w *worker) loadAt(now time.Time) placement.Load {
 	return placement.Load{
 		Running:             int(w.running.Load()),
 		Waiting:             int(w.waiting.Load()),
 		KVUsage:             loadFloat(&w.kvUsage),
 		QueuedPrefillTokens: int(w.queuedPrefill.Load()),
 		InFlight:            int(w.inFlight.Load()),
-		Busy:                w.busy.value(),
+		Busy:                w.busy.valueAt(now),
 		CapacityTokens:      int(w.capacityTokens.Load()),
 	}
 }
@@ -313,8 +317,13 @@ func (b *busyMeter) add(delta int) {
 }
 
 // value returns the busy fraction now.
-func (b *busyMeter) value() float64 {
+func (b *busyMeter) value() float64 { return b.valueAt(time.Now()) }
+
+// valueAt returns the busy fraction at now. A now before the meter's last
+// change counts as that change's time (placement.BusyMeter does not go
+// back).
+func (b *busyMeter) valueAt(now time.Time) float64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.m.Value(b.since(time.Now()))
+	return b.m.Value(b.since(now))
 }
