@@ -46,6 +46,9 @@ type Options struct {
 	BatchBlocks int
 	// Inflight is the batches in flight per worker stream.
 	Inflight int
+	// ConnPerWorker gives each worker of a pool comparison its own
+	// connection, as each agent has one, instead of one shared by all.
+	ConnPerWorker bool
 	// Matches is the match queries timed against a follower.
 	Matches int
 	// ChainBlocks is the length of the matched chains, in blocks.

@@ -94,7 +94,12 @@ func RegisterAll(ctx context.Context, leader grpc.ClientConnInterface, work [][]
 // publishRegistered publishes the registered workers' batches on one
 // stream each, inflight batches at a time, and records the throughput.
 func publishRegistered(ctx context.Context, leader grpc.ClientConnInterface, work [][]*kvdirv1.EventBatch, inflight int, res *Measures) error {
-	agent := kvdirv1.NewAgentServiceClient(leader)
+	return publishOver(ctx, []grpc.ClientConnInterface{leader}, work, inflight, res)
+}
+
+// publishOver is publishRegistered with worker i's stream on conns[i %
+// len(conns)].
+func publishOver(ctx context.Context, conns []grpc.ClientConnInterface, work [][]*kvdirv1.EventBatch, inflight int, res *Measures) error {
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
@@ -103,7 +108,8 @@ func publishRegistered(ctx context.Context, leader grpc.ClientConnInterface, wor
 		firstEr error
 	)
 	start := time.Now()
-	for _, bs := range work {
+	for i, bs := range work {
+		agent := kvdirv1.NewAgentServiceClient(conns[i%len(conns)])
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -53,6 +54,9 @@ type WorkersDetails struct {
 	BatchBlocks   int   `json:"batch_blocks"`
 	TotalInflight int   `json:"total_inflight_batches"`
 	Rounds        int   `json:"rounds"`
+	// ConnPerWorker: each worker had its own connection to the leader
+	// (else one connection carried every worker's stream).
+	ConnPerWorker bool `json:"conn_per_worker"`
 	// Runs are every publish, in the order they ran (the pools alternate
 	// their order by round, so that both share the machine's load).
 	Runs []PoolRun `json:"runs"`
@@ -122,7 +126,7 @@ func measureWorkers(ctx context.Context, cfg Options, pools []int) (*WorkersMeas
 		return nil, fmt.Errorf("build the directory: %w", err)
 	}
 	total := pools[0] * cfg.Inflight
-	m := &WorkersMeasures{WorkersDetails: WorkersDetails{Nodes: Nodes, Pools: pools, BatchBlocks: cfg.BatchBlocks,
+	m := &WorkersMeasures{WorkersDetails: WorkersDetails{Nodes: Nodes, Pools: pools, BatchBlocks: cfg.BatchBlocks, ConnPerWorker: cfg.ConnPerWorker,
 		TotalInflight: total, Rounds: rounds}}
 	work := map[int][][]*kvdirv1.EventBatch{}
 	for _, p := range pools {
@@ -204,8 +208,22 @@ func publishPool(ctx context.Context, bin, dir string, cfg Options, work [][]*kv
 	if err != nil {
 		return nil, err
 	}
+	// One connection for all the workers' streams, or with ConnPerWorker
+	// one each, as each agent has its own.
+	conns := []grpc.ClientConnInterface{c.Nodes[leader].Conn()}
+	if cfg.ConnPerWorker {
+		conns = make([]grpc.ClientConnInterface, len(work))
+		for i := range conns {
+			cc, err := c.Nodes[leader].Dial()
+			if err != nil {
+				return nil, fmt.Errorf("connection for worker %d: %w", i, err)
+			}
+			defer cc.Close()
+			conns[i] = cc
+		}
+	}
 	res := &Measures{}
-	if err := publishRegistered(ctx, c.Nodes[leader].Conn(), work, inflight, res); err != nil {
+	if err := publishOver(ctx, conns, work, inflight, res); err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
 	after, err := clusterCPU(c)

@@ -105,6 +105,7 @@ events per CPU second of the nodes (bench/results/directory-groups.json unless
 	fl.Float64Var(&o.Scale, "scale", o.Scale, "fraction of the full shape's 10 M entries to publish")
 	fl.IntVar(&o.BatchBlocks, "batch-blocks", o.BatchBlocks, "blocks per published batch (at most)")
 	fl.IntVar(&o.Inflight, "inflight", o.Inflight, "batches in flight per worker stream")
+	fl.BoolVar(&o.ConnPerWorker, "conn-per-worker", false, "with --worker-pools: give each worker its own connection to the leader, as each agent has one (default: one connection carries every worker's stream)")
 	fl.IntVar(&o.Matches, "matches", o.Matches, "match queries to time against a follower")
 	fl.IntVar(&o.ChainBlocks, "chain", o.ChainBlocks, "blocks per matched chain")
 	fl.IntVar(&o.LatencyRate, "latency-rate", o.LatencyRate, "block events per second offered while commit latency is measured")

@@ -92,12 +92,7 @@ func (n *DirNode) Start() error {
 	if err := n.Proc.Start(); err != nil {
 		return err
 	}
-	creds := insecure.NewCredentials()
-	if n.clientTLS != nil {
-		creds = credentials.NewTLS(n.clientTLS)
-	}
-	conn, err := grpc.NewClient(n.API, grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
+	conn, err := n.Dial()
 	if err != nil {
 		return err
 	}
@@ -109,6 +104,17 @@ func (n *DirNode) Start() error {
 		old.Close()
 	}
 	return nil
+}
+
+// Dial opens a new gRPC connection to the node's API, with the settings of
+// Conn's (for a client that must have its own, as each agent does).
+func (n *DirNode) Dial() (*grpc.ClientConn, error) {
+	creds := insecure.NewCredentials()
+	if n.clientTLS != nil {
+		creds = credentials.NewTLS(n.clientTLS)
+	}
+	return grpc.NewClient(n.API, grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
 }
 
 // Conn is a gRPC connection to the node's API.
