@@ -87,9 +87,9 @@ var tables = map[string]table{
 {{range $c := dl "cold_starts"}}| {{num $c.seconds 3}} s | {{num $c.wait_seconds 3}} s | {{num $c.receive_seconds 3}} s | {{num $c.apply_seconds 3}} s | {{num $c.heap_bytes 0}} B |
 {{end}}`},
 
-	"chaos": {"chaos.json", `| fault | ok | failed requests | lost ack. batches | leader recovery s | view converged s | requests | requests/s, block events/s in the fault window | warm-ups | digests agree at | following router: fallbacks, local matches, snapshots |
+	"chaos": {"chaos.json", `| fault | ok | failed requests | lost ack. batches | leader recovery s | view converged s | requests | fault window: requests/s, block events/s sent and acknowledged (committed within the window) | warm-ups | digests agree at | following router: fallbacks, local matches, snapshots |
 |---|---|---|---|---|---|---|---|---|---|---|
-{{range $f := dl "faults"}}| ` + "`{{$f.name}}`" + ` | {{$f.ok}} | {{m (print $f.name ".failed_requests") 0}} | {{m (print $f.name ".lost_acknowledged_batches") 0}} | {{m (print $f.name ".leader_recovery_seconds") 2}} | {{m (print $f.name ".view_converged_seconds") 2}} | {{num $f.requests 0}} | {{num $f.requests_per_second 0}}, {{num $f.block_events_per_second 0}} | {{num $f.engine_warmup_requests 0}} | {{num $f.digests_agree_at_applied_index 0}} | {{num $f.following_router_fallbacks 0}}, {{num $f.following_router_local_matches 0}}, {{num $f.replica_snapshots 0}} |
+{{range $f := dl "faults"}}| ` + "`{{$f.name}}`" + ` | {{$f.ok}} | {{m (print $f.name ".failed_requests") 0}} | {{m (print $f.name ".lost_acknowledged_batches") 0}} | {{m (print $f.name ".leader_recovery_seconds") 2}} | {{m (print $f.name ".view_converged_seconds") 2}} | {{num $f.requests 0}} | {{num $f.requests_per_second 0}}, {{num $f.block_events_per_second 0}} ({{num $f.window_commit_block_events_per_second 0}}) | {{num $f.engine_warmup_requests 0}} | {{num $f.digests_agree_at_applied_index 0}} | {{num $f.following_router_fallbacks 0}}, {{num $f.following_router_local_matches 0}}, {{num $f.replica_snapshots 0}} |
 {{end}}`},
 
 	// The design notes' tables, by JSON field.

@@ -149,6 +149,7 @@ func (h *harness) run(f fault) (r FaultResult) {
 	load := StartLoad(h.ctx, h.loadConfig())
 	regs0, _, gap0 := h.synth.Stats()
 	acked0 := h.synth.Acked()
+	var wAcked, sentInWindow uint64 // the fault window's, set once it ends
 	h.synth.Resume()
 	stopped := false
 	stop := func() {
@@ -172,6 +173,15 @@ func (h *harness) run(f fault) (r FaultResult) {
 		el := time.Since(begin).Seconds()
 		r.LoadRequestsPerSecond = float64(completed(h.lb.Records(begin), begin, time.Now())) / el
 		r.LoadEventsPerSecond = float64(h.synth.Acked()-acked0) / el
+		// The window's events, once the flush above has had every batch
+		// acknowledged. Acknowledgements come in order within an epoch;
+		// across a registration the old epoch's unacknowledged batches
+		// are lost, so then only what the window itself committed counts.
+		if regs, _, _ := h.synth.Stats(); regs == regs0 && r.WindowSeconds > 0 {
+			r.BlockEventsPerSecond = float64(min(sentInWindow, h.synth.Acked()-wAcked)) / r.WindowSeconds
+		} else {
+			r.BlockEventsPerSecond = r.WindowCommitEventsPerSecond
+		}
 	}
 	defer stop()
 	if err := h.waitRequests(begin, warmRequests, 60*time.Second); err != nil {
@@ -207,7 +217,8 @@ func (h *harness) run(f fault) (r FaultResult) {
 			views <- viewResult{sec, n, err}
 		}()
 	}
-	wStart, wAcked := time.Now(), h.synth.Acked()
+	wStart, wSent := time.Now(), h.synth.Sent()
+	wAcked = h.synth.Acked()
 	repaired, err := f.inject(h, &r)
 	if err != nil {
 		r.problem("%v", err)
@@ -215,7 +226,8 @@ func (h *harness) run(f fault) (r FaultResult) {
 	wEnd := time.Now()
 	r.WindowSeconds = wEnd.Sub(wStart).Seconds()
 	r.RequestsPerSecond = float64(completed(h.lb.Records(wStart), wStart, wEnd)) / r.WindowSeconds
-	r.BlockEventsPerSecond = float64(h.synth.Acked()-wAcked) / r.WindowSeconds
+	r.WindowCommitEventsPerSecond = float64(h.synth.Acked()-wAcked) / r.WindowSeconds
+	sentInWindow = h.synth.Sent() - wSent
 	if !repaired.IsZero() {
 		h.onRepair(repaired)
 	}

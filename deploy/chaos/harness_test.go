@@ -74,13 +74,17 @@ type FaultResult struct {
 	// The load held during the fault window (from the injection until
 	// the repair and the recovery it waits for): requests completed per
 	// second through the routers, and block events per second the
-	// directory acknowledged to the synthetic worker. WindowSeconds is the
-	// window's length; the Load* fields cover the fault's whole load.
-	RequestsPerSecond     float64 `json:"requests_per_second"`
-	BlockEventsPerSecond  float64 `json:"block_events_per_second"`
-	WindowSeconds         float64 `json:"fault_window_seconds"`
-	LoadRequestsPerSecond float64 `json:"load_requests_per_second"`
-	LoadEventsPerSecond   float64 `json:"load_block_events_per_second"`
+	// synthetic worker sent in the window, every one of them acknowledged
+	// by the end of the fault's load (events a leader loss held back are
+	// committed once there is a leader). WindowCommitEventsPerSecond is
+	// what was acknowledged within the window itself. WindowSeconds is
+	// the window's length; the Load* fields cover the fault's whole load.
+	RequestsPerSecond           float64 `json:"requests_per_second"`
+	BlockEventsPerSecond        float64 `json:"block_events_per_second"`
+	WindowCommitEventsPerSecond float64 `json:"window_commit_block_events_per_second"`
+	WindowSeconds               float64 `json:"fault_window_seconds"`
+	LoadRequestsPerSecond       float64 `json:"load_requests_per_second"`
+	LoadEventsPerSecond         float64 `json:"load_block_events_per_second"`
 	// CPUCores is the machine's busy cores, on average over the fault's
 	// load, by what used them (the containers' cgroups, the test process,
 	// and the rest of the machine: other work on a shared host).

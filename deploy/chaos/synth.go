@@ -118,7 +118,10 @@ func (s *Synthetic) register(ctx context.Context) error {
 		s.pub.Close()
 	}
 	s.epoch = resp.Epoch
-	s.pub = s.cfg.Client.NewPublisher(s.cfg.WorkerID, resp.Epoch, dirclient.WithQueueLimit(64))
+	// An agent's Publisher holds its batches while there is no leader and
+	// sends them once there is one; 256 batches are 12.8 s of events at
+	// the 50 ms tick, more than any election the faults cause.
+	s.pub = s.cfg.Client.NewPublisher(s.cfg.WorkerID, resp.Epoch, dirclient.WithQueueLimit(256))
 	s.cum = []uint64{0}
 	s.regs++
 	return nil
@@ -168,6 +171,10 @@ func (s *Synthetic) Close() {
 	defer s.mu.Unlock()
 	s.pub.Close()
 }
+
+// Sent returns the block events handed to the Publisher so far, every
+// epoch (acknowledged or not yet).
+func (s *Synthetic) Sent() uint64 { return s.sent.Load() }
 
 // Acked returns the block events acknowledged so far, every epoch.
 func (s *Synthetic) Acked() uint64 { s.count(); return s.acked.Load() }
