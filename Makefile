@@ -208,7 +208,7 @@ bench-router: haproxy-dep ## Router decision time, proxy overhead vs HAProxy, th
 .PHONY: bench-router-candidates
 bench-router-candidates: ## Router decision time, warm 32 k-token session, 4 vs 1,024 candidate workers side by side -> bench/results/router-candidates.json
 	@mkdir -p bench/results
-	$(GO) test -run '^$$' -bench 'DecisionCandidates$$' -benchtime 2000x -count 1 ./internal/router -args -candidates-out $(CURDIR)/bench/results/router-candidates.json
+	$(GO) test -run '^$$' -bench 'DecisionCandidates$$' -benchtime 2000x -count 1 ./internal/router -args -candidates-out ../../bench/results/router-candidates.json
 
 .PHONY: bench-router-memory
 bench-router-memory: ## Router memory with 200 slow bodies held and 500 clients (real processes) -> bench/results/router-memory.json
