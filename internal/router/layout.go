@@ -112,23 +112,6 @@ func (s *Server) watchStaticLayouts(ctx context.Context) {
 	}
 }
 
-// matchCandidate sets candidate i's matched blocks: in each of its block
-// sizes, the longest of what the directory, this router's speculative
-// entries and the other routers' shared intents hold; with several sizes (a worker that indexes blocks of more
-// than one size) the size matching the most tokens wins, the smaller on a
-// tie. The result is expressed in blocks of d.blockSize, and d.bs, d.dir
-// and d.spec say the size used and the blocks found in it.
-//
-// The speculative entries are walked only when they can hold more than the
-// directory does, that is when they hold the block after the directory's:
-// for a session's next turn the directory already holds the earlier turns,
-// and walking them again in the speculative set would cost a look-up per
-// block. d.spec is then -1 (at most d.dir; speculativeBlocks counts them),
-// and so is d.peerSpec for the other routers' entries (peerSpeculativeBlocks).
-func (s *Server) matchCandidate(d *decision, i int, w *worker, chainFor func(blockhash.Namespace) ([]uint64, error), now time.Time) {
-	s.matchCandidateIn(d, i, w, chainFor, now, &nsCache{})
-}
-
 // nsCache keeps the chain and the directory's answers of the namespace the
 // previous candidate was matched in: the candidates of a decision mostly
 // share one, and looking both up by namespace (three strings hashed) for
@@ -152,8 +135,21 @@ func (c *nsCache) get(d *decision, ns blockhash.Namespace, chainFor func(blockha
 	return c
 }
 
-// matchCandidateIn is matchCandidate with the namespace cache of the
-// decision's loop over its candidates.
+// matchCandidateIn sets candidate i's matched blocks: in each of its block
+// sizes, the longest of what the directory, this router's speculative
+// entries and the other routers' shared intents hold; with several sizes (a worker that indexes blocks of more
+// than one size) the size matching the most tokens wins, the smaller on a
+// tie. The result is expressed in blocks of d.blockSize, and d.bs, d.dir
+// and d.spec say the size used and the blocks found in it.
+//
+// The speculative entries are walked only when they can hold more than the
+// directory does, that is when they hold the block after the directory's:
+// for a session's next turn the directory already holds the earlier turns,
+// and walking them again in the speculative set would cost a look-up per
+// block. d.spec is then -1 (at most d.dir; speculativeBlocks counts them),
+// and so is d.peerSpec for the other routers' entries (peerSpeculativeBlocks).
+// cache holds the namespace of the previous candidate of the decision's
+// loop (nsCache).
 func (s *Server) matchCandidateIn(d *decision, i int, w *worker, chainFor func(blockhash.Namespace) ([]uint64, error), now time.Time, cache *nsCache) {
 	bestTokens := -1
 	var bestDir dirMatch // the directory's answer in the winning size
@@ -201,7 +197,7 @@ func (s *Server) matchCandidateIn(d *decision, i int, w *worker, chainFor func(b
 }
 
 // speculativeBlocks returns candidate i's speculative blocks in its
-// block size d.bs[i], counting them when matchCandidate did not.
+// block size d.bs[i], counting them when matchCandidateIn did not.
 func (s *Server) speculativeBlocks(d *decision, i int) int {
 	if d.spec[i] >= 0 || d.prompt == nil {
 		return max(d.spec[i], 0)
@@ -217,7 +213,7 @@ func (s *Server) speculativeBlocks(d *decision, i int) int {
 
 // peerSpeculativeBlocks returns the other routers' speculative blocks of
 // candidate i in its block size d.bs[i], counting them when
-// matchCandidate did not.
+// matchCandidateIn did not.
 func (s *Server) peerSpeculativeBlocks(d *decision, i int) int {
 	if d.peerSpec == nil {
 		return 0
