@@ -55,7 +55,7 @@ func TestCompareLive(t *testing.T) {
 		if p == "kvdir" {
 			// What the routers saw: requests placed without the directory
 			// and the blocks the directory holds once the run is over.
-			blocks := directoryBlocks(ctx, t, f)
+			blocks := directoryBlocks(ctx, t, f, c.Base.Model)
 			t.Logf("kvdir: fallbacks %v, directory look-up p50/p99 %.1f/%.1f ms, directory blocks per worker %v",
 				res.Fallbacks, res.LookupP50Ms, res.LookupP99Ms, blocks)
 			if hit["kvdir"] <= hit["round-robin"] {
@@ -65,16 +65,16 @@ func TestCompareLive(t *testing.T) {
 	}
 }
 
-// directoryBlocks returns the blocks the directory holds per worker of f's
+// directoryBlocks returns the blocks f's directory holds per worker of
 // model.
-func directoryBlocks(ctx context.Context, t *testing.T, f *fleet.Fleet) map[string]uint64 {
+func directoryBlocks(ctx context.Context, t *testing.T, f *fleet.Fleet, model string) map[string]uint64 {
 	t.Helper()
 	dc, err := dirclient.New(dirclient.Config{Addrs: strings.Split(f.DirectoryAddrs(), ",")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer dc.Close()
-	lw, err := dc.ListWorkers(ctx, "llama3-8b", false)
+	lw, err := dc.ListWorkers(ctx, model, false)
 	if err != nil {
 		t.Fatalf("list the directory's workers: %v", err)
 	}
