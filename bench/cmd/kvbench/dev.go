@@ -18,7 +18,15 @@ type devFlags struct {
 	model, profile   string
 	timeScale        string
 	dataDir          string
+	matchTimeout     string
 }
+
+// fleetMatchTimeout is the directory look-up deadline kvbench gives the
+// routers of a fleet it runs on one machine: the router's 5 ms default is
+// for a directory on machines of its own, and with every process of the
+// fleet sharing a few cores a look-up often takes longer, so the request
+// would be placed by the fallback policy instead.
+const fleetMatchTimeout = "25ms"
 
 func newDev() *cobra.Command {
 	var f devFlags
@@ -44,6 +52,7 @@ engines, then the directory. ` + "`make dev`" + ` runs it.`,
 	fl.StringVar(&f.model, "model", "llama3-8b", "model the engines serve (and the agents hash for)")
 	fl.StringVar(&f.profile, "profile", "llama3-8b", "engines' timing profile and the routers' cost model")
 	fl.StringVar(&f.timeScale, "time-scale", "1", "engines' time scale (1 = the modelled H200's real time; 0.1 = ten times faster)")
+	fl.StringVar(&f.matchTimeout, "match-timeout", fleetMatchTimeout, "the routers' directory look-up deadline (the router's default is 5ms; a machine running the whole fleet needs more)")
 	fl.StringVar(&f.dataDir, "data-dir", "", "folder for the binaries and the directory's data (default: a new temporary folder, removed at the end)")
 	return cmd
 }
@@ -68,7 +77,7 @@ func runDev(ctx context.Context, out io.Writer, f devFlags) error {
 	fl, err := fleet.Start(ctx, fleet.Config{
 		Dir: dir, Engines: f.engines, Routers: f.routers, Model: f.model,
 		EngineArgs: []string{"--profile", f.profile, "--time-scale", f.timeScale},
-		RouterArgs: []string{"--profile", f.profile},
+		RouterArgs: []string{"--profile", f.profile, "--match-timeout", f.matchTimeout},
 	})
 	if err != nil {
 		return err

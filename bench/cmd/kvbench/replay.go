@@ -85,7 +85,7 @@ func addReplayFlags(fl interface {
 	fl.Float64Var(&f.rate, "rate-multiplier", 1, "send the trace at this multiple of its own request rate (timestamps / m), as kvbench sweep's multipliers; latencies stay on the trace's clock")
 	fl.IntVar(&f.traceBlockSize, "trace-block-size", workload.DefaultBlockSize, "tokens per hash id in the trace")
 	fl.StringVar(&f.model, "model", "", "model name the engines serve (default: the profile's name)")
-	fl.StringVar(&f.matchTimeout, "match-timeout", "25ms", "the routers' directory look-up deadline (the router's default is 5ms; a 2-core machine running the whole fleet needs more)")
+	fl.StringVar(&f.matchTimeout, "match-timeout", fleetMatchTimeout, "the routers' directory look-up deadline (the router's default is 5ms; a 2-core machine running the whole fleet needs more)")
 	fl.StringVar(&f.dir, "dir", "", "directory for binaries and data (default: a temporary one, removed after)")
 	fl.BoolVar(&f.noCharts, "no-charts", false, "do not write PNG charts")
 }
