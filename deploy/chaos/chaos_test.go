@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -226,6 +227,9 @@ func (h *harness) run(f fault) (r FaultResult) {
 	wEnd := time.Now()
 	r.WindowSeconds = wEnd.Sub(wStart).Seconds()
 	r.RequestsPerSecond = float64(completed(h.lb.Records(wStart), wStart, wEnd)) / r.WindowSeconds
+	if os.Getenv("KVDIR_CHAOS_DEBUG") == "1" {
+		h.t.Logf("%s: load from %.1f s before the fault window to its end: %s", f.name, rampUp.Seconds(), timeline(h.lb.Records(begin), wStart.Add(-rampUp), wEnd))
+	}
 	r.WindowCommitEventsPerSecond = float64(h.synth.Acked()-wAcked) / r.WindowSeconds
 	sentInWindow = h.synth.Sent() - wSent
 	if !repaired.IsZero() {
@@ -315,6 +319,35 @@ func (h *harness) run(f fault) (r FaultResult) {
 
 // completed counts the requests that completed without failing between
 // from and to.
+// timeline describes, second by second from from to to, the requests
+// started and completed and the median time to their response headers.
+func timeline(recs []Record, from, to time.Time) string {
+	var parts []string
+	for t := from; t.Before(to); t = t.Add(time.Second) {
+		end := t.Add(time.Second)
+		if end.After(to) {
+			end = to
+		}
+		started := 0
+		var waits []time.Duration
+		for _, rec := range recs {
+			if !rec.Start.Before(t) && rec.Start.Before(end) {
+				started++
+				if !rec.Header.IsZero() {
+					waits = append(waits, rec.Header.Sub(rec.Start))
+				}
+			}
+		}
+		slices.Sort(waits)
+		med := time.Duration(0)
+		if len(waits) > 0 {
+			med = waits[len(waits)/2]
+		}
+		parts = append(parts, fmt.Sprintf("[+%.0fs started %d done %d headers p50 %v]", t.Sub(from).Seconds(), started, completed(recs, t, end), med.Round(time.Millisecond)))
+	}
+	return strings.Join(parts, " ")
+}
+
 func completed(recs []Record, from, to time.Time) int {
 	n := 0
 	for _, rec := range recs {

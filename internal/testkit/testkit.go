@@ -26,6 +26,20 @@ const pollInterval = 10 * time.Millisecond
 // check (a docker exec, a gRPC call to a busy node) takes at most half of
 // the time.
 func Poll(ctx context.Context, timeout time.Duration, what string, cond func() (bool, string)) error {
+	return poll(ctx, timeout, what, cond, func(took time.Duration) time.Duration { return max(pollInterval, took) })
+}
+
+// PollEvery is Poll with a fixed wait (at least 10 ms) between checks
+// instead of one as long as the check: for an expensive check whose first
+// success is itself the figure measured (a time to converge), which would
+// otherwise come up to two checks late.
+func PollEvery(ctx context.Context, timeout, every time.Duration, what string, cond func() (bool, string)) error {
+	return poll(ctx, timeout, what, cond, func(time.Duration) time.Duration { return max(pollInterval, every) })
+}
+
+// poll is Poll and PollEvery: wait returns the pause after a check that
+// took the given time.
+func poll(ctx context.Context, timeout time.Duration, what string, cond func() (bool, string), wait func(took time.Duration) time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		began := time.Now()
@@ -42,7 +56,7 @@ func Poll(ctx context.Context, timeout time.Duration, what string, cond func() (
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
-		case <-time.After(max(pollInterval, time.Since(began))):
+		case <-time.After(wait(time.Since(began))):
 		}
 	}
 }

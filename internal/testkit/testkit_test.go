@@ -23,6 +23,39 @@ func TestPoll(t *testing.T) {
 	}
 }
 
+// TestPollEveryWaitsItsInterval: after a slow check PollEvery waits its
+// own interval, not as long as the check took (as Poll does).
+func TestPollEveryWaitsItsInterval(t *testing.T) {
+	const slow = 300 * time.Millisecond
+	var ended time.Time
+	var gaps []time.Duration
+	cond := func() (bool, string) {
+		if !ended.IsZero() {
+			gaps = append(gaps, time.Since(ended))
+		}
+		time.Sleep(slow) // the slow check itself, not a wait for a condition
+		ended = time.Now()
+		return len(gaps) >= 2, ""
+	}
+	if err := PollEvery(context.Background(), time.Minute, 10*time.Millisecond, "three checks", cond); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range gaps {
+		if g >= slow {
+			t.Fatalf("gaps between checks %v: PollEvery waited as long as the check (%v)", gaps, slow)
+		}
+	}
+	gaps, ended = nil, time.Time{}
+	if err := Poll(context.Background(), time.Minute, "three checks", cond); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range gaps {
+		if g < slow {
+			t.Fatalf("gaps between checks %v: Poll waited less than the check took (%v)", gaps, slow)
+		}
+	}
+}
+
 func TestFreeAddrsDistinct(t *testing.T) {
 	addrs := FreeAddrs(t, 5)
 	seen := map[string]bool{}
