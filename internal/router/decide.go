@@ -141,32 +141,46 @@ type candidate struct {
 // or as a LoRA adapter their engine lists) and, with a subset, at one of
 // its endpoints, the routable ones first selected;
 // with none routable, every worker of the model (a down mark may be
-// stale). g is the group serving model (groupFor; nil: none does). An
-// error is an apiError for the client.
-func (s *Server) candidates(g *group, model string, exclude []string, subset *endpointSubset, now time.Time) ([]candidate, *apiError) {
+// stale). g is the group serving model (groupFor; nil: none does). The
+// candidates are appended to buf[:0] (nil: a new slice). An error is an
+// apiError for the client.
+func (s *Server) candidates(buf []candidate, g *group, model string, exclude []string, subset *endpointSubset, now time.Time) ([]candidate, *apiError) {
 	if subset != nil && len(subset.list) == 0 {
 		return nil, unavailable("no eligible endpoint: the data plane's subset hint (%s) lists no endpoint", subsetKey)
 	}
-	var all, ok []candidate
-	var outside int // workers of the model outside the subset
-	for _, w := range s.pool.sorted() {
+	sorted := s.pool.sorted()
+	// eligible says whether w serves model in g, is not excluded and is in
+	// the subset; outside counts the workers of the model outside it.
+	var outside int
+	eligible := func(w *worker) (lora string, ok bool) {
 		if g == nil || s.groupOf(w) != g {
-			continue
+			return "", false
 		}
 		lora, serves := w.servesModel(model)
 		if !serves || slices.Contains(exclude, w.id) {
-			continue
+			return "", false
 		}
 		if subset != nil && !subset.has(w.endpoint) {
 			outside++
+			return "", false
+		}
+		return lora, true
+	}
+	ok := buf[:0]
+	var all, draining int // eligible workers, and those of them draining
+	for _, w := range sorted {
+		lora, in := eligible(w)
+		if !in {
 			continue
 		}
-		all = append(all, candidate{w, lora})
+		all++
 		if w.routable(now) {
 			ok = append(ok, candidate{w, lora})
+		} else if w.draining.Load() {
+			draining++
 		}
 	}
-	if len(all) == 0 {
+	if all == 0 {
 		if subset != nil && outside > 0 {
 			return nil, unavailable("no eligible endpoint: none of the %d endpoints of the data plane's subset hint (%s) is a registered worker serving model %q (%d such workers are outside it)",
 				len(subset.list), subset.String(), model, outside)
@@ -205,42 +219,67 @@ func (s *Server) candidates(g *group, model string, exclude []string, subset *en
 		}
 		return nil, unavailable("no worker serving model %q is available", model)
 	}
+	if len(ok) == 0 && draining < all {
+		// None routable: every one not draining (marked down), in order.
+		for _, w := range sorted {
+			if lora, in := eligible(w); in && !w.draining.Load() {
+				ok = append(ok, candidate{w, lora})
+			}
+		}
+	}
 	if len(ok) == 0 {
-		var draining int
-		for _, c := range all {
-			if c.w.draining.Load() {
-				draining++
-			}
-		}
-		if draining == len(all) {
-			return nil, unavailable("every worker serving model %q is draining", model)
-		}
-		for _, c := range all {
-			if !c.w.draining.Load() {
-				ok = append(ok, c)
-			}
-		}
+		return nil, unavailable("every worker serving model %q is draining", model)
 	}
 	return ok, nil
 }
 
+// decideScratch is a decision's transient buffers, reused from one
+// decision to the next (Server.scratch): the candidates before they are
+// copied into the decision, and the policy's per-candidate breakdown when
+// the decision does not keep it.
+type decideScratch struct {
+	cands  []candidate
+	scores []placement.Score
+}
+
 // decide renders, hashes, matches and scores req over the workers serving
-// its model, minus exclude.
+// its model, minus exclude. The decision has no per-candidate cost
+// breakdown (d.pick.Scores is nil): only explain reads it
+// (decideExplained).
 func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*decision, *apiError) {
+	return s.decideWith(ctx, req, exclude, false)
+}
+
+// decideExplained is decide keeping the policy's per-candidate breakdown
+// in d.pick.Scores, for explain.
+func (s *Server) decideExplained(ctx context.Context, req *request) (*decision, *apiError) {
+	return s.decideWith(ctx, req, nil, true)
+}
+
+// decideWith is decide; keepScores keeps d.pick.Scores.
+func (s *Server) decideWith(ctx context.Context, req *request, exclude []string, keepScores bool) (*decision, *apiError) {
 	now := time.Now()
 	g := s.groupFor(req.model)
-	cs, aerr := s.candidates(g, req.model, exclude, req.subset, now)
+	sc, _ := s.scratch.Get().(*decideScratch)
+	if sc == nil {
+		sc = &decideScratch{}
+	}
+	defer s.scratch.Put(sc)
+	cs, aerr := s.candidates(sc.cands, g, req.model, exclude, req.subset, now)
 	if aerr != nil {
 		return nil, aerr
 	}
-	ws := make([]*worker, len(cs))
-	d := &decision{group: g, policy: s.policy.Name(), workers: ws, ns: make([]blockhash.Namespace, len(cs))}
+	sc.cands = cs[:0] // keep what it grew to
+	n := len(cs)
+	ws := make([]*worker, n)
+	d := &decision{group: g, policy: s.policy.Name(), workers: ws, ns: make([]blockhash.Namespace, n)}
 	for i, c := range cs {
 		ws[i] = c.w
 		// The agent indexes its engine's blocks under the model it
 		// registered and the adapter the engine names in its events.
 		d.ns[i] = blockhash.Namespace{Model: c.w.model(), LoRA: c.lora, CacheSalt: req.cacheSalt, BlockSize: s.blockSizeOf(c.w)}
 	}
+	clear(cs) // the buffer holds no worker past this decision
 
 	if aerr := s.checkPromptSize(req); aerr != nil {
 		return nil, aerr
@@ -271,10 +310,9 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	t2 := time.Now()
 	d.hashDur = t2.Sub(t1)
 
-	d.cands = make([]placement.Candidate, len(ws))
-	d.dir = make([]int, len(ws))
-	d.spec = make([]int, len(ws))
-	d.bs = make([]int, len(ws))
+	d.cands = make([]placement.Candidate, n)
+	ints := make([]int, 3*n) // one allocation for the three
+	d.dir, d.spec, d.bs = ints[:n:n], ints[n:2*n:2*n], ints[2*n:]
 	for i, w := range ws {
 		d.cands[i] = placement.Candidate{Worker: w.id, Load: w.loadAt(now)}
 		d.dir[i] = -1
@@ -298,7 +336,15 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 		pol = s.fallback
 		d.policy = pol.Name()
 	}
-	d.pick, err = pol.Pick(preq, d.cands)
+	if sp, ok := pol.(placement.ScorePicker); ok && !keepScores {
+		d.pick, err = sp.PickInto(preq, d.cands, sc.scores)
+		if cap(d.pick.Scores) > cap(sc.scores) {
+			sc.scores = d.pick.Scores[:0]
+		}
+		d.pick.Scores = nil // sc.scores is the next decision's
+	} else {
+		d.pick, err = pol.Pick(preq, d.cands)
+	}
 	if err != nil {
 		return nil, unavailable("placement failed: %v", err)
 	}
@@ -416,16 +462,33 @@ func (s *Server) directoryCause(g *group) string {
 // adapter, block size: each of a worker's learned sizes) of its workers and
 // fills d.dirBy; it returns the fallback reason, or "", and the error.
 func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhash.Namespace) ([]uint64, error)) (string, error) {
-	groups := map[blockhash.Namespace]bool{}
-	var last blockhash.Namespace // the candidates mostly share one: skip re-adding it
+	// The distinct namespaces, in the order first seen: the candidates
+	// mostly share one or a few, found by comparing with the last one and
+	// then a short list, without a map (built past lookupListMax).
+	var groups []blockhash.Namespace
+	var seen map[blockhash.Namespace]bool
 	for i, w := range d.workers {
 		for _, bs := range s.blockSizesOf(w) {
 			ns := d.ns[i]
 			ns.BlockSize = bs
-			if len(groups) > 0 && ns == last {
+			switch {
+			case len(groups) > 0 && ns == groups[len(groups)-1]:
 				continue
+			case seen != nil:
+				if seen[ns] {
+					continue
+				}
+				seen[ns] = true
+			case slices.Contains(groups, ns):
+				continue
+			case len(groups) == lookupListMax:
+				seen = make(map[blockhash.Namespace]bool, 2*lookupListMax)
+				for _, g := range groups {
+					seen[g] = true
+				}
+				seen[ns] = true
 			}
-			groups[ns], last = true, ns
+			groups = append(groups, ns)
 		}
 	}
 	// The local replica answers from memory and needs no deadline: arming
@@ -442,7 +505,7 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 	}
 	d.matchSource = source
 	d.dirBy = make(map[blockhash.Namespace]map[string]dirMatch, len(groups))
-	for ns := range groups {
+	for _, ns := range groups {
 		chain, err := chainFor(ns)
 		if err != nil {
 			return FallbackError, err
@@ -474,6 +537,10 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 	}
 	return "", nil
 }
+
+// lookupListMax is how many distinct namespaces lookup keeps in a list
+// before it also keeps them in a map.
+const lookupListMax = 8
 
 // dirMatch is one worker's answer from the directory: its leading blocks on
 // any medium, on the GPU, and on the GPU or in host memory.

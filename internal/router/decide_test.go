@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -81,6 +82,46 @@ func TestDecisionUsesDirectory(t *testing.T) {
 	}
 }
 
+// TestDecisionBuffersDoNotLeak checks that the buffers decisions reuse
+// (decideScratch) carry nothing from one decision into the next:
+// decisions over both workers, then one of them, then both, then the
+// other, in a row on one router, each equal a fresh router's; decide
+// keeps no breakdown, decideExplained one score per candidate.
+func TestDecisionBuffersDoNotLeak(t *testing.T) {
+	m := &fakeMatcher{blocks: map[string]uint32{"b": 1000}}
+	s := decisionServer(t, m)
+	for i, exclude := range [][]string{nil, {"b"}, nil, {"a"}, nil} {
+		got, aerr := s.decide(t.Context(), longChat(t), exclude)
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		want, aerr := decisionServer(t, m).decide(t.Context(), longChat(t), exclude)
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		ids := func(d *decision) (out []string) {
+			for _, w := range d.workers {
+				out = append(out, w.id)
+			}
+			return out
+		}
+		if !slices.Equal(ids(got), ids(want)) || !slices.Equal(got.cands, want.cands) || !slices.Equal(got.ns, want.ns) ||
+			!slices.Equal(got.dir, want.dir) || !slices.Equal(got.spec, want.spec) || !slices.Equal(got.bs, want.bs) ||
+			got.pick.Worker != want.pick.Worker || got.pick.Index != want.pick.Index ||
+			got.pick.PredictedCachedTokens != want.pick.PredictedCachedTokens || got.pick.Scores != nil {
+			t.Fatalf("decision %d (excluding %v): %v over %v, cands %+v, dir %v, scores %d; fresh: %v over %v, cands %+v, dir %v",
+				i, exclude, got, ids(got), got.cands, got.dir, len(got.pick.Scores), want, ids(want), want.cands, want.dir)
+		}
+		e, aerr := s.decideExplained(t.Context(), longChat(t))
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		if len(e.pick.Scores) != len(e.cands) || e.pick.Scores[e.pick.Index].Worker != e.pick.Worker {
+			t.Fatalf("explained decision %d: %d scores over %d candidates", i, len(e.pick.Scores), len(e.cands))
+		}
+	}
+}
+
 // TestDecisionFillsTiers checks that the directory's per-medium runs reach
 // the policy as the candidates' tier split, and the explain view shows
 // them with the load's time: a holds the prefix's first two blocks on the
@@ -92,7 +133,7 @@ func TestDecisionFillsTiers(t *testing.T) {
 		media: map[string][5]uint32{"a": {2, 0, 0, 0, 1000}, "b": {3, 0, 1000, 0, 3}}}
 	s := decisionServer(t, m)
 	req := longChat(t)
-	d, aerr := s.decide(t.Context(), req, nil)
+	d, aerr := s.decideExplained(t.Context(), req) // explain reads the scores
 	if aerr != nil {
 		t.Fatal(aerr)
 	}

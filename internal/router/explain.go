@@ -170,7 +170,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.session = r.Header.Get(s.cfg.SessionHeader)
-	d, aerr := s.decide(r.Context(), req, nil)
+	d, aerr := s.decideExplained(r.Context(), req)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
