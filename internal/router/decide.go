@@ -101,13 +101,13 @@ type decision struct {
 	chain     []uint64 // content-hash chain in the namespace of the candidates (the first's if they differ)
 	prompt    *prompt  // the rendered prompt, with its chains by namespace
 
-	workers []*worker                                   // candidates, in candidate order
-	ns      []blockhash.Namespace                       // hashing namespace per candidate: its model, the request's adapter there, its block size
-	cands   []placement.Candidate                       // placement's view of them
-	dir     []int                                       // blocks the directory reported per candidate, in its block size (-1: not asked)
-	spec    []int                                       // speculative blocks per candidate, in its block size (-1: not counted, at most dir)
-	bs      []int                                       // block size each candidate was matched in
-	dirBy   map[blockhash.Namespace]map[string]dirMatch // the directory's match by namespace, then worker
+	workers []*worker                          // candidates, in candidate order
+	ns      nsSet                              // hashing namespace per candidate: its model, the request's adapter there, its block size
+	cands   []placement.Candidate              // placement's view of them
+	dir     []int                              // blocks the directory reported per candidate, in its block size (-1: not asked)
+	spec    []int                              // speculative blocks per candidate, in its block size (-1: not counted, at most dir)
+	bs      []int                              // block size each candidate was matched in
+	dirBy   map[blockhash.Namespace]*dirAnswer // the directory's match by namespace
 	pick    placement.Decision
 
 	// Other routers' shared intents per candidate (nil when not shared):
@@ -272,12 +272,12 @@ func (s *Server) decideWith(ctx context.Context, req *request, exclude []string,
 	sc.cands = cs[:0] // keep what it grew to
 	n := len(cs)
 	ws := make([]*worker, n)
-	d := &decision{group: g, policy: s.policy.Name(), workers: ws, ns: make([]blockhash.Namespace, n)}
+	d := &decision{group: g, policy: s.policy.Name(), workers: ws, ns: nsSet{of: make([]int32, n)}}
 	for i, c := range cs {
 		ws[i] = c.w
 		// The agent indexes its engine's blocks under the model it
 		// registered and the adapter the engine names in its events.
-		d.ns[i] = blockhash.Namespace{Model: c.w.model(), LoRA: c.lora, CacheSalt: req.cacheSalt, BlockSize: s.blockSizeOf(c.w)}
+		d.ns.set(i, blockhash.Namespace{Model: c.w.model(), LoRA: c.lora, CacheSalt: req.cacheSalt, BlockSize: s.blockSizeOf(c.w)})
 	}
 	clear(cs) // the buffer holds no worker past this decision
 
@@ -302,9 +302,9 @@ func (s *Server) decideWith(ctx context.Context, req *request, exclude []string,
 	t1 := time.Now()
 	d.renderDur = t1.Sub(t0)
 
-	d.blockSize = d.ns[0].BlockSize
+	d.blockSize = d.ns.at(0).BlockSize
 	chainFor := p.chain
-	if d.chain, err = chainFor(d.ns[0]); err != nil {
+	if d.chain, err = chainFor(d.ns.at(0)); err != nil {
 		return nil, badRequest("cannot hash the prompt: %v", err)
 	}
 	t2 := time.Now()
@@ -313,16 +313,19 @@ func (s *Server) decideWith(ctx context.Context, req *request, exclude []string,
 	d.cands = make([]placement.Candidate, n)
 	ints := make([]int, 3*n) // one allocation for the three
 	d.dir, d.spec, d.bs = ints[:n:n], ints[n:2*n:2*n], ints[2*n:]
+	match := needsDirectory(d.policy)
+	if match {
+		d.fallback = s.matchDirectory(ctx, d, chainFor)
+	}
+	// One pass over the candidates, each worker's state read once
+	// (loads, then matched blocks).
+	var cache nsCache
 	for i, w := range ws {
 		d.cands[i] = placement.Candidate{Worker: w.id, Load: w.loadAt(now)}
 		d.dir[i] = -1
-		d.bs[i] = d.ns[i].BlockSize
+		d.bs[i] = d.ns.at(i).BlockSize
 		g.share.addLoad(d, i)
-	}
-	if needsDirectory(d.policy) {
-		d.fallback = s.matchDirectory(ctx, d, chainFor)
-		var cache nsCache
-		for i, w := range ws {
+		if match {
 			s.matchCandidateIn(d, i, w, chainFor, now, &cache)
 		}
 	}
@@ -462,34 +465,26 @@ func (s *Server) directoryCause(g *group) string {
 // adapter, block size: each of a worker's learned sizes) of its workers and
 // fills d.dirBy; it returns the fallback reason, or "", and the error.
 func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhash.Namespace) ([]uint64, error)) (string, error) {
-	// The distinct namespaces, in the order first seen: the candidates
-	// mostly share one or a few, found by comparing with the last one and
-	// then a short list, without a map (built past lookupListMax).
-	var groups []blockhash.Namespace
-	var seen map[blockhash.Namespace]bool
+	// The distinct namespaces: the candidates' (d.ns), and those of a
+	// worker's further learned block sizes.
+	groups := d.ns.list
+	var more *nsSet // groups and the further ones, once there are any
 	for i, w := range d.workers {
-		for _, bs := range s.blockSizesOf(w) {
-			ns := d.ns[i]
-			ns.BlockSize = bs
-			switch {
-			case len(groups) > 0 && ns == groups[len(groups)-1]:
-				continue
-			case seen != nil:
-				if seen[ns] {
-					continue
-				}
-				seen[ns] = true
-			case slices.Contains(groups, ns):
-				continue
-			case len(groups) == lookupListMax:
-				seen = make(map[blockhash.Namespace]bool, 2*lookupListMax)
-				for _, g := range groups {
-					seen[g] = true
-				}
-				seen[ns] = true
-			}
-			groups = append(groups, ns)
+		sizes := s.blockSizesOf(w)
+		ns := d.ns.at(i)
+		if len(sizes) == 1 && sizes[0] == ns.BlockSize {
+			continue // the usual case: in d.ns.list already
 		}
+		if more == nil {
+			more = &nsSet{list: slices.Clone(groups)}
+		}
+		for _, bs := range sizes {
+			ns.BlockSize = bs
+			more.index(ns)
+		}
+	}
+	if more != nil {
+		groups = more.list
 	}
 	// The local replica answers from memory and needs no deadline: arming
 	// its timer would wake the runtime's timer thread, which on a busy
@@ -504,7 +499,7 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 		defer cancel()
 	}
 	d.matchSource = source
-	d.dirBy = make(map[blockhash.Namespace]map[string]dirMatch, len(groups))
+	d.dirBy = make(map[blockhash.Namespace]*dirAnswer, len(groups))
 	for _, ns := range groups {
 		chain, err := chainFor(ns)
 		if err != nil {
@@ -521,7 +516,7 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 			s.log.Debug("router: directory match failed", "err", err)
 			return FallbackError, err
 		}
-		byID := make(map[string]dirMatch, len(resp.GetMatches()))
+		ans := &dirAnswer{}
 		for _, m := range resp.GetMatches() {
 			// A directory that predates gpu_or_cpu_blocks bounds it by the
 			// longer of the GPU and CPU runs; one that reports no medium
@@ -531,20 +526,109 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 			if m.GetGpuBlocks()|m.GetCpuBlocks()|m.GetDiskBlocks()|m.GetRemoteBlocks() == 0 {
 				dm.gpu, dm.fast = dm.blocks, dm.blocks
 			}
-			byID[m.GetWorkerId()] = dm
+			ans.put(m.GetWorkerId(), dm)
 		}
-		d.dirBy[ns] = byID
+		d.dirBy[ns] = ans
 	}
 	return "", nil
 }
 
-// lookupListMax is how many distinct namespaces lookup keeps in a list
+// nsSet is a namespace per candidate of a decision. The candidates mostly
+// share one or a few, so each is kept once (list) and a candidate's is an
+// index into them (of): 4 bytes a candidate rather than a Namespace's 56,
+// and the distinct ones known without a pass over the candidates.
+type nsSet struct {
+	list []blockhash.Namespace
+	of   []int32
+	// seen indexes list once it is longer than nsListMax.
+	seen map[blockhash.Namespace]int32
+}
+
+// nsListMax is how many distinct namespaces an nsSet searches in its list
 // before it also keeps them in a map.
-const lookupListMax = 8
+const nsListMax = 8
+
+// at returns candidate i's namespace.
+func (n *nsSet) at(i int) blockhash.Namespace { return n.list[n.of[i]] }
+
+// set makes ns candidate i's namespace.
+func (n *nsSet) set(i int, ns blockhash.Namespace) { n.of[i] = n.index(ns) }
+
+// index returns the index of ns in n.list, adding it if it is not there.
+func (n *nsSet) index(ns blockhash.Namespace) int32 {
+	if k := len(n.list) - 1; k >= 0 && n.list[k] == ns {
+		return int32(k) // the previous candidate's
+	}
+	if n.seen != nil {
+		if k, ok := n.seen[ns]; ok {
+			return k
+		}
+	} else if k := slices.Index(n.list, ns); k >= 0 {
+		return int32(k)
+	} else if len(n.list) >= nsListMax {
+		n.seen = make(map[blockhash.Namespace]int32, 2*nsListMax)
+		for j, x := range n.list {
+			n.seen[x] = int32(j)
+		}
+	}
+	k := int32(len(n.list))
+	n.list = append(n.list, ns)
+	if n.seen != nil {
+		n.seen[ns] = k
+	}
+	return k
+}
 
 // dirMatch is one worker's answer from the directory: its leading blocks on
 // any medium, on the GPU, and on the GPU or in host memory.
 type dirMatch struct{ blocks, gpu, fast int }
+
+// dirAnswer is the directory's answer in one namespace by worker. The
+// workers holding a prompt's blocks are usually a few of a decision's
+// candidates, each of which looks itself up: a short list, searched
+// without hashing the worker's id, then a map past dirListMax workers.
+type dirAnswer struct {
+	ids  []string
+	ms   []dirMatch
+	byID map[string]dirMatch // past dirListMax (ids and ms are then nil)
+}
+
+// dirListMax is how many workers a dirAnswer keeps in its list.
+const dirListMax = 8
+
+// put records worker id's match; a later one replaces an earlier one.
+func (a *dirAnswer) put(id string, m dirMatch) {
+	if a.byID != nil {
+		a.byID[id] = m
+		return
+	}
+	if i := slices.Index(a.ids, id); i >= 0 {
+		a.ms[i] = m
+		return
+	}
+	if len(a.ids) == dirListMax {
+		a.byID = make(map[string]dirMatch, 2*dirListMax)
+		for i, x := range a.ids {
+			a.byID[x] = a.ms[i]
+		}
+		a.byID[id], a.ids, a.ms = m, nil, nil
+		return
+	}
+	a.ids, a.ms = append(a.ids, id), append(a.ms, m)
+}
+
+// get returns worker id's match (zero when the directory reported none).
+func (a *dirAnswer) get(id string) dirMatch {
+	if a.byID != nil {
+		return a.byID[id]
+	}
+	for i, x := range a.ids {
+		if x == id {
+			return a.ms[i]
+		}
+	}
+	return dirMatch{}
+}
 
 // String summarises d for logs.
 func (d *decision) String() string {

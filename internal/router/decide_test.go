@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/openai"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/tokenize"
@@ -105,7 +107,13 @@ func TestDecisionBuffersDoNotLeak(t *testing.T) {
 			}
 			return out
 		}
-		if !slices.Equal(ids(got), ids(want)) || !slices.Equal(got.cands, want.cands) || !slices.Equal(got.ns, want.ns) ||
+		nss := func(d *decision) (out []blockhash.Namespace) {
+			for i := range d.workers {
+				out = append(out, d.ns.at(i))
+			}
+			return out
+		}
+		if !slices.Equal(ids(got), ids(want)) || !slices.Equal(got.cands, want.cands) || !slices.Equal(nss(got), nss(want)) ||
 			!slices.Equal(got.dir, want.dir) || !slices.Equal(got.spec, want.spec) || !slices.Equal(got.bs, want.bs) ||
 			got.pick.Worker != want.pick.Worker || got.pick.Index != want.pick.Index ||
 			got.pick.PredictedCachedTokens != want.pick.PredictedCachedTokens || got.pick.Scores != nil {
@@ -305,6 +313,54 @@ func TestSpeculativeEntriesPastTheDirectory(t *testing.T) {
 		if d.cands[0].MatchedBlocks != c.wantMatched || e.Workers[0].SpeculativeBlocks != c.wantExplainedSpecs || e.Workers[0].DirectoryBlocks != c.dir {
 			t.Errorf("%s: matched %d (want %d), explained speculative %d (want %d), directory %d (want %d)", c.name,
 				d.cands[0].MatchedBlocks, c.wantMatched, e.Workers[0].SpeculativeBlocks, c.wantExplainedSpecs, e.Workers[0].DirectoryBlocks, c.dir)
+		}
+	}
+}
+
+// TestNamespaceSet checks that a decision's namespaces, each kept once,
+// give every candidate its own, in the list and past it in the map.
+func TestNamespaceSet(t *testing.T) {
+	for _, distinct := range []int{1, nsListMax, nsListMax + 1, 3 * nsListMax} {
+		const n = 100
+		set := nsSet{of: make([]int32, n)}
+		want := make([]blockhash.Namespace, n)
+		for i := range n {
+			// Runs of equal namespaces, and some seen before.
+			want[i] = blockhash.Namespace{Model: "m", LoRA: fmt.Sprintf("a%d", (i/3)%distinct), BlockSize: 16}
+			set.set(i, want[i])
+		}
+		for i := range n {
+			if got := set.at(i); got != want[i] {
+				t.Fatalf("%d distinct: candidate %d got %+v, want %+v", distinct, i, got, want[i])
+			}
+		}
+		if len(set.list) != min(distinct, (n+2)/3) {
+			t.Fatalf("%d distinct: %d kept", distinct, len(set.list))
+		}
+	}
+}
+
+// TestDirAnswer checks a directory answer's look-up by worker, in its list
+// and past it in its map: the last match reported for a worker counts,
+// and a worker not reported has none.
+func TestDirAnswer(t *testing.T) {
+	for _, n := range []int{1, dirListMax, dirListMax + 1, 3 * dirListMax} {
+		var a dirAnswer
+		for i := range n {
+			a.put(fmt.Sprintf("w%d", i), dirMatch{blocks: i})
+		}
+		a.put("w0", dirMatch{blocks: 100, gpu: 1}) // reported again
+		for i := range n {
+			want := dirMatch{blocks: i}
+			if i == 0 {
+				want = dirMatch{blocks: 100, gpu: 1}
+			}
+			if got := a.get(fmt.Sprintf("w%d", i)); got != want {
+				t.Fatalf("%d workers: w%d got %+v, want %+v", n, i, got, want)
+			}
+		}
+		if got := a.get("other"); got != (dirMatch{}) {
+			t.Fatalf("%d workers: an unreported worker got %+v", n, got)
 		}
 	}
 }
