@@ -14,6 +14,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Kind is the shape of an engine's /metrics. The zero Kind is vLLM's, the
@@ -135,6 +136,16 @@ func ParseRank(r io.Reader, rank int) (Load, error) {
 // maxLine bounds one line of a text exposition.
 const maxLine = 1 << 20
 
+// readers and lineBufs hold the buffers a parse reads through (a 64 KiB
+// reader, and the text exposition's 64 KiB line buffer), reused from one
+// parse to the next: a router parses each of its engines' /metrics every
+// scrape interval, and with a thousand engines allocating them afresh
+// made most of the process's garbage. Nothing parsed refers to them.
+var (
+	readers  = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+	lineBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+)
+
 // ParseWith reads an engine's load as o says. Without o.Force the kind is
 // detected from the content: a body whose first non-blank byte is '[' or
 // '{' is TensorRT-LLM's JSON; otherwise it is Prometheus text, vLLM's if
@@ -144,7 +155,9 @@ func ParseWith(r io.Reader, o Options) (Load, error) {
 	if o.ByRank && o.Rank < 0 {
 		return Load{}, fmt.Errorf("enginemetrics: negative data-parallel rank %d", o.Rank)
 	}
-	br := bufio.NewReaderSize(r, 64<<10)
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(r)
+	defer func() { br.Reset(nil); readers.Put(br) }()
 	json, err := looksJSON(br)
 	if err != nil {
 		return Load{}, fmt.Errorf("read metrics: %w", err)
@@ -250,7 +263,9 @@ func parseText(br *bufio.Reader, o Options) (Load, error) {
 	wantV := !o.Force || o.Kind == KindVLLM
 	wantS := !o.Force || o.Kind == KindSGLang
 	sc := bufio.NewScanner(br)
-	sc.Buffer(make([]byte, 64<<10), maxLine)
+	lb := lineBufs.Get().(*[]byte)
+	defer lineBufs.Put(lb)
+	sc.Buffer(*lb, maxLine)
 	for sc.Scan() {
 		line := bytes.TrimSpace(sc.Bytes())
 		if len(line) == 0 || (line[0] != 'v' && line[0] != 's') {

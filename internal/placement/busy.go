@@ -40,6 +40,12 @@ func (m *BusyMeter) advance(now time.Duration) {
 	if now <= m.last {
 		return
 	}
+	if m.pending == 0 && m.value == 0 {
+		// Idle and fully decayed: the value stays 0 (no exponential to
+		// compute, which a router does for every candidate it scores).
+		m.last = now
+		return
+	}
 	w := m.window
 	if w <= 0 {
 		w = DefaultBusyWindow

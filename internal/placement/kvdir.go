@@ -104,6 +104,8 @@ type KVDir struct {
 	*kvdirState               // shared by the per-call copies
 }
 
+var _ ScorePicker = (*KVDir)(nil)
+
 // kvdirState is the policy's mutable state, behind a pointer so that a
 // per-call copy of KVDir (current) shares it.
 type kvdirState struct {
@@ -277,6 +279,13 @@ func addExtra(s *Score, req Request, c *Candidate, minPrefill, mean float64) {
 // Pick returns the candidate with the lowest expected time to first token,
 // with every candidate's breakdown in Decision.Scores.
 func (p *KVDir) Pick(req Request, cands []Candidate) (Decision, error) {
+	return p.PickInto(req, cands, nil)
+}
+
+// PickInto is Pick with the breakdown written into scores (ScorePicker):
+// Decision.Scores is scores[:len(cands)] when scores has the capacity,
+// else a new slice. What scores held before does not matter.
+func (p *KVDir) PickInto(req Request, cands []Candidate, scores []Score) (Decision, error) {
 	if err := validate(req, cands); err != nil {
 		return Decision{}, err
 	}
@@ -284,7 +293,12 @@ func (p *KVDir) Pick(req Request, cands []Candidate) (Decision, error) {
 		return Decision{}, fmt.Errorf("placement: kvdir: prompt of %d tokens", req.PromptTokens)
 	}
 	p = p.current()
-	scores := make([]Score, len(cands))
+	if cap(scores) >= len(cands) {
+		scores = scores[:len(cands)]
+		clear(scores) // score and addExtra leave some fields as they find them
+	} else {
+		scores = make([]Score, len(cands))
+	}
 	cold, rate := p.prof.Prefill.Millis(req.PromptTokens, 0), p.rate(req)
 	p.mu.Lock()
 	surv, meanOut := p.surv, p.meanOut

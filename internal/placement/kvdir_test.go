@@ -261,3 +261,63 @@ func TestKVDirProfileOption(t *testing.T) {
 		t.Fatal("empty prompt accepted")
 	}
 }
+
+// TestKVDirPickIntoReusesBuffer checks that PickInto over a buffer left
+// dirty by a larger earlier call (every cost field set, more candidates)
+// decides and scores exactly as Pick does with fresh slices, call after
+// call: two policies with the same seed, one through each.
+func TestKVDirPickIntoReusesBuffer(t *testing.T) {
+	fresh, err := NewKVDir(Options{Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reused, err := NewKVDir(Options{Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy := Candidate{Worker: "busy", MatchedBlocks: 300, HostBlocks: 100, DiskBlocks: 50,
+		Load: Load{Running: 12, Waiting: 3, KVUsage: 0.97, QueuedPrefillTokens: 9000, Busy: 0.8, CapacityTokens: 200000}}
+	idle := Candidate{Worker: "idle"}
+	calls := []struct {
+		req   Request
+		cands []Candidate
+	}{
+		{Request{SessionKey: "s1", PromptTokens: 5100, BlockSize: 16}, []Candidate{busy, idle, busy, idle, busy}},
+		{Request{SessionKey: "s2", PromptTokens: 5100, BlockSize: 16}, []Candidate{idle, {Worker: "warm", MatchedBlocks: 318}}},
+		{Request{SessionKey: "s1", PromptTokens: 900, BlockSize: 16}, []Candidate{busy}},
+		{Request{PromptTokens: 5100, BlockSize: 16}, []Candidate{idle, idle, idle}},
+	}
+	buf := make([]Score, 8)
+	for i := range buf {
+		buf[i] = Score{Worker: "stale", MatchedTokens: 1, Retain: 1, CachedTokens: 1, LoadedTokens: 1, TransferMs: 1, QueueMs: 1,
+			KVWaitMs: 1, InterferenceMs: 1, WaitMs: 1, PrefillMs: 1, ColdPrefillMs: 1, ExtraMs: 1, FutureMs: 1, TotalMs: 1}
+	}
+	for i, c := range calls {
+		want, err := fresh.Pick(c.req, c.cands)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := reused.PickInto(c.req, c.cands, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Worker != want.Worker || got.Index != want.Index || got.PredictedCachedTokens != want.PredictedCachedTokens ||
+			len(got.Scores) != len(c.cands) || &got.Scores[0] != &buf[0] {
+			t.Fatalf("call %d: PickInto %+v, Pick %+v (scores in the buffer: %v)", i, got, want, len(got.Scores) > 0 && &got.Scores[0] == &buf[0])
+		}
+		for j := range want.Scores {
+			if got.Scores[j] != want.Scores[j] {
+				t.Fatalf("call %d, candidate %d: PickInto scored\n%+v\nPick\n%+v", i, j, got.Scores[j], want.Scores[j])
+			}
+		}
+	}
+	// A buffer too small is not written to: the scores are a new slice.
+	small := make([]Score, 1)
+	d, err := reused.PickInto(calls[0].req, calls[0].cands, small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Scores) != len(calls[0].cands) || small[0] != (Score{}) {
+		t.Fatalf("small buffer: %d scores, buffer %+v", len(d.Scores), small[0])
+	}
+}

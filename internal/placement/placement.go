@@ -119,6 +119,18 @@ type Policy interface {
 	Pick(req Request, cands []Candidate) (Decision, error)
 }
 
+// ScorePicker is a Policy that can write its per-candidate breakdown
+// into a buffer of the caller's (KVDir), so that a caller placing
+// requests one after another over many candidates (the router) reuses one
+// buffer instead of allocating one per request. PickInto is Pick with
+// Decision.Scores written into scores when it has the capacity (else
+// allocated); the caller must not reuse scores while it still reads that
+// Decision's Scores.
+type ScorePicker interface {
+	Policy
+	PickInto(req Request, cands []Candidate, scores []Score) (Decision, error)
+}
+
 // Options configure a policy. Zero values select the defaults.
 type Options struct {
 	// Seed seeds the random choices (random policy and tie breaks).

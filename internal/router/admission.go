@@ -194,7 +194,7 @@ func (a *admitter) wakeLocked() {
 // placement then answers the client why not.
 func (a *admitter) fits(e *admission.Entry[*held]) bool {
 	g := a.s.groupFor(e.Value.model)
-	cs, aerr := a.s.candidates(g, e.Value.model, nil, nil, time.Now())
+	cs, aerr := a.s.candidates(nil, g, e.Value.model, nil, nil, time.Now())
 	if aerr != nil {
 		return true
 	}

@@ -101,13 +101,13 @@ type decision struct {
 	chain     []uint64 // content-hash chain in the namespace of the candidates (the first's if they differ)
 	prompt    *prompt  // the rendered prompt, with its chains by namespace
 
-	workers []*worker                                   // candidates, in candidate order
-	ns      []blockhash.Namespace                       // hashing namespace per candidate: its model, the request's adapter there, its block size
-	cands   []placement.Candidate                       // placement's view of them
-	dir     []int                                       // blocks the directory reported per candidate, in its block size (-1: not asked)
-	spec    []int                                       // speculative blocks per candidate, in its block size (-1: not counted, at most dir)
-	bs      []int                                       // block size each candidate was matched in
-	dirBy   map[blockhash.Namespace]map[string]dirMatch // the directory's match by namespace, then worker
+	workers []*worker                          // candidates, in candidate order
+	ns      nsSet                              // hashing namespace per candidate: its model, the request's adapter there, its block size
+	cands   []placement.Candidate              // placement's view of them
+	dir     []int                              // blocks the directory reported per candidate, in its block size (-1: not asked)
+	spec    []int                              // speculative blocks per candidate, in its block size (-1: not counted, at most dir)
+	bs      []int                              // block size each candidate was matched in
+	dirBy   map[blockhash.Namespace]*dirAnswer // the directory's match by namespace
 	pick    placement.Decision
 
 	// Other routers' shared intents per candidate (nil when not shared):
@@ -141,32 +141,46 @@ type candidate struct {
 // or as a LoRA adapter their engine lists) and, with a subset, at one of
 // its endpoints, the routable ones first selected;
 // with none routable, every worker of the model (a down mark may be
-// stale). g is the group serving model (groupFor; nil: none does). An
-// error is an apiError for the client.
-func (s *Server) candidates(g *group, model string, exclude []string, subset *endpointSubset, now time.Time) ([]candidate, *apiError) {
+// stale). g is the group serving model (groupFor; nil: none does). The
+// candidates are appended to buf[:0] (nil: a new slice). An error is an
+// apiError for the client.
+func (s *Server) candidates(buf []candidate, g *group, model string, exclude []string, subset *endpointSubset, now time.Time) ([]candidate, *apiError) {
 	if subset != nil && len(subset.list) == 0 {
 		return nil, unavailable("no eligible endpoint: the data plane's subset hint (%s) lists no endpoint", subsetKey)
 	}
-	var all, ok []candidate
-	var outside int // workers of the model outside the subset
-	for _, w := range s.pool.sorted() {
+	sorted := s.pool.sorted()
+	// eligible says whether w serves model in g, is not excluded and is in
+	// the subset; outside counts the workers of the model outside it.
+	var outside int
+	eligible := func(w *worker) (lora string, ok bool) {
 		if g == nil || s.groupOf(w) != g {
-			continue
+			return "", false
 		}
 		lora, serves := w.servesModel(model)
 		if !serves || slices.Contains(exclude, w.id) {
-			continue
+			return "", false
 		}
 		if subset != nil && !subset.has(w.endpoint) {
 			outside++
+			return "", false
+		}
+		return lora, true
+	}
+	ok := buf[:0]
+	var all, draining int // eligible workers, and those of them draining
+	for _, w := range sorted {
+		lora, in := eligible(w)
+		if !in {
 			continue
 		}
-		all = append(all, candidate{w, lora})
+		all++
 		if w.routable(now) {
 			ok = append(ok, candidate{w, lora})
+		} else if w.draining.Load() {
+			draining++
 		}
 	}
-	if len(all) == 0 {
+	if all == 0 {
 		if subset != nil && outside > 0 {
 			return nil, unavailable("no eligible endpoint: none of the %d endpoints of the data plane's subset hint (%s) is a registered worker serving model %q (%d such workers are outside it)",
 				len(subset.list), subset.String(), model, outside)
@@ -205,42 +219,67 @@ func (s *Server) candidates(g *group, model string, exclude []string, subset *en
 		}
 		return nil, unavailable("no worker serving model %q is available", model)
 	}
+	if len(ok) == 0 && draining < all {
+		// None routable: every one not draining (marked down), in order.
+		for _, w := range sorted {
+			if lora, in := eligible(w); in && !w.draining.Load() {
+				ok = append(ok, candidate{w, lora})
+			}
+		}
+	}
 	if len(ok) == 0 {
-		var draining int
-		for _, c := range all {
-			if c.w.draining.Load() {
-				draining++
-			}
-		}
-		if draining == len(all) {
-			return nil, unavailable("every worker serving model %q is draining", model)
-		}
-		for _, c := range all {
-			if !c.w.draining.Load() {
-				ok = append(ok, c)
-			}
-		}
+		return nil, unavailable("every worker serving model %q is draining", model)
 	}
 	return ok, nil
 }
 
+// decideScratch is a decision's transient buffers, reused from one
+// decision to the next (Server.scratch): the candidates before they are
+// copied into the decision, and the policy's per-candidate breakdown when
+// the decision does not keep it.
+type decideScratch struct {
+	cands  []candidate
+	scores []placement.Score
+}
+
 // decide renders, hashes, matches and scores req over the workers serving
-// its model, minus exclude.
+// its model, minus exclude. The decision has no per-candidate cost
+// breakdown (d.pick.Scores is nil): only explain reads it
+// (decideExplained).
 func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*decision, *apiError) {
+	return s.decideWith(ctx, req, exclude, false)
+}
+
+// decideExplained is decide keeping the policy's per-candidate breakdown
+// in d.pick.Scores, for explain.
+func (s *Server) decideExplained(ctx context.Context, req *request) (*decision, *apiError) {
+	return s.decideWith(ctx, req, nil, true)
+}
+
+// decideWith is decide; keepScores keeps d.pick.Scores.
+func (s *Server) decideWith(ctx context.Context, req *request, exclude []string, keepScores bool) (*decision, *apiError) {
 	now := time.Now()
 	g := s.groupFor(req.model)
-	cs, aerr := s.candidates(g, req.model, exclude, req.subset, now)
+	sc, _ := s.scratch.Get().(*decideScratch)
+	if sc == nil {
+		sc = &decideScratch{}
+	}
+	defer s.scratch.Put(sc)
+	cs, aerr := s.candidates(sc.cands, g, req.model, exclude, req.subset, now)
 	if aerr != nil {
 		return nil, aerr
 	}
-	ws := make([]*worker, len(cs))
-	d := &decision{group: g, policy: s.policy.Name(), workers: ws, ns: make([]blockhash.Namespace, len(cs))}
+	sc.cands = cs[:0] // keep what it grew to
+	n := len(cs)
+	ws := make([]*worker, n)
+	d := &decision{group: g, policy: s.policy.Name(), workers: ws, ns: nsSet{of: make([]int32, n)}}
 	for i, c := range cs {
 		ws[i] = c.w
 		// The agent indexes its engine's blocks under the model it
 		// registered and the adapter the engine names in its events.
-		d.ns[i] = blockhash.Namespace{Model: c.w.model(), LoRA: c.lora, CacheSalt: req.cacheSalt, BlockSize: s.blockSizeOf(c.w)}
+		d.ns.set(i, blockhash.Namespace{Model: c.w.model(), LoRA: c.lora, CacheSalt: req.cacheSalt, BlockSize: s.blockSizeOf(c.w)})
 	}
+	clear(cs) // the buffer holds no worker past this decision
 
 	if aerr := s.checkPromptSize(req); aerr != nil {
 		return nil, aerr
@@ -263,28 +302,30 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 	t1 := time.Now()
 	d.renderDur = t1.Sub(t0)
 
-	d.blockSize = d.ns[0].BlockSize
+	d.blockSize = d.ns.at(0).BlockSize
 	chainFor := p.chain
-	if d.chain, err = chainFor(d.ns[0]); err != nil {
+	if d.chain, err = chainFor(d.ns.at(0)); err != nil {
 		return nil, badRequest("cannot hash the prompt: %v", err)
 	}
 	t2 := time.Now()
 	d.hashDur = t2.Sub(t1)
 
-	d.cands = make([]placement.Candidate, len(ws))
-	d.dir = make([]int, len(ws))
-	d.spec = make([]int, len(ws))
-	d.bs = make([]int, len(ws))
+	d.cands = make([]placement.Candidate, n)
+	ints := make([]int, 3*n) // one allocation for the three
+	d.dir, d.spec, d.bs = ints[:n:n], ints[n:2*n:2*n], ints[2*n:]
+	match := needsDirectory(d.policy)
+	if match {
+		d.fallback = s.matchDirectory(ctx, d, chainFor)
+	}
+	// One pass over the candidates, each worker's state read once
+	// (loads, then matched blocks).
+	var cache nsCache
 	for i, w := range ws {
 		d.cands[i] = placement.Candidate{Worker: w.id, Load: w.loadAt(now)}
 		d.dir[i] = -1
-		d.bs[i] = d.ns[i].BlockSize
+		d.bs[i] = d.ns.at(i).BlockSize
 		g.share.addLoad(d, i)
-	}
-	if needsDirectory(d.policy) {
-		d.fallback = s.matchDirectory(ctx, d, chainFor)
-		var cache nsCache
-		for i, w := range ws {
+		if match {
 			s.matchCandidateIn(d, i, w, chainFor, now, &cache)
 		}
 	}
@@ -298,7 +339,15 @@ func (s *Server) decide(ctx context.Context, req *request, exclude []string) (*d
 		pol = s.fallback
 		d.policy = pol.Name()
 	}
-	d.pick, err = pol.Pick(preq, d.cands)
+	if sp, ok := pol.(placement.ScorePicker); ok && !keepScores {
+		d.pick, err = sp.PickInto(preq, d.cands, sc.scores)
+		if cap(d.pick.Scores) > cap(sc.scores) {
+			sc.scores = d.pick.Scores[:0]
+		}
+		d.pick.Scores = nil // sc.scores is the next decision's
+	} else {
+		d.pick, err = pol.Pick(preq, d.cands)
+	}
 	if err != nil {
 		return nil, unavailable("placement failed: %v", err)
 	}
@@ -416,17 +465,26 @@ func (s *Server) directoryCause(g *group) string {
 // adapter, block size: each of a worker's learned sizes) of its workers and
 // fills d.dirBy; it returns the fallback reason, or "", and the error.
 func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhash.Namespace) ([]uint64, error)) (string, error) {
-	groups := map[blockhash.Namespace]bool{}
-	var last blockhash.Namespace // the candidates mostly share one: skip re-adding it
+	// The distinct namespaces: the candidates' (d.ns), and those of a
+	// worker's further learned block sizes.
+	groups := d.ns.list
+	var more *nsSet // groups and the further ones, once there are any
 	for i, w := range d.workers {
-		for _, bs := range s.blockSizesOf(w) {
-			ns := d.ns[i]
-			ns.BlockSize = bs
-			if len(groups) > 0 && ns == last {
-				continue
-			}
-			groups[ns], last = true, ns
+		sizes := s.blockSizesOf(w)
+		ns := d.ns.at(i)
+		if len(sizes) == 1 && sizes[0] == ns.BlockSize {
+			continue // the usual case: in d.ns.list already
 		}
+		if more == nil {
+			more = &nsSet{list: slices.Clone(groups)}
+		}
+		for _, bs := range sizes {
+			ns.BlockSize = bs
+			more.index(ns)
+		}
+	}
+	if more != nil {
+		groups = more.list
 	}
 	// The local replica answers from memory and needs no deadline: arming
 	// its timer would wake the runtime's timer thread, which on a busy
@@ -441,8 +499,8 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 		defer cancel()
 	}
 	d.matchSource = source
-	d.dirBy = make(map[blockhash.Namespace]map[string]dirMatch, len(groups))
-	for ns := range groups {
+	d.dirBy = make(map[blockhash.Namespace]*dirAnswer, len(groups))
+	for _, ns := range groups {
 		chain, err := chainFor(ns)
 		if err != nil {
 			return FallbackError, err
@@ -458,7 +516,7 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 			s.log.Debug("router: directory match failed", "err", err)
 			return FallbackError, err
 		}
-		byID := make(map[string]dirMatch, len(resp.GetMatches()))
+		ans := &dirAnswer{}
 		for _, m := range resp.GetMatches() {
 			// A directory that predates gpu_or_cpu_blocks bounds it by the
 			// longer of the GPU and CPU runs; one that reports no medium
@@ -468,16 +526,109 @@ func (s *Server) lookup(ctx context.Context, d *decision, chainFor func(blockhas
 			if m.GetGpuBlocks()|m.GetCpuBlocks()|m.GetDiskBlocks()|m.GetRemoteBlocks() == 0 {
 				dm.gpu, dm.fast = dm.blocks, dm.blocks
 			}
-			byID[m.GetWorkerId()] = dm
+			ans.put(m.GetWorkerId(), dm)
 		}
-		d.dirBy[ns] = byID
+		d.dirBy[ns] = ans
 	}
 	return "", nil
+}
+
+// nsSet is a namespace per candidate of a decision. The candidates mostly
+// share one or a few, so each is kept once (list) and a candidate's is an
+// index into them (of): 4 bytes a candidate rather than a Namespace's 56,
+// and the distinct ones known without a pass over the candidates.
+type nsSet struct {
+	list []blockhash.Namespace
+	of   []int32
+	// seen indexes list once it is longer than nsListMax.
+	seen map[blockhash.Namespace]int32
+}
+
+// nsListMax is how many distinct namespaces an nsSet searches in its list
+// before it also keeps them in a map.
+const nsListMax = 8
+
+// at returns candidate i's namespace.
+func (n *nsSet) at(i int) blockhash.Namespace { return n.list[n.of[i]] }
+
+// set makes ns candidate i's namespace.
+func (n *nsSet) set(i int, ns blockhash.Namespace) { n.of[i] = n.index(ns) }
+
+// index returns the index of ns in n.list, adding it if it is not there.
+func (n *nsSet) index(ns blockhash.Namespace) int32 {
+	if k := len(n.list) - 1; k >= 0 && n.list[k] == ns {
+		return int32(k) // the previous candidate's
+	}
+	if n.seen != nil {
+		if k, ok := n.seen[ns]; ok {
+			return k
+		}
+	} else if k := slices.Index(n.list, ns); k >= 0 {
+		return int32(k)
+	} else if len(n.list) >= nsListMax {
+		n.seen = make(map[blockhash.Namespace]int32, 2*nsListMax)
+		for j, x := range n.list {
+			n.seen[x] = int32(j)
+		}
+	}
+	k := int32(len(n.list))
+	n.list = append(n.list, ns)
+	if n.seen != nil {
+		n.seen[ns] = k
+	}
+	return k
 }
 
 // dirMatch is one worker's answer from the directory: its leading blocks on
 // any medium, on the GPU, and on the GPU or in host memory.
 type dirMatch struct{ blocks, gpu, fast int }
+
+// dirAnswer is the directory's answer in one namespace by worker. The
+// workers holding a prompt's blocks are usually a few of a decision's
+// candidates, each of which looks itself up: a short list, searched
+// without hashing the worker's id, then a map past dirListMax workers.
+type dirAnswer struct {
+	ids  []string
+	ms   []dirMatch
+	byID map[string]dirMatch // past dirListMax (ids and ms are then nil)
+}
+
+// dirListMax is how many workers a dirAnswer keeps in its list.
+const dirListMax = 8
+
+// put records worker id's match; a later one replaces an earlier one.
+func (a *dirAnswer) put(id string, m dirMatch) {
+	if a.byID != nil {
+		a.byID[id] = m
+		return
+	}
+	if i := slices.Index(a.ids, id); i >= 0 {
+		a.ms[i] = m
+		return
+	}
+	if len(a.ids) == dirListMax {
+		a.byID = make(map[string]dirMatch, 2*dirListMax)
+		for i, x := range a.ids {
+			a.byID[x] = a.ms[i]
+		}
+		a.byID[id], a.ids, a.ms = m, nil, nil
+		return
+	}
+	a.ids, a.ms = append(a.ids, id), append(a.ms, m)
+}
+
+// get returns worker id's match (zero when the directory reported none).
+func (a *dirAnswer) get(id string) dirMatch {
+	if a.byID != nil {
+		return a.byID[id]
+	}
+	for i, x := range a.ids {
+		if x == id {
+			return a.ms[i]
+		}
+	}
+	return dirMatch{}
+}
 
 // String summarises d for logs.
 func (d *decision) String() string {

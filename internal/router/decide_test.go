@@ -4,13 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/openai"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/tokenize"
@@ -81,6 +84,52 @@ func TestDecisionUsesDirectory(t *testing.T) {
 	}
 }
 
+// TestDecisionBuffersDoNotLeak checks that the buffers decisions reuse
+// (decideScratch) carry nothing from one decision into the next:
+// decisions over both workers, then one of them, then both, then the
+// other, in a row on one router, each equal a fresh router's; decide
+// keeps no breakdown, decideExplained one score per candidate.
+func TestDecisionBuffersDoNotLeak(t *testing.T) {
+	m := &fakeMatcher{blocks: map[string]uint32{"b": 1000}}
+	s := decisionServer(t, m)
+	for i, exclude := range [][]string{nil, {"b"}, nil, {"a"}, nil} {
+		got, aerr := s.decide(t.Context(), longChat(t), exclude)
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		want, aerr := decisionServer(t, m).decide(t.Context(), longChat(t), exclude)
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		ids := func(d *decision) (out []string) {
+			for _, w := range d.workers {
+				out = append(out, w.id)
+			}
+			return out
+		}
+		nss := func(d *decision) (out []blockhash.Namespace) {
+			for i := range d.workers {
+				out = append(out, d.ns.at(i))
+			}
+			return out
+		}
+		if !slices.Equal(ids(got), ids(want)) || !slices.Equal(got.cands, want.cands) || !slices.Equal(nss(got), nss(want)) ||
+			!slices.Equal(got.dir, want.dir) || !slices.Equal(got.spec, want.spec) || !slices.Equal(got.bs, want.bs) ||
+			got.pick.Worker != want.pick.Worker || got.pick.Index != want.pick.Index ||
+			got.pick.PredictedCachedTokens != want.pick.PredictedCachedTokens || got.pick.Scores != nil {
+			t.Fatalf("decision %d (excluding %v): %v over %v, cands %+v, dir %v, scores %d; fresh: %v over %v, cands %+v, dir %v",
+				i, exclude, got, ids(got), got.cands, got.dir, len(got.pick.Scores), want, ids(want), want.cands, want.dir)
+		}
+		e, aerr := s.decideExplained(t.Context(), longChat(t))
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		if len(e.pick.Scores) != len(e.cands) || e.pick.Scores[e.pick.Index].Worker != e.pick.Worker {
+			t.Fatalf("explained decision %d: %d scores over %d candidates", i, len(e.pick.Scores), len(e.cands))
+		}
+	}
+}
+
 // TestDecisionFillsTiers checks that the directory's per-medium runs reach
 // the policy as the candidates' tier split, and the explain view shows
 // them with the load's time: a holds the prefix's first two blocks on the
@@ -92,7 +141,7 @@ func TestDecisionFillsTiers(t *testing.T) {
 		media: map[string][5]uint32{"a": {2, 0, 0, 0, 1000}, "b": {3, 0, 1000, 0, 3}}}
 	s := decisionServer(t, m)
 	req := longChat(t)
-	d, aerr := s.decide(t.Context(), req, nil)
+	d, aerr := s.decideExplained(t.Context(), req) // explain reads the scores
 	if aerr != nil {
 		t.Fatal(aerr)
 	}
@@ -264,6 +313,54 @@ func TestSpeculativeEntriesPastTheDirectory(t *testing.T) {
 		if d.cands[0].MatchedBlocks != c.wantMatched || e.Workers[0].SpeculativeBlocks != c.wantExplainedSpecs || e.Workers[0].DirectoryBlocks != c.dir {
 			t.Errorf("%s: matched %d (want %d), explained speculative %d (want %d), directory %d (want %d)", c.name,
 				d.cands[0].MatchedBlocks, c.wantMatched, e.Workers[0].SpeculativeBlocks, c.wantExplainedSpecs, e.Workers[0].DirectoryBlocks, c.dir)
+		}
+	}
+}
+
+// TestNamespaceSet checks that a decision's namespaces, each kept once,
+// give every candidate its own, in the list and past it in the map.
+func TestNamespaceSet(t *testing.T) {
+	for _, distinct := range []int{1, nsListMax, nsListMax + 1, 3 * nsListMax} {
+		const n = 100
+		set := nsSet{of: make([]int32, n)}
+		want := make([]blockhash.Namespace, n)
+		for i := range n {
+			// Runs of equal namespaces, and some seen before.
+			want[i] = blockhash.Namespace{Model: "m", LoRA: fmt.Sprintf("a%d", (i/3)%distinct), BlockSize: 16}
+			set.set(i, want[i])
+		}
+		for i := range n {
+			if got := set.at(i); got != want[i] {
+				t.Fatalf("%d distinct: candidate %d got %+v, want %+v", distinct, i, got, want[i])
+			}
+		}
+		if len(set.list) != min(distinct, (n+2)/3) {
+			t.Fatalf("%d distinct: %d kept", distinct, len(set.list))
+		}
+	}
+}
+
+// TestDirAnswer checks a directory answer's look-up by worker, in its list
+// and past it in its map: the last match reported for a worker counts,
+// and a worker not reported has none.
+func TestDirAnswer(t *testing.T) {
+	for _, n := range []int{1, dirListMax, dirListMax + 1, 3 * dirListMax} {
+		var a dirAnswer
+		for i := range n {
+			a.put(fmt.Sprintf("w%d", i), dirMatch{blocks: i})
+		}
+		a.put("w0", dirMatch{blocks: 100, gpu: 1}) // reported again
+		for i := range n {
+			want := dirMatch{blocks: i}
+			if i == 0 {
+				want = dirMatch{blocks: 100, gpu: 1}
+			}
+			if got := a.get(fmt.Sprintf("w%d", i)); got != want {
+				t.Fatalf("%d workers: w%d got %+v, want %+v", n, i, got, want)
+			}
+		}
+		if got := a.get("other"); got != (dirMatch{}) {
+			t.Fatalf("%d workers: an unreported worker got %+v", n, got)
 		}
 	}
 }

@@ -170,7 +170,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.session = r.Header.Get(s.cfg.SessionHeader)
-	d, aerr := s.decide(r.Context(), req, nil)
+	d, aerr := s.decideExplained(r.Context(), req)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
@@ -185,7 +185,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 func (s *Server) explain(req *request, d *decision) Explanation {
 	e := Explanation{Model: req.model, SessionID: req.session, Policy: d.policy, PromptTokens: d.tokens,
 		BlockSize: d.blockSize, ChainBlocks: len(d.chain), Fallback: d.fallback, MatchSource: d.matchSource, Pick: d.pick.Worker,
-		PredictedCachedTokens: d.pick.PredictedCachedTokens, LoRA: d.ns[d.pick.Index].LoRA,
+		PredictedCachedTokens: d.pick.PredictedCachedTokens, LoRA: d.ns.at(d.pick.Index).LoRA,
 		DecisionMicros: float64((d.renderDur + d.hashDur + d.matchDur + d.scoreDur).Nanoseconds()) / 1e3,
 		RenderMicros:   us(d.renderDur), HashMicros: us(d.hashDur), MatchMicros: us(d.matchDur), ScoreMicros: us(d.scoreDur),
 		Profile: s.explainProfile(d.policy), Workers: make([]WorkerScore, len(d.cands))}

@@ -445,10 +445,10 @@ func (sh *sharer) recvErr(st *dirclient.ShareStream, err error) error {
 // chainOf returns the chain d's pick is published with: the prompt's
 // chain in the picked worker's namespace and block size.
 func (sh *sharer) chainOf(d *decision, chainFor func(blockhash.Namespace) ([]uint64, error)) []uint64 {
-	if sh == nil || !sh.publish || d.pick.Index >= len(d.ns) {
+	if sh == nil || !sh.publish || d.pick.Index >= len(d.ns.of) {
 		return nil
 	}
-	ns := d.ns[d.pick.Index]
+	ns := d.ns.at(d.pick.Index)
 	ns.BlockSize = d.bs[d.pick.Index]
 	c, err := chainFor(ns)
 	if err != nil {

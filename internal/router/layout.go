@@ -118,11 +118,10 @@ func (s *Server) watchStaticLayouts(ctx context.Context) {
 // each of a thousand candidates showed in the decision's time.
 type nsCache struct {
 	ns    blockhash.Namespace
-	ok    bool // ns, chain, err, byID and inDir are set
+	ok    bool // ns, chain, err and ans are set
 	chain []uint64
 	err   error
-	byID  map[string]dirMatch
-	inDir bool
+	ans   *dirAnswer // nil: the directory was not asked in ns
 }
 
 func (c *nsCache) get(d *decision, ns blockhash.Namespace, chainFor func(blockhash.Namespace) ([]uint64, error)) *nsCache {
@@ -131,7 +130,7 @@ func (c *nsCache) get(d *decision, ns blockhash.Namespace, chainFor func(blockha
 	}
 	c.ns, c.ok = ns, true
 	c.chain, c.err = chainFor(ns)
-	c.byID, c.inDir = d.dirBy[ns]
+	c.ans = d.dirBy[ns]
 	return c
 }
 
@@ -155,7 +154,7 @@ func (s *Server) matchCandidateIn(d *decision, i int, w *worker, chainFor func(b
 	var bestDir dirMatch // the directory's answer in the winning size
 	bestSpec := 0        // the speculative blocks (both kinds) in it
 	for _, bs := range s.blockSizesOf(w) {
-		ns := d.ns[i]
+		ns := d.ns.at(i)
 		ns.BlockSize = bs
 		c := cache.get(d, ns, chainFor)
 		chain, err := c.chain, c.err
@@ -164,8 +163,8 @@ func (s *Server) matchCandidateIn(d *decision, i int, w *worker, chainFor func(b
 		}
 		dir := -1
 		var dm dirMatch
-		if c.inDir {
-			dm = c.byID[w.id]
+		if c.ans != nil {
+			dm = c.ans.get(w.id)
 			dir = dm.blocks
 		}
 		spec, peer := -1, -1
@@ -202,7 +201,7 @@ func (s *Server) speculativeBlocks(d *decision, i int) int {
 	if d.spec[i] >= 0 || d.prompt == nil {
 		return max(d.spec[i], 0)
 	}
-	ns := d.ns[i]
+	ns := d.ns.at(i)
 	ns.BlockSize = d.bs[i]
 	chain, err := d.prompt.chain(ns)
 	if err != nil {
@@ -221,7 +220,7 @@ func (s *Server) peerSpeculativeBlocks(d *decision, i int) int {
 	if d.peerSpec[i] >= 0 || d.prompt == nil {
 		return max(d.peerSpec[i], 0)
 	}
-	ns := d.ns[i]
+	ns := d.ns.at(i)
 	ns.BlockSize = d.bs[i]
 	chain, err := d.prompt.chain(ns)
 	if err != nil {

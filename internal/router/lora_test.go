@@ -212,8 +212,8 @@ func TestLoRANamespace(t *testing.T) {
 		t.Fatalf("no mismatch log line:\n%s", out)
 	}
 	d, aerr = s.decide(t.Context(), adapterReq, nil)
-	if aerr != nil || d.ns[0] != (blockhash.Namespace{Model: "m", LoRA: "sql", BlockSize: 16}) {
-		t.Fatalf("namespace with a mismatched parent: %+v %v", d.ns, aerr)
+	if aerr != nil || d.ns.at(0) != (blockhash.Namespace{Model: "m", LoRA: "sql", BlockSize: 16}) {
+		t.Fatalf("namespace with a mismatched parent: %+v %v", d.ns.list, aerr)
 	}
 }
 

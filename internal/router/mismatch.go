@@ -238,5 +238,5 @@ func (s *Server) observeTurn(req *request, d *decision, reported int) cachecheck
 	i := d.pick.Index
 	return s.mismatch.observe(d.workers[i].id, windowTurn{
 		Turn:  cachecheck.Turn{Predicted: d.pick.PredictedCachedTokens, Reported: reported, BlockSize: d.bs[i], Salted: req.cacheSalt != ""},
-		model: d.ns[i].Model}, d.dir[i])
+		model: d.ns.at(i).Model}, d.dir[i])
 }

@@ -14,28 +14,12 @@ import (
 )
 
 // worker is one engine replica the router may send requests to.
+//
+// The fields a decision reads for every candidate come first, so that
+// they share a few cache lines: a decision over a thousand candidates
+// reads a thousand workers.
 type worker struct {
-	id      string
-	address string // base URL, e.g. "http://10.0.0.7:8000"; validated
-	// endpoint is address's host:port ("10.0.0.7:8000"; the scheme's
-	// default port when address names none): the pod endpoint an
-	// endpoint picker's data plane names the worker by.
-	endpoint string
-	modelp   atomic.Pointer[string] // served model; "" until known (static workers learn it from metrics)
-	// group is the directory group the worker was discovered from (nil:
-	// a static worker, or one given without a group: the first group).
-	group *group
-
-	// rank, with hasRank, is the data-parallel rank of the engine at
-	// address this worker is (fixed for the worker's life).
-	rank    int
-	hasRank bool
-
-	blockSize atomic.Int32
-	// learned holds the indexed block sizes the directory learned from the
-	// worker's events (ascending; nil while none is known).
-	learned  atomic.Pointer[[]int]
-	draining atomic.Bool
+	id string
 
 	// Load scraped from the engine (or from the directory until the first scrape).
 	running atomic.Int32
@@ -43,16 +27,37 @@ type worker struct {
 	kvUsage atomic.Uint64 // math.Float64bits
 	// capacityTokens is the engine's KV cache size (0 until a scrape says).
 	capacityTokens atomic.Int64
-	scrapeAt       atomic.Int64 // unix nanos of the last successful scrape
-	scrapeKO       atomic.Int32 // consecutive failed scrapes
 
 	// The router's own accounting.
 	inFlight      atomic.Int64 // requests sent and not finished
 	queuedPrefill atomic.Int64 // uncached prompt tokens sent and not yet past their first byte
-	busy          busyMeter    // how much of the recent past a request sent here awaited its first byte
 	downUntil     atomic.Int64 // unix nanos: excluded after a connection failure until then
+	draining      atomic.Bool
 
-	spec *specSet // speculative entries: chains this router placed here recently
+	blockSize atomic.Int32
+	// learned holds the indexed block sizes the directory learned from the
+	// worker's events (ascending; nil while none is known).
+	learned atomic.Pointer[[]int]
+	modelp  atomic.Pointer[string] // served model; "" until known (static workers learn it from metrics)
+	// group is the directory group the worker was discovered from (nil:
+	// a static worker, or one given without a group: the first group).
+	group *group
+	spec  *specSet  // speculative entries: chains this router placed here recently
+	busy  busyMeter // how much of the recent past a request sent here awaited its first byte
+
+	address string // base URL, e.g. "http://10.0.0.7:8000"; validated
+	// endpoint is address's host:port ("10.0.0.7:8000"; the scheme's
+	// default port when address names none): the pod endpoint an
+	// endpoint picker's data plane names the worker by.
+	endpoint string
+
+	// rank, with hasRank, is the data-parallel rank of the engine at
+	// address this worker is (fixed for the worker's life).
+	rank    int
+	hasRank bool
+
+	scrapeAt atomic.Int64 // unix nanos of the last successful scrape
+	scrapeKO atomic.Int32 // consecutive failed scrapes
 
 	// served is the engine's last readable /v1/models (nil until one was
 	// read); modelsKO counts the failed reads since.
@@ -297,6 +302,10 @@ func (p *pool) close() {
 // busyMeter is placement.BusyMeter on the wall clock, safe for concurrent
 // use; the zero value is ready.
 type busyMeter struct {
+	// idle says the meter reads 0 and nothing is pending, so that it will
+	// read 0 until the next add: reading it then needs no lock. Set under
+	// mu.
+	idle  atomic.Bool
 	mu    sync.Mutex
 	start time.Time
 	m     placement.BusyMeter
@@ -313,6 +322,7 @@ func (b *busyMeter) since(now time.Time) time.Duration {
 func (b *busyMeter) add(delta int) {
 	b.mu.Lock()
 	b.m.Add(b.since(time.Now()), delta)
+	b.idle.Store(false) // the next read (under mu) says whether it is idle
 	b.mu.Unlock()
 }
 
@@ -322,8 +332,16 @@ func (b *busyMeter) value() float64 { return b.valueAt(time.Now()) }
 // valueAt returns the busy fraction at now. A now before the meter's last
 // change counts as that change's time (placement.BusyMeter does not go
 // back).
+//
+// An idle meter (nothing pending, its value decayed to 0, or never used)
+// reads 0 without the lock: every decision reads every candidate's.
 func (b *busyMeter) valueAt(now time.Time) float64 {
+	if b.idle.Load() {
+		return 0
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.m.Value(b.since(now))
+	v := b.m.Value(b.since(now))
+	b.idle.Store(v == 0 && b.m.Pending() == 0)
+	return v
 }

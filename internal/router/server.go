@@ -250,6 +250,7 @@ type Server struct {
 	mismatch  *mismatchChecker
 	transport *http.Transport
 	bufs      sync.Pool
+	scratch   sync.Pool // *decideScratch
 	log       *slog.Logger
 	mux       *http.ServeMux // admin plus the proxied API
 	admin     *http.ServeMux

@@ -24,6 +24,9 @@ type specSet struct {
 	ttl time.Duration
 	mu  sync.Mutex
 	exp map[uint64]int64 // hash -> expiry, unix nanos
+	// size is len(exp), set under mu and read without it: a decision asks
+	// every candidate's set, and most candidates' sets are empty.
+	size atomic.Int64
 	// nextSweep is when expired entries are next removed (unix nanos).
 	nextSweep int64
 }
@@ -65,11 +68,12 @@ func (s *specSet) put(chain []uint64, now, untilT time.Time) {
 	for _, h := range chain {
 		s.exp[h] = until
 	}
+	s.size.Store(int64(len(s.exp)))
 }
 
 // matched returns how many leading blocks of chain are present at now.
 func (s *specSet) matched(chain []uint64, now time.Time) int {
-	if s.ttl <= 0 || len(chain) == 0 {
+	if s.ttl <= 0 || len(chain) == 0 || s.size.Load() == 0 {
 		return 0
 	}
 	n := now.UnixNano()

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -104,6 +105,33 @@ func TestSpecSet(t *testing.T) {
 	off.add([]uint64{1}, t0)
 	if off.matched([]uint64{1}, t0) != 0 {
 		t.Fatal("disabled speculative set matched")
+	}
+}
+
+// TestBusyMeterIdle checks that a busy meter read without its lock while
+// idle (never busy) reads as the locked path does: 0 before a request,
+// busy while one waits, decaying after it, and not idle again then.
+func TestBusyMeterIdle(t *testing.T) {
+	var b busyMeter
+	now := time.Now()
+	if v := b.valueAt(now); v != 0 || !b.idle.Load() {
+		t.Fatalf("unused meter: %v (idle %v), want 0 and idle", v, b.idle.Load())
+	}
+	if v := b.valueAt(now.Add(time.Minute)); v != 0 {
+		t.Fatalf("unused meter a minute on: %v", v)
+	}
+	b.add(1)
+	if b.idle.Load() {
+		t.Fatal("meter idle with a request pending")
+	}
+	busy := b.valueAt(time.Now().Add(placement.DefaultBusyWindow / 2))
+	if want := 1 - math.Exp(-0.5); math.Abs(busy-want) > 0.01 {
+		t.Fatalf("half a window busy: %v, want about %v", busy, want)
+	}
+	b.add(-1)
+	later := b.valueAt(time.Now().Add(placement.DefaultBusyWindow))
+	if !(later > 0 && later < busy) || b.idle.Load() {
+		t.Fatalf("after the request: %v (idle %v), want decaying from %v", later, b.idle.Load(), busy)
 	}
 }
 
