@@ -26,8 +26,8 @@ const (
 	maxGroupBytes     = 4 << 20 // encoded bytes per Raft entry
 	maxGroupsInFlight = 4       // proposed and not yet applied
 	// minGroupBatches is the fewest batches a group is proposed with while
-	// other groups are in flight and the queue is empty: it waits for more
-	// batches, or for the groups ahead of it to settle. See run.
+	// other groups are in flight and the queue is empty: it waits for the
+	// groups ahead of it to settle. See run.
 	minGroupBatches = maxGroupBatches / 4
 )
 
@@ -93,10 +93,12 @@ func (b *publishBatcher) submit(batch *kvdirv1.EventBatch) <-chan pubResult {
 // is larger.
 //
 // A group that would be small (fewer than minGroupBatches) while others are
-// in flight waits, holding its slot, for more batches or until it would be
-// the only group in flight: the groups ahead keep Raft busy, so the wait
-// costs no throughput, and every Raft entry costs each node a log write
-// and its replication however few batches it carries. Publishers that each
+// in flight waits, holding its slot, for a group ahead to settle, takes
+// what queued meanwhile and looks again; it goes out once it has
+// minGroupBatches or is the only group in flight. The groups ahead keep
+// Raft busy, so the wait costs no throughput, and every Raft entry costs
+// each node a log write and its replication however few batches it
+// carries. Publishers that each
 // keep one batch in flight (many workers) answer a group one worker at a
 // time, so without the wait the slot a group frees is taken at once by the
 // few batches sent back so far, and the log fills with entries of a few
@@ -132,11 +134,10 @@ func (b *publishBatcher) run() {
 			if !keepFilling(len(group), len(b.slots)) {
 				break fill
 			}
+			// The queue fills meanwhile; it is drained when a group
+			// ahead settles rather than on every batch that arrives.
 			select {
-			case r := <-b.queue:
-				group = append(group, r)
-				size += proto.Size(r.batch)
-			case <-b.settled: // look again at the groups in flight
+			case <-b.settled:
 			case <-b.n.stop:
 				<-b.slots
 				b.answer(group, pubResult{err: errShuttingDown})
