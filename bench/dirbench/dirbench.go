@@ -59,6 +59,12 @@ type Options struct {
 	LatencyFor  time.Duration
 	// NodeFlags are extra flags for every directory process.
 	NodeFlags []string
+	// ProfileDir, if set, makes the pool comparison take a CPU profile of
+	// every node while each pool publishes (the nodes run with --pprof),
+	// for ProfileFor from the publish's start, into
+	// ProfileDir/ROUND-POOL-TRY-NODE.pprof.
+	ProfileDir string
+	ProfileFor time.Duration
 	// Rounds is how many times RunRaftTLS runs each transport (default
 	// DefaultRounds).
 	Rounds int
@@ -73,7 +79,7 @@ type Options struct {
 
 // Defaults are the options of the committed figures.
 var Defaults = Options{Scale: 1, BatchBlocks: 2048, Inflight: 16, Matches: 5000, ChainBlocks: 2048,
-	LatencyRate: 1_000_000, LatencyFor: 10 * time.Second}
+	LatencyRate: 1_000_000, LatencyFor: 10 * time.Second, ProfileFor: 2 * time.Second}
 
 func (o Options) withDefaults() Options {
 	d := o
@@ -84,6 +90,7 @@ func (o Options) withDefaults() Options {
 	benchopt.Default(&d.ChainBlocks, Defaults.ChainBlocks)
 	benchopt.Default(&d.LatencyRate, Defaults.LatencyRate)
 	benchopt.Default(&d.LatencyFor, Defaults.LatencyFor)
+	benchopt.Default(&d.ProfileFor, Defaults.ProfileFor)
 	d.Log = cmp.Or(d.Log, slog.New(slog.DiscardHandler))
 	return d
 }

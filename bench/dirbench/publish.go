@@ -141,6 +141,9 @@ func publishWorker(ctx context.Context, agent kvdirv1.AgentServiceClient, bs []*
 	if err != nil {
 		return nil, 0, fmt.Errorf("open a publish stream: %w", err)
 	}
+	if inflight <= 1 {
+		return publishInTurn(stream, bs)
+	}
 	sent := make([]atomic.Int64, len(bs)) // send times, Unix nanoseconds
 	slots := make(chan struct{}, inflight)
 	sendErr := make(chan error, 1)
@@ -173,6 +176,42 @@ func publishWorker(ctx context.Context, agent kvdirv1.AgentServiceClient, bs []*
 	}
 	if err := <-sendErr; err != nil {
 		return lat, events, err
+	}
+	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+		return lat, events, fmt.Errorf("stream end: %w", err)
+	}
+	return lat, events, nil
+}
+
+// publishInTurn is publishWorker with one batch in flight: each batch is
+// sent once the one before it is acknowledged, from one goroutine. The
+// stream carries the same messages in the same order as with a sender
+// goroutine of its own, without a hand-off between the two goroutines on
+// every acknowledgement: with one batch in flight per stream that hand-off
+// lies on the path from one batch's acknowledgement to the next batch, and
+// the publishers share the machine's cores with the nodes.
+func publishInTurn(stream kvdirv1.AgentService_PublishClient, bs []*kvdirv1.EventBatch) ([]time.Duration, int64, error) {
+	lat := make([]time.Duration, 0, len(bs))
+	var events int64
+	for i, b := range bs {
+		sent := time.Now()
+		if err := stream.Send(&kvdirv1.PublishRequest{Batch: b}); err != nil {
+			return lat, events, fmt.Errorf("send batch %d of %s: %w", i+1, b.WorkerId, err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			return lat, events, fmt.Errorf("batch %d of %s: %w", i+1, b.WorkerId, err)
+		}
+		if resp.Status != kvdirv1.PublishStatus_PUBLISH_STATUS_APPLIED {
+			return lat, events, fmt.Errorf("batch %d of %s: %v %s", i+1, b.WorkerId, resp.Status, resp.Message)
+		}
+		lat = append(lat, time.Since(sent))
+		for _, ev := range b.Events {
+			events += int64(len(ev.GetStored().Hashes))
+		}
+	}
+	if err := stream.CloseSend(); err != nil {
+		return lat, events, fmt.Errorf("close the stream: %w", err)
 	}
 	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
 		return lat, events, fmt.Errorf("stream end: %w", err)

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -393,6 +394,31 @@ func heapInuseMiB(c *fleet.Directory) float64 {
 		resp.Body.Close()
 	}
 	return sum / float64(len(c.Nodes)) / (1 << 20)
+}
+
+// scrape reads the values of the named unlabelled metrics from a node's
+// /metrics.
+func scrape(n *fleet.DirNode, names ...string) (map[string]float64, error) {
+	resp, err := metricsClient.Get("http://" + n.HTTP + "/metrics")
+	if err != nil {
+		return nil, fmt.Errorf("metrics of %s: %w", n.ID, err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok || !slices.Contains(names, name) {
+			continue
+		}
+		if out[name], err = strconv.ParseFloat(v, 64); err != nil {
+			return nil, fmt.Errorf("metrics of %s: %s: %w", n.ID, name, err)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("metrics of %s: %w", n.ID, err)
+	}
+	return out, nil
 }
 
 // rssAnon reads a process's resident anonymous memory (RssAnon in

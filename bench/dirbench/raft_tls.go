@@ -228,24 +228,36 @@ func publishRound(ctx context.Context, bin, dir string, client *tls.Config, flag
 func clusterCPU(c *fleet.Directory) (float64, error) {
 	total := 0.0
 	for _, n := range c.Nodes {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.Pid()))
+		s, err := nodeCPU(n)
+		if err != nil {
+			return 0, err
+		}
+		total += s
+	}
+	return total, nil
+}
+
+// nodeCPU is the CPU time (user and system) of a node's process, in
+// seconds.
+func nodeCPU(n *fleet.DirNode) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.Pid()))
+	if err != nil {
+		return 0, fmt.Errorf("CPU time of %s: %w", n.ID, err)
+	}
+	// The command name (field 2) is in parentheses and may hold spaces:
+	// count from after it. utime and stime are fields 14 and 15.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("CPU time of %s: short /proc stat", n.ID)
+	}
+	total := 0.0
+	for _, v := range f[11:13] {
+		ticks, err := strconv.ParseFloat(v, 64)
 		if err != nil {
 			return 0, fmt.Errorf("CPU time of %s: %w", n.ID, err)
 		}
-		// The command name (field 2) is in parentheses and may hold spaces:
-		// count from after it. utime and stime are fields 14 and 15.
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) < 13 {
-			return 0, fmt.Errorf("CPU time of %s: short /proc stat", n.ID)
-		}
-		for _, v := range f[11:13] {
-			ticks, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return 0, fmt.Errorf("CPU time of %s: %w", n.ID, err)
-			}
-			total += ticks / 100
-		}
+		total += ticks / 100
 	}
 	return total, nil
 }

@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"google.golang.org/grpc"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/kvdir/kvdir/internal/benchjson"
 	"github.com/kvdir/kvdir/internal/radix/radixtest"
@@ -34,15 +37,27 @@ const WorkersTarget = 0.8
 // PoolRun is one publish of the workload through a fresh cluster by one
 // pool of workers.
 type PoolRun struct {
-	Round           int     `json:"round"`
-	Workers         int     `json:"workers"`
-	InflightPerWkr  int     `json:"inflight_per_worker"`
-	Batches         int     `json:"batches"`
-	Events          int64   `json:"events"`
-	EventsPerSec    float64 `json:"events_per_sec"`
-	BurstP99ms      float64 `json:"burst_commit_p99_ms"`
-	NodeCPUSeconds  float64 `json:"node_cpu_seconds"`
-	CPUPerMEvents   float64 `json:"node_cpu_seconds_per_m_events"`
+	Round          int     `json:"round"`
+	Workers        int     `json:"workers"`
+	InflightPerWkr int     `json:"inflight_per_worker"`
+	Batches        int     `json:"batches"`
+	Events         int64   `json:"events"`
+	EventsPerSec   float64 `json:"events_per_sec"`
+	BurstP99ms     float64 `json:"burst_commit_p99_ms"`
+	NodeCPUSeconds float64 `json:"node_cpu_seconds"`
+	CPUPerMEvents  float64 `json:"node_cpu_seconds_per_m_events"`
+	// BenchCPUSeconds is the publishing process's own CPU time over the
+	// publish (getrusage): the publishers share the machine with the
+	// nodes.
+	BenchCPUSeconds float64 `json:"bench_cpu_seconds"`
+	// LeaderCPUSeconds is the leader's share of NodeCPUSeconds.
+	LeaderCPUSeconds float64 `json:"leader_cpu_seconds"`
+	// BatchesPerEntry is the mean number of batches the leader committed
+	// in one Raft entry (its group commit) over the publish.
+	BatchesPerEntry float64 `json:"batches_per_entry"`
+	// LeaderGCCycles counts the leader's garbage collections over the
+	// publish.
+	LeaderGCCycles  float64 `json:"leader_gc_cycles"`
 	RegisterSeconds float64 `json:"register_seconds"`
 }
 
@@ -158,7 +173,7 @@ func measureWorkers(ctx context.Context, cfg Options, pools []int) (*WorkersMeas
 			m.Runs = append(m.Runs, *run)
 			byPool[p] = append(byPool[p], *run)
 			cfg.Log.Info("published", "round", r+1, "workers", p, "events_per_sec", run.EventsPerSec,
-				"cpu_seconds_per_m_events", run.CPUPerMEvents, "burst_commit_p99_ms", run.BurstP99ms)
+				"cpu_seconds_per_m_events", run.CPUPerMEvents, "bench_cpu_seconds", run.BenchCPUSeconds, "leader_cpu_seconds", run.LeaderCPUSeconds, "batches_per_entry", run.BatchesPerEntry, "leader_gc_cycles", run.LeaderGCCycles, "burst_commit_p99_ms", run.BurstP99ms)
 		}
 	}
 	s, l := pools[0], pools[len(pools)-1]
@@ -184,6 +199,13 @@ func measureWorkers(ctx context.Context, cfg Options, pools []int) (*WorkersMeas
 	return m, nil
 }
 
+// The leader's histogram of the batches in each group commit.
+const (
+	groupSum   = "kvdir_publish_group_batches_sum"
+	groupCount = "kvdir_publish_group_batches_count"
+	gcCount    = "go_gc_duration_seconds_count"
+)
+
 // publishPool starts a cluster in dir, registers and publishes work with
 // inflight batches per worker stream, checks the nodes agree and stops it.
 func publishPool(ctx context.Context, bin, dir string, cfg Options, work [][]*kvdirv1.EventBatch, inflight int) (out *PoolRun, err error) {
@@ -208,6 +230,14 @@ func publishPool(ctx context.Context, bin, dir string, cfg Options, work [][]*kv
 	if err != nil {
 		return nil, err
 	}
+	leaderBefore, err := nodeCPU(c.Nodes[leader])
+	if err != nil {
+		return nil, err
+	}
+	groupsBefore, err := scrape(c.Nodes[leader], groupSum, groupCount, gcCount)
+	if err != nil {
+		return nil, err
+	}
 	// One connection for all the workers' streams, or with ConnPerWorker
 	// one each, as each agent has its own.
 	conns := []grpc.ClientConnInterface{c.Nodes[leader].Conn()}
@@ -223,13 +253,32 @@ func publishPool(ctx context.Context, bin, dir string, cfg Options, work [][]*kv
 		}
 	}
 	res := &Measures{}
+	beforeSelf := selfCPU()
+	profiled := profileNodes(ctx, c, cfg, filepath.Base(dir))
 	if err := publishOver(ctx, conns, work, inflight, res); err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
+	if err := profiled(); err != nil {
+		return nil, err
+	}
+	out.BenchCPUSeconds = selfCPU() - beforeSelf
 	after, err := clusterCPU(c)
 	if err != nil {
 		return nil, err
 	}
+	leaderAfter, err := nodeCPU(c.Nodes[leader])
+	if err != nil {
+		return nil, err
+	}
+	out.LeaderCPUSeconds = leaderAfter - leaderBefore
+	groupsAfter, err := scrape(c.Nodes[leader], groupSum, groupCount, gcCount)
+	if err != nil {
+		return nil, err
+	}
+	if n := groupsAfter[groupCount] - groupsBefore[groupCount]; n > 0 {
+		out.BatchesPerEntry = (groupsAfter[groupSum] - groupsBefore[groupSum]) / n
+	}
+	out.LeaderGCCycles = groupsAfter[gcCount] - groupsBefore[gcCount]
 	if err := Converge(ctx, c, 2*time.Minute); err != nil {
 		return nil, err
 	}
@@ -462,8 +511,70 @@ func publishGroups(ctx context.Context, bin, dir string, cfg Options, wl *radixt
 	return out, nil
 }
 
+// profileNodes starts a CPU profile of every node of c, for
+// cfg.ProfileFor, written to cfg.ProfileDir/run-NODE.pprof; the function it
+// returns waits for them. Without cfg.ProfileDir it does nothing.
+func profileNodes(ctx context.Context, c *fleet.Directory, cfg Options, run string) (wait func() error) {
+	if cfg.ProfileDir == "" {
+		return func() error { return nil }
+	}
+	errs := make([]error, len(c.Nodes))
+	var wg sync.WaitGroup
+	for i, n := range c.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out := filepath.Join(cfg.ProfileDir, run+"-"+n.ID+".pprof")
+			if err := fetchProfile(ctx, n.HTTP, cfg.ProfileFor, out); err != nil {
+				errs[i] = fmt.Errorf("CPU profile of %s: %w", n.ID, err)
+			}
+		}()
+	}
+	return func() error {
+		wg.Wait()
+		return errors.Join(errs...)
+	}
+}
+
+// fetchProfile writes to out a CPU profile of the node serving /debug/pprof/
+// on addr (--pprof), taken over d.
+func fetchProfile(ctx context.Context, addr string, d time.Duration, out string) error {
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, max(1, int(d.Round(time.Second)/time.Second)))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return fmt.Errorf("request %s: %w", url, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("get %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("get %s: %s (does the node run with --pprof?)", url, resp.Status)
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return fmt.Errorf("profile directory: %w", err)
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		return fmt.Errorf("create the profile: %w", err)
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", out, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", out, err)
+	}
+	return nil
+}
+
 func startGroup(bin, dir string, cfg Options) (*fleet.Directory, error) {
-	c, err := fleet.StartDirectory(bin, dir, Nodes, append([]string{"--lease", "1h", "--log-level", "warn"}, cfg.NodeFlags...)...)
+	flags := []string{"--lease", "1h", "--log-level", "warn"}
+	if cfg.ProfileDir != "" {
+		flags = append(flags, "--pprof")
+	}
+	c, err := fleet.StartDirectory(bin, dir, Nodes, append(flags, cfg.NodeFlags...)...)
 	if err != nil {
 		return nil, fmt.Errorf("start the cluster: %w", err)
 	}

@@ -80,6 +80,7 @@ func newSettings(env []string, stdout, stderr io.Writer) *settings {
 	fs.StringVar(&c.APIAdvertise, "api-advertise", "", "gRPC address other nodes and clients dial (default: the address listened on)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", c.HTTPAddr, "address serving /metrics, /healthz and /readyz (\"off\" or empty disables it)")
 	fs.DurationVar(&c.HTTPIdleTimeout, "http-idle-timeout", httpserve.DefaultIdleTimeout, "how long an idle keep-alive connection to --http-addr is kept")
+	fs.BoolVar(&c.Pprof, "pprof", false, "also serve Go's runtime profiles under /debug/pprof/ on --http-addr (unauthenticated, like /metrics: for profiling, not for an exposed address)")
 	fs.StringVar(&c.DataDir, "data-dir", "", "`DIR` for raft.db (Raft log, BoltDB) and snapshots/ (default: kvdir-data/NODE_ID)")
 	cli.SetPlaceholder(fs, "node-id", "ID")
 	for _, n := range []string{"raft-addr", "raft-advertise", "api-addr", "api-advertise", "http-addr"} {
@@ -231,6 +232,9 @@ func (s *settings) resolve() (warnings []string, err error) {
 	}
 	if c.HTTPAddr == "off" {
 		c.HTTPAddr = ""
+	}
+	if c.Pprof && c.HTTPAddr == "" {
+		warnings = append(warnings, "--pprof has no effect with --http-addr off: the profiles are served on --http-addr")
 	}
 	if c.DataDir == "" && c.ID != "" {
 		c.DataDir = filepath.Join("kvdir-data", c.ID)

@@ -56,6 +56,7 @@ func TestDefaults(t *testing.T) {
 		{"election-timeout", s.cfg.ElectionTimeout, time.Second},
 		{"log-format (json)", s.prog.JSONLogs(), false},
 		{"shutdown-timeout", s.shutdownTimeout, 30 * time.Second},
+		{"pprof", s.cfg.Pprof, false},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

@@ -25,6 +25,10 @@ const (
 	maxGroupBatches   = 256     // batches per Raft entry
 	maxGroupBytes     = 4 << 20 // encoded bytes per Raft entry
 	maxGroupsInFlight = 4       // proposed and not yet applied
+	// minGroupBatches is the fewest batches a group is proposed with while
+	// other groups are in flight and the queue is empty: it waits for the
+	// groups ahead of it to settle. See run.
+	minGroupBatches = maxGroupBatches / 4
 )
 
 // pubResult is the outcome of one submitted batch.
@@ -42,6 +46,9 @@ type publishBatcher struct {
 	n     *Node
 	queue chan *pubRequest
 	slots chan struct{} // one per group in flight
+	// settled is signalled (without blocking) each time a group in flight
+	// is applied or fails and frees its slot.
+	settled chan struct{}
 
 	// The leader cuts blocks past a worker's quota before proposing them
 	// (raftfsm.FSM.CutOverQuota).
@@ -61,6 +68,7 @@ func newPublishBatcher(n *Node) *publishBatcher {
 		n:       n,
 		queue:   make(chan *pubRequest, 4*maxGroupBatches),
 		slots:   make(chan struct{}, maxGroupsInFlight),
+		settled: make(chan struct{}, 1),
 		freeing: make(map[string]inFlightFrees),
 	}
 }
@@ -83,6 +91,18 @@ func (b *publishBatcher) submit(batch *kvdirv1.EventBatch) <-chan pubResult {
 // run groups queued batches and proposes them, at most maxGroupsInFlight
 // groups at a time; while those commit, the queue fills and the next group
 // is larger.
+//
+// A group that would be small (fewer than minGroupBatches) while others are
+// in flight waits, holding its slot, for a group ahead to settle, takes
+// what queued meanwhile and looks again; it goes out once it has
+// minGroupBatches or is the only group in flight. The groups ahead keep
+// Raft busy, so the wait costs no throughput, and every Raft entry costs
+// each node a log write and its replication however few batches it
+// carries. Publishers that each
+// keep one batch in flight (many workers) answer a group one worker at a
+// time, so without the wait the slot a group frees is taken at once by the
+// few batches sent back so far, and the log fills with entries of a few
+// batches each.
 func (b *publishBatcher) run() {
 	defer b.n.wg.Done()
 	for {
@@ -108,11 +128,40 @@ func (b *publishBatcher) run() {
 			case r := <-b.queue:
 				group = append(group, r)
 				size += proto.Size(r.batch)
+				continue
 			default:
+			}
+			if !keepFilling(len(group), len(b.slots)) {
 				break fill
+			}
+			// The queue fills meanwhile; it is drained when a group
+			// ahead settles rather than on every batch that arrives.
+			select {
+			case <-b.settled:
+			case <-b.n.stop:
+				<-b.slots
+				b.answer(group, pubResult{err: errShuttingDown})
+				b.drain()
+				return
 			}
 		}
 		b.propose(group)
+	}
+}
+
+// keepFilling says whether a group of n batches, the queue empty, waits for
+// more: while it is small and other groups than it are in flight (inFlight
+// counts it too).
+func keepFilling(n, inFlight int) bool {
+	return n < minGroupBatches && inFlight > 1
+}
+
+// release frees a group's slot and tells a group waiting to fill.
+func (b *publishBatcher) release() {
+	<-b.slots
+	select {
+	case b.settled <- struct{}{}:
+	default:
 	}
 }
 
@@ -135,14 +184,14 @@ func (b *publishBatcher) propose(group []*pubRequest) {
 	cmd.QuotaCut = cut
 	p, err := n.start(kvdirv1.CommandType_COMMAND_TYPE_PUBLISH, cmd)
 	if err != nil {
-		<-b.slots
+		b.release()
 		b.answer(group, pubResult{err: publishNotLeader(err)})
 		return
 	}
 	n.metrics.groupSize.Observe(float64(len(group)))
 	go func() {
 		res, _, err := n.wait(p)
-		<-b.slots
+		b.release()
 		if err != nil {
 			b.answer(group, pubResult{err: err})
 			return

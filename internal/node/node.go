@@ -48,6 +48,11 @@ type Config struct {
 	// HTTPIdleTimeout closes keep-alive connections to HTTPAddr idle for
 	// that long (0: httpserve.DefaultIdleTimeout).
 	HTTPIdleTimeout time.Duration
+	// Pprof also serves Go's runtime profiles (net/http/pprof) under
+	// /debug/pprof/ on HTTPAddr, for profiling a running node. Off by
+	// default: a CPU profile costs the node while it runs, and the
+	// endpoints are unauthenticated, like the rest of HTTPAddr.
+	Pprof bool
 	// DataDir holds raft.db (log and stable store) and snapshots/.
 	DataDir string
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"time"
 
@@ -169,6 +170,13 @@ func (n *Node) startHTTP() error {
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	if n.cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	n.http = httpserve.New(mux, httpserve.Timeouts{Idle: n.cfg.HTTPIdleTimeout}, slog.NewLogLogger(n.log.Handler(), slog.LevelWarn))
 	go func() {
 		if err := httpserve.Serve(n.http, lis); err != nil && !errors.Is(err, http.ErrServerClosed) {

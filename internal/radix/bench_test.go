@@ -161,3 +161,91 @@ func liveHeap() uint64 {
 	runtime.ReadMemStats(&ms)
 	return ms.HeapAlloc
 }
+
+// BenchmarkInsertInterleaved builds the index the way a directory's state
+// machine does under a pool publishing at once: every worker's pieces (its
+// system prompts, then its sessions turn by turn) cut into its batches of at
+// most 256 blocks, and the workers' batches applied in turn, one batch of
+// each worker after the other, for pools of 64 and 1,024 workers. It
+// reports block events per second.
+func BenchmarkInsertInterleaved(b *testing.B) {
+	for _, pool := range []int{64, 1024} {
+		b.Run(fmt.Sprintf("workers=%d", pool), func(b *testing.B) {
+			shape := radixtest.Full.Scaled(0.2)
+			shape.Workers = pool
+			batches := interleavedBatches(radixtest.Generate(shape), 256)
+			events := 0
+			for b.Loop() {
+				x := radix.New(radix.Options{})
+				for _, bt := range batches {
+					for _, p := range bt.pieces {
+						if err := x.Insert(bt.worker, p.parent, p.hashes, radix.GPU); err != nil {
+							b.Fatal(err)
+						}
+						events += len(p.hashes)
+					}
+				}
+			}
+			b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}
+
+type benchPiece struct {
+	parent uint64
+	hashes []uint64
+}
+
+type benchBatch struct {
+	worker string
+	pieces []benchPiece
+}
+
+// interleavedBatches cuts each worker's pieces into batches of at most max
+// blocks and orders them one batch per worker in turn.
+func interleavedBatches(w *radixtest.Workload, max int) []benchBatch {
+	pieces := make([][]benchPiece, w.Shape.Workers)
+	for i, sys := range w.Systems {
+		for _, h := range w.SystemHolders[i] {
+			pieces[h] = append(pieces[h], benchPiece{radix.Root, sys})
+		}
+	}
+	for _, s := range w.Sessions {
+		sys := w.Systems[s.System]
+		for _, h := range s.Holders {
+			parent := sys[len(sys)-1]
+			for start := 0; start < len(s.Hashes); start += w.Shape.TurnBlocks {
+				end := min(start+w.Shape.TurnBlocks, len(s.Hashes))
+				pieces[h] = append(pieces[h], benchPiece{parent, s.Hashes[start:end]})
+				parent = s.Hashes[end-1]
+			}
+		}
+	}
+	perWorker := make([][]benchBatch, len(pieces))
+	for wk, ps := range pieces {
+		n := 0
+		for _, p := range ps {
+			bs := perWorker[wk]
+			if len(bs) == 0 || n+len(p.hashes) > max {
+				perWorker[wk] = append(bs, benchBatch{worker: radixtest.WorkerName(wk)})
+				n = 0
+			}
+			last := &perWorker[wk][len(perWorker[wk])-1]
+			last.pieces = append(last.pieces, p)
+			n += len(p.hashes)
+		}
+	}
+	var out []benchBatch
+	for round := 0; ; round++ {
+		added := false
+		for _, bs := range perWorker {
+			if round < len(bs) {
+				out = append(out, bs[round])
+				added = true
+			}
+		}
+		if !added {
+			return out
+		}
+	}
+}

@@ -218,7 +218,10 @@ func (x *Index) Insert(workerName string, parent uint64, hashes []uint64, m Medi
 		if i%writeChunk == writeChunk-1 {
 			x.yieldToReaders()
 		}
-		l, ok := x.locs.Get(h)
+		l, ok := x.nextInRun(cur, have, h)
+		if !ok {
+			l, ok = x.locs.Get(h)
+		}
 		switch {
 		case ok:
 			if p := x.parentOf(l); p != prev {
@@ -391,6 +394,24 @@ func (x *Index) wouldCycle(h uint64, seg int32) bool {
 		}
 	}
 	return false
+}
+
+// nextInRun returns the location of block h if it is the block after cur in
+// cur's segment (have: cur is a block's location). A piece inserted again
+// by another holder walks a run the index already has: each block is then
+// found next to the one before it, in the segment's contiguous hash array,
+// instead of by a look-up in the block table, whose random accesses miss
+// the cache once the index outgrows it. The answer is the table's: a hash
+// is stored at one location only.
+func (x *Index) nextInRun(cur location, have bool, h uint64) (location, bool) {
+	if !have {
+		return 0, false
+	}
+	s, o := x.segs[cur.seg()], cur.off()+1
+	if o < len(s.hashes) && s.hashes[o] == h {
+		return at(cur.seg(), o), true
+	}
+	return 0, false
 }
 
 // parentOf returns the parent hash of the block at l.

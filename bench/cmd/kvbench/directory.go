@@ -111,6 +111,8 @@ events per CPU second of the nodes (bench/results/directory-groups.json unless
 	fl.IntVar(&o.LatencyRate, "latency-rate", o.LatencyRate, "block events per second offered while commit latency is measured")
 	fl.DurationVar(&o.LatencyFor, "latency-for", o.LatencyFor, "how long commit latency is measured")
 	fl.StringVar(&nodeFlags, "node-flags", "", "extra flags for every directory process, space-separated")
+	fl.StringVar(&o.ProfileDir, "node-profiles", "", "with --worker-pools: `DIR` for a CPU profile of every node while each pool publishes (the nodes run with --pprof; go tool pprof reads them)")
+	fl.DurationVar(&o.ProfileFor, "node-profile-for", dirbench.Defaults.ProfileFor, "with --node-profiles: how long each profile runs from the publish's start (whole seconds; keep it under the publish's time)")
 	fl.StringVar(&o.Dir, "dir", "", "directory for the binary and data (default: a temporary one, removed after)")
 	fl.BoolVar(&o.Logs, "logs", false, "print the nodes' logs at the end")
 	fl.BoolVar(&raftTLS, "raft-tls", false, "compare commit throughput with Raft over mutual TLS and on plain TCP instead")
