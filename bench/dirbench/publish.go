@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/kvdir/kvdir/internal/radix"
 	"github.com/kvdir/kvdir/internal/radix/radixtest"
 	"github.com/kvdir/kvdir/internal/testkit/fleet"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
@@ -22,23 +21,7 @@ import (
 // Batches turns the workload into each worker's event batches: its system
 // prompts, then its sessions turn by turn, packed up to max blocks a batch.
 func Batches(wl *radixtest.Workload, max int) [][]*kvdirv1.EventBatch {
-	pieces := make([][]*kvdirv1.StoredBlocks, wl.Shape.Workers)
-	for i, sys := range wl.Systems {
-		for _, h := range wl.SystemHolders[i] {
-			pieces[h] = append(pieces[h], &kvdirv1.StoredBlocks{Parent: radix.Root, Hashes: sys})
-		}
-	}
-	for _, s := range wl.Sessions {
-		sys := wl.Systems[s.System]
-		for _, h := range s.Holders {
-			parent := sys[len(sys)-1]
-			for start := 0; start < len(s.Hashes); start += wl.Shape.TurnBlocks {
-				end := min(start+wl.Shape.TurnBlocks, len(s.Hashes))
-				pieces[h] = append(pieces[h], &kvdirv1.StoredBlocks{Parent: parent, Hashes: s.Hashes[start:end]})
-				parent = s.Hashes[end-1]
-			}
-		}
-	}
+	pieces := wl.Pieces()
 	out := make([][]*kvdirv1.EventBatch, wl.Shape.Workers)
 	for w, ps := range pieces {
 		var cur *kvdirv1.EventBatch
@@ -49,7 +32,7 @@ func Batches(wl *radixtest.Workload, max int) [][]*kvdirv1.EventBatch {
 				out[w] = append(out[w], cur)
 				n = 0
 			}
-			cur.Events = append(cur.Events, &kvdirv1.Event{Kind: &kvdirv1.Event_Stored{Stored: p}})
+			cur.Events = append(cur.Events, &kvdirv1.Event{Kind: &kvdirv1.Event_Stored{Stored: &kvdirv1.StoredBlocks{Parent: p.Parent, Hashes: p.Hashes}}})
 			n += len(p.Hashes)
 		}
 	}

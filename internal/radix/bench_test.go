@@ -179,10 +179,10 @@ func BenchmarkInsertInterleaved(b *testing.B) {
 				x := radix.New(radix.Options{})
 				for _, bt := range batches {
 					for _, p := range bt.pieces {
-						if err := x.Insert(bt.worker, p.parent, p.hashes, radix.GPU); err != nil {
+						if err := x.Insert(bt.worker, p.Parent, p.Hashes, radix.GPU); err != nil {
 							b.Fatal(err)
 						}
-						events += len(p.hashes)
+						events += len(p.Hashes)
 					}
 				}
 			}
@@ -191,48 +191,27 @@ func BenchmarkInsertInterleaved(b *testing.B) {
 	}
 }
 
-type benchPiece struct {
-	parent uint64
-	hashes []uint64
-}
-
 type benchBatch struct {
 	worker string
-	pieces []benchPiece
+	pieces []radixtest.Piece
 }
 
 // interleavedBatches cuts each worker's pieces into batches of at most max
 // blocks and orders them one batch per worker in turn.
 func interleavedBatches(w *radixtest.Workload, max int) []benchBatch {
-	pieces := make([][]benchPiece, w.Shape.Workers)
-	for i, sys := range w.Systems {
-		for _, h := range w.SystemHolders[i] {
-			pieces[h] = append(pieces[h], benchPiece{radix.Root, sys})
-		}
-	}
-	for _, s := range w.Sessions {
-		sys := w.Systems[s.System]
-		for _, h := range s.Holders {
-			parent := sys[len(sys)-1]
-			for start := 0; start < len(s.Hashes); start += w.Shape.TurnBlocks {
-				end := min(start+w.Shape.TurnBlocks, len(s.Hashes))
-				pieces[h] = append(pieces[h], benchPiece{parent, s.Hashes[start:end]})
-				parent = s.Hashes[end-1]
-			}
-		}
-	}
+	pieces := w.Pieces()
 	perWorker := make([][]benchBatch, len(pieces))
 	for wk, ps := range pieces {
 		n := 0
 		for _, p := range ps {
 			bs := perWorker[wk]
-			if len(bs) == 0 || n+len(p.hashes) > max {
+			if len(bs) == 0 || n+len(p.Hashes) > max {
 				perWorker[wk] = append(bs, benchBatch{worker: radixtest.WorkerName(wk)})
 				n = 0
 			}
 			last := &perWorker[wk][len(perWorker[wk])-1]
 			last.pieces = append(last.pieces, p)
-			n += len(p.hashes)
+			n += len(p.Hashes)
 		}
 	}
 	var out []benchBatch

@@ -122,6 +122,35 @@ func (w *Workload) Chain(i, n int) []uint64 {
 	return c[:min(n, len(c))]
 }
 
+// Piece is a run of blocks one worker stores under a parent block.
+type Piece struct {
+	Parent uint64
+	Hashes []uint64
+}
+
+// Pieces returns what each worker stores, in order: its system prompts,
+// then its sessions turn by turn (TurnBlocks blocks a piece).
+func (w *Workload) Pieces() [][]Piece {
+	pieces := make([][]Piece, w.Shape.Workers)
+	for i, sys := range w.Systems {
+		for _, h := range w.SystemHolders[i] {
+			pieces[h] = append(pieces[h], Piece{radix.Root, sys})
+		}
+	}
+	for _, s := range w.Sessions {
+		sys := w.Systems[s.System]
+		for _, h := range s.Holders {
+			parent := sys[len(sys)-1]
+			for start := 0; start < len(s.Hashes); start += w.Shape.TurnBlocks {
+				end := min(start+w.Shape.TurnBlocks, len(s.Hashes))
+				pieces[h] = append(pieces[h], Piece{parent, s.Hashes[start:end]})
+				parent = s.Hashes[end-1]
+			}
+		}
+	}
+	return pieces
+}
+
 // Populate inserts the workload into x, sessions turn by turn, and returns the
 // number of block events applied.
 func (w *Workload) Populate(x *radix.Index) (int, error) {
