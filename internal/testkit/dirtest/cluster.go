@@ -1,7 +1,7 @@
 // Package dirtest runs an in-process directory cluster for tests: real
 // nodes (internal/node) with real Raft over an in-memory transport, so that
-// a test can cut links and partition the cluster, in-memory log and
-// snapshot stores that survive a node's restart as a disk would, and real
+// a test can cut links and partition the cluster, an in-memory log store
+// and an on-disk snapshot store that survive a node's restart, and real
 // gRPC on loopback. Publisher drives one worker's batches through it as an
 // agent does, and Check is the standard closing check: every running node
 // holds the same state, and every acknowledged batch is on every node.
@@ -10,6 +10,7 @@ package dirtest
 import (
 	"context"
 	"fmt"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -32,7 +33,7 @@ type Cluster struct {
 	apis   []string // API addresses, kept after a node stops
 	trans  []*raft.InmemTransport
 	stores []*raft.InmemStore
-	snaps  []*raft.InmemSnapshotStore
+	snaps  []raft.SnapshotStore
 	cfgs   []func(i int, c *node.Config)
 }
 
@@ -100,7 +101,7 @@ func (c *Cluster) addSlot(i int) {
 	_, tr := raft.NewInmemTransport(raft.ServerAddress(fmt.Sprintf("raft-%d", i)))
 	c.trans = append(c.trans, tr)
 	c.stores = append(c.stores, raft.NewInmemStore())
-	c.snaps = append(c.snaps, raft.NewInmemSnapshotStore())
+	c.snaps = append(c.snaps, c.snapshotStore())
 }
 
 func (c *Cluster) config(i int, initial map[string]string) node.Config {
@@ -191,7 +192,7 @@ func (c *Cluster) RaftAddr(i int) raft.ServerAddress { return c.trans[i].LocalAd
 func (c *Cluster) Store(i int) *raft.InmemStore { return c.stores[i] }
 
 // Snapshots is node i's snapshot store (it outlives the node).
-func (c *Cluster) Snapshots(i int) *raft.InmemSnapshotStore { return c.snaps[i] }
+func (c *Cluster) Snapshots(i int) raft.SnapshotStore { return c.snaps[i] }
 
 // Heal connects every node's transport to every other's.
 func (c *Cluster) Heal() {
@@ -271,7 +272,21 @@ func (c *Cluster) Stop(i int) {
 
 // Wipe gives stopped node i empty stores, as a replaced disk would.
 func (c *Cluster) Wipe(i int) {
-	c.stores[i], c.snaps[i] = raft.NewInmemStore(), raft.NewInmemSnapshotStore()
+	c.stores[i], c.snaps[i] = raft.NewInmemStore(), c.snapshotStore()
+}
+
+// snapshotStore is a new, empty snapshot store on disk, in a directory of
+// the test's. Raft's in-memory store publishes a snapshot as the latest
+// before it is written, so a leader sending it to a follower while the
+// next one is taken reads a buffer being written (a data race, and a
+// truncated snapshot); the file store, as a node on disk uses, publishes
+// a snapshot only once it is complete.
+func (c *Cluster) snapshotStore() raft.SnapshotStore {
+	s, err := raft.NewFileSnapshotStore(c.t.TempDir(), 2, io.Discard)
+	if err != nil {
+		c.t.Fatalf("snapshot store: %v", err)
+	}
+	return s
 }
 
 // Restart starts stopped node i again on its stores, with a fresh
