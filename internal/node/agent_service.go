@@ -20,12 +20,8 @@ type agentService struct {
 
 func (s *agentService) Register(ctx context.Context, req *kvdirv1.RegisterRequest) (*kvdirv1.RegisterResponse, error) {
 	n := s.n
-	if req.Worker == nil || req.Worker.Id == "" {
-		return nil, status.Error(codes.InvalidArgument, "register: worker.id is required")
-	}
-	if err := checkSpecText(req.Worker); err != nil {
-		n.metrics.refusedIDs.Inc()
-		return nil, status.Errorf(codes.InvalidArgument, "register: %v", err)
+	if err := n.checkSpec(req.Worker); err != nil {
+		return nil, err
 	}
 	if err := n.checkServedModel(req.Worker); err != nil {
 		return nil, err

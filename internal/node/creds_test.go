@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -385,6 +386,40 @@ func TestRegisterRefusesControlCharacters(t *testing.T) {
 	}
 	if _, err := agent.Register(context.Background(), &kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{Id: "pod-7/dp0", Model: "Llama 3 8B", Address: "http://10.0.0.7:8000"}}); err != nil {
 		t.Fatalf("a plain registration: %v", err)
+	}
+}
+
+// TestRegisterRefusesOversizedSpecs checks that a spec past the state
+// machine's bounds is refused with InvalidArgument before it is proposed,
+// with a message that does not grow with it.
+func TestRegisterRefusesOversizedSpecs(t *testing.T) {
+	c := dirtest.New(t, 1, nil)
+	agent := kvdirv1.NewAgentServiceClient(c.Conn(0))
+	last := c.Node(0).FSM().AppliedIndex()
+	many := map[string]string{}
+	for i := range 65 {
+		many[fmt.Sprint("k", i)] = "v"
+	}
+	rank := uint32(256)
+	for _, sp := range []*kvdirv1.WorkerSpec{
+		{Id: strings.Repeat("w", 257)},
+		{Id: strings.Repeat("w", 1<<20) + "\x1b"},
+		{Id: "w", Address: strings.Repeat("a", 2049)},
+		{Id: "w", Model: strings.Repeat("m", 1025)},
+		{Id: "w", Labels: map[string]string{strings.Repeat("k", 257): "v"}},
+		{Id: "w", Labels: map[string]string{strings.Repeat("k", 1<<20): "\t"}},
+		{Id: "w", Labels: many},
+		{Id: "w", BlockSize: 1<<16 + 1},
+		{Id: "w", DataParallelRank: &rank},
+	} {
+		_, err := agent.Register(context.Background(), &kvdirv1.RegisterRequest{Worker: sp})
+		wantCode(t, fmt.Sprintf("register %.80s", sp), err, codes.InvalidArgument)
+		if msg := status.Convert(err).Message(); len(msg) > 1024 {
+			t.Errorf("a %d-byte refusal: %.200s", len(msg), msg)
+		}
+	}
+	if now := c.Node(0).FSM().AppliedIndex(); now != last {
+		t.Fatalf("refused registrations reached the log")
 	}
 }
 

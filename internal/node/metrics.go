@@ -92,7 +92,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	})
 	m.refusedIDs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvdir_register_invalid_total",
-		Help: "Registrations refused before proposing: a worker id, model, address or label with control characters, non-printable runes or invalid UTF-8.",
+		Help: "Registrations refused before proposing: a worker id, model, address or label with control characters, non-printable runes or invalid UTF-8, or a spec past the directory's size and range limits.",
 	})
 	m.memReturns = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvdir_memory_returns_total",

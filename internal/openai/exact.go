@@ -25,7 +25,14 @@ import (
 // with a case variant or a duplicate of a request field's name is
 // decoded through a generic tree, with those variants dropped, and
 // re-encoded (a few times slower, still linear in its size).
+//
+// Errors are encoding/json's, with the JSON value a type error quotes cut
+// short (see boundError).
 func Unmarshal(data []byte, v any) error {
+	return boundError(unmarshal(data, v))
+}
+
+func unmarshal(data []byte, v any) error {
 	if !needsExact(data) {
 		return json.Unmarshal(data, v)
 	}
@@ -45,6 +52,49 @@ func Unmarshal(data []byte, v any) error {
 	}
 	return json.Unmarshal(out, v)
 }
+
+// Bounds of an Unmarshal error's message: callers send it back to the
+// client and log it, and encoding/json quotes a number it cannot store
+// whole, so a body of a million digits would come back whole.
+const (
+	maxErrorValue = 64   // bytes of the value a type error quotes
+	maxErrorLen   = 1024 // bytes of the whole message
+)
+
+// boundError cuts the value an *json.UnmarshalTypeError in err quotes to
+// maxErrorValue bytes and, should the message still be longer than
+// maxErrorLen, wraps err in one that is not (errors.As still finds the
+// type error, with its Field and Type).
+func boundError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && len(te.Value) > maxErrorValue {
+		te.Value = cut(te.Value, maxErrorValue)
+	}
+	if len(err.Error()) > maxErrorLen {
+		return &boundedError{err: err}
+	}
+	return err
+}
+
+// cut shortens s to at most n bytes, on a rune boundary, and marks the cut.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
+}
+
+// boundedError is an error whose message is too long, cut short.
+type boundedError struct{ err error }
+
+func (e *boundedError) Error() string { return cut(e.err.Error(), maxErrorLen-len("...")) }
+func (e *boundedError) Unwrap() error { return e.err }
 
 // requestKeys are the JSON names of every field the request types decode
 // (derived from their tags), by index: at most 64, for needsExact's masks.

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 )
@@ -108,5 +109,30 @@ func TestUnmarshalDeepNesting(t *testing.T) {
 	var r ChatCompletionRequest
 	if err := Unmarshal([]byte(body), &r); err == nil {
 		t.Fatal("a body nested a million deep decoded")
+	}
+}
+
+// TestUnmarshalBoundsErrors decodes a number too large for max_tokens
+// spelled in a hundred thousand digits: encoding/json quotes it whole,
+// and the router echoes the error to the client; on either path the
+// message stays short and the type error still names the field.
+func TestUnmarshalBoundsErrors(t *testing.T) {
+	digits := strings.Repeat("9", 100_000)
+	for _, body := range []string{
+		`{"model":"m","max_tokens":` + digits + `}`,
+		`{"model":"m","Model":"x","max_tokens":` + digits + `}`,
+	} {
+		var r ChatCompletionRequest
+		err := Unmarshal([]byte(body), &r)
+		if err == nil {
+			t.Fatal("a 100000-digit max_tokens decoded")
+		}
+		if n := len(err.Error()); n > maxErrorLen {
+			t.Errorf("a %d-byte error message", n)
+		}
+		var te *json.UnmarshalTypeError
+		if !errors.As(err, &te) || te.Field != "max_tokens" || len(te.Value) > maxErrorValue+len("...") {
+			t.Errorf("type error %v (value of %d bytes)", err, len(te.Value))
+		}
 	}
 }

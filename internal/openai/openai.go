@@ -124,6 +124,21 @@ func (p *Prompt) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
+// MarshalJSON writes the prompt in the form UnmarshalJSON reads back to
+// the same Prompt: null when not Set, the token ids when IsTokens, else
+// the text.
+func (p Prompt) MarshalJSON() ([]byte, error) {
+	switch {
+	case !p.Set:
+		return []byte("null"), nil
+	case p.IsTokens && p.Tokens == nil:
+		return []byte("[]"), nil
+	case p.IsTokens:
+		return json.Marshal(p.Tokens)
+	}
+	return json.Marshal(p.Text)
+}
+
 // PromptTokensDetails breaks prompt_tokens down.
 type PromptTokensDetails struct {
 	CachedTokens int `json:"cached_tokens"`

@@ -3,6 +3,7 @@ package openai
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -37,5 +38,23 @@ func TestPromptUnmarshal(t *testing.T) {
 	var req CompletionRequest
 	if err := json.Unmarshal([]byte(`{"prompt":null,"extra":{"x":1}}`), &req); err != nil || req.Prompt.Set {
 		t.Fatalf("null prompt: %+v %v", req, err)
+	}
+}
+
+// TestPromptMarshal checks that a decoded prompt encodes back to a body
+// that decodes to the same Prompt, in each of its forms.
+func TestPromptMarshal(t *testing.T) {
+	for _, in := range []string{`null`, `"hello"`, `""`, `["hello"]`, `[1, 2, 3]`, `[[4, 5]]`, `[]`} {
+		var p, again Prompt
+		if err := json.Unmarshal([]byte(in), &p); err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		out, err := json.Marshal(p)
+		if err != nil {
+			t.Fatalf("%s: marshal: %v", in, err)
+		}
+		if err := json.Unmarshal(out, &again); err != nil || !reflect.DeepEqual(p, again) {
+			t.Fatalf("%s: encoded as %s, decoded back to %+v (%v), want %+v", in, out, again, err, p)
+		}
 	}
 }

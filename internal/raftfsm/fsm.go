@@ -93,6 +93,8 @@ const (
 	DefaultMaxSessions    = 1_000_000
 	DefaultMaxGoneWorkers = 1024
 	maxIDLen              = 256
+	maxAddressLen         = 2048
+	maxModelLen           = 1024
 	maxLabels             = 64
 	// maxDataParallelRank bounds WorkerSpec.data_parallel_rank (the agent
 	// runs at most 256 ranks behind one server).
@@ -332,27 +334,41 @@ func alive(w *kvdirv1.Worker) bool {
 	return w.State == kvdirv1.WorkerState_WORKER_STATE_ACTIVE || w.State == kvdirv1.WorkerState_WORKER_STATE_DRAINING
 }
 
-func (f *FSM) register(c *kvdirv1.RegisterCommand, index uint64) (any, []string) {
-	spec := c.Worker
+// CheckWorkerSpec returns the error, wrapping ErrInvalid, with which a
+// registration of spec is refused whatever the state: an empty or
+// over-long id, an over-long address, model or label, too many labels, a
+// block size or data-parallel rank out of range. The node checks it before
+// proposing, so that such a registration never reaches the log.
+func CheckWorkerSpec(spec *kvdirv1.WorkerSpec) error {
 	switch {
 	case spec == nil || spec.Id == "" || len(spec.Id) > maxIDLen:
-		return fmt.Errorf("register: %w: worker id must be 1 to %d bytes", ErrInvalid, maxIDLen), nil
+		return fmt.Errorf("register: %w: worker id must be 1 to %d bytes", ErrInvalid, maxIDLen)
 	case spec.BlockSize > 1<<16:
 		// 0 is "not told": the block sizes come with the worker's events.
-		return fmt.Errorf("register %q: %w: block size %d not in [0, 65536]", spec.Id, ErrInvalid, spec.BlockSize), nil
-	case len(spec.Address) > 2048 || len(spec.Model) > 1024:
-		return fmt.Errorf("register %q: %w: address or model too long", spec.Id, ErrInvalid), nil
+		return fmt.Errorf("register %q: %w: block size %d not in [0, 65536]", spec.Id, ErrInvalid, spec.BlockSize)
+	case len(spec.Address) > maxAddressLen:
+		return fmt.Errorf("register %q: %w: address of %d bytes, limit %d", spec.Id, ErrInvalid, len(spec.Address), maxAddressLen)
+	case len(spec.Model) > maxModelLen:
+		return fmt.Errorf("register %q: %w: model name of %d bytes, limit %d", spec.Id, ErrInvalid, len(spec.Model), maxModelLen)
 	case len(spec.Labels) > maxLabels:
-		return fmt.Errorf("register %q: %w: %d labels, limit %d", spec.Id, ErrInvalid, len(spec.Labels), maxLabels), nil
+		return fmt.Errorf("register %q: %w: %d labels, limit %d", spec.Id, ErrInvalid, len(spec.Labels), maxLabels)
 	case spec.DataParallelRank != nil && *spec.DataParallelRank > maxDataParallelRank:
-		return fmt.Errorf("register %q: %w: data-parallel rank %d not in [0, %d]", spec.Id, ErrInvalid, *spec.DataParallelRank, maxDataParallelRank), nil
+		return fmt.Errorf("register %q: %w: data-parallel rank %d not in [0, %d]", spec.Id, ErrInvalid, *spec.DataParallelRank, maxDataParallelRank)
 	}
 	for k, v := range spec.Labels {
 		if len(k) > maxIDLen || len(v) > maxIDLen {
 			// Which label is named may differ between nodes (map order);
 			// the refusal itself is the same everywhere.
-			return fmt.Errorf("register %q: %w: label keys and values are limited to %d bytes", spec.Id, ErrInvalid, maxIDLen), nil
+			return fmt.Errorf("register %q: %w: label keys and values are limited to %d bytes", spec.Id, ErrInvalid, maxIDLen)
 		}
+	}
+	return nil
+}
+
+func (f *FSM) register(c *kvdirv1.RegisterCommand, index uint64) (any, []string) {
+	spec := c.Worker
+	if err := CheckWorkerSpec(spec); err != nil {
+		return err, nil
 	}
 	st := f.st
 	w := st.workers[spec.Id]
