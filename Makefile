@@ -236,11 +236,11 @@ bench-go: ## Go micro-benchmarks of the index and hashing (for benchstat)
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./internal/radix ./internal/blockhash ./internal/router | tee bench/results/go-bench.txt
 
 .PHONY: fuzz
-fuzz: ## Run every fuzz target for FUZZTIME each (default 15s)
+fuzz: ## Run every fuzz target for FUZZTIME each (default 15s); a failing input is minimised for at most 2 s
 	@set -e; for pkg in $$($(GO) list ./...); do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
 	    echo "== $$pkg $$f"; \
-	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s $$pkg; \
 	  done; \
 	done
 
