@@ -65,7 +65,7 @@ func TestDirectoryGroups(t *testing.T) {
 	t.Cleanup(func() { _ = stray.Terminate(5 * time.Second) })
 	testkit.Eventually(t, 20*time.Second, "the stray agent to log why group b refuses it", func() (bool, string) {
 		l := stray.Log()
-		return strings.Contains(l, "this group serves model-b") && strings.Contains(l, `model \"model-a\" belongs to another group`), stray.Tail(5)
+		return strings.Contains(l, "this group serves model-b") && strings.Contains(l, "that model belongs to another group"), stray.Tail(5)
 	})
 
 	chat := func(model, session string, turn int) chatRequest {

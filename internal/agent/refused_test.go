@@ -51,7 +51,7 @@ func TestRefusedRegistrationBacksOff(t *testing.T) {
 	if got := strings.Join(pauses[:4], " "); got != "20ms 40ms 80ms 160ms" {
 		t.Fatalf("pauses after refusals %q, want doubling from RegisterRetry", got)
 	}
-	if l := logs.String(); !strings.Contains(l, `this group serves other-model; model \"llama\" belongs to another group`) {
+	if l := logs.String(); !strings.Contains(l, "this group serves other-model; that model belongs to another group") {
 		t.Fatalf("the log does not give the directory's reason:\n%s", l)
 	}
 	if a.Epoch() != 0 {

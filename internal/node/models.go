@@ -36,6 +36,6 @@ func (n *Node) checkServedModel(w *kvdirv1.WorkerSpec) error {
 		return nil
 	}
 	return status.Errorf(codes.FailedPrecondition,
-		"register: worker %q serves model %q, which this directory group does not serve: this group serves %s; model %q belongs to another group (point the agent's --directory at that group's nodes)",
-		w.GetId(), w.GetModel(), strings.Join(models, ", "), w.GetModel())
+		"register: worker %s serves model %s, which this directory group does not serve: this group serves %s; that model belongs to another group (point the agent's --directory at that group's nodes)",
+		quotePrefix(w.GetId()), quotePrefix(w.GetModel()), strings.Join(models, ", "))
 }
