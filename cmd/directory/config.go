@@ -114,7 +114,7 @@ func newSettings(env []string, stdout, stderr io.Writer) *settings {
 	fs.IntVar(&s.maxWorkersPerCred, "max-workers-per-credential", s.maxWorkersPerCred,
 		"most live workers one agent credential may own; Register past it is refused (0: no bound)")
 	fs.IntVar(&s.maxStreamsPerCred, "max-streams-per-credential", s.maxStreamsPerCred,
-		"most WatchWorkers, Follow and Share streams one credential or role may hold on this node (0: no bound)")
+		"most WatchWorkers, Follow and Share streams one credential or role may hold on this node (0: no bound, of those and of Publish streams); an agent credential's Publish streams are bounded apart, at 4 per worker of --max-workers-per-credential")
 	cli.SetPlaceholder(fs, "worker-block-quota", "N")
 	cli.SetPlaceholder(fs, "max-workers-per-credential", "N")
 	cli.SetPlaceholder(fs, "max-streams-per-credential", "N")

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -80,24 +81,62 @@ var limitedStreams = map[string]string{
 	"/kvdir.v1.DirectoryService/Share":        "Share",
 }
 
+// publishMethod is the agents' Publish stream, bounded per agent credential
+// apart from limitedStreams (see PublishStreamsPerWorker).
+const publishMethod = "/kvdir.v1.AgentService/Publish"
+
+// PublishStreamsPerWorker is how many Publish streams one agent credential
+// may hold on one node per worker it may own: its Publish bound is
+// PublishStreamsPerWorker × Config.MaxWorkersPerCredential.
+//
+// An agent holds one Publish stream per worker at a time: the agent's
+// dirclient.Publisher opens the next only after the last one's call ended
+// (and kvbench's directory tool, with or without --conn-per-worker, opens
+// one per worker). But a node counts a stream until its handler returns,
+// which is later than the agent letting go of it: an abandoned stream
+// (a broken connection, a switch to the leader, a re-registration, an
+// agent restarted after kill -9 whose old connection the node has not yet
+// found dead) still waits for the answers of its in-flight batches, and a
+// stream a follower forwarded lingers on the leader until the follower's
+// side ends. So for a moment a worker may count twice or three times on a
+// node. Four per worker leaves room for that on every worker at once, so
+// the bound never refuses a credential that runs no more workers than it
+// may own, while it stops one that opens streams without end. The bound
+// cannot share the WatchWorkers/Follow/Share count: its default (256) is
+// the default worker bound, with no room for a reconnect, and an operator
+// raising --max-workers-per-credential would have to know to raise it too.
+const PublishStreamsPerWorker = 4
+
+// PublishStreamLimit is the Publish streams one agent credential may hold
+// on one node, given Config.MaxStreamsPerCredential and
+// Config.MaxWorkersPerCredential: 0 (no bound) when either is unbounded.
+func PublishStreamLimit(maxStreams, maxWorkers int) int {
+	if maxStreams <= 0 || maxWorkers <= 0 {
+		return 0
+	}
+	return min(maxWorkers, math.MaxInt/PublishStreamsPerWorker) * PublishStreamsPerWorker
+}
+
 type authorizer struct {
 	on            bool
 	router, admin string
 	creds         []Credential
 
 	maxStreams int // per credential or role; <= 0: unlimited
+	maxPublish int // Publish streams per agent credential; <= 0: unlimited
 	refusals   func(method, holder string)
 	mu         sync.Mutex
 	streams    map[string]int // holder -> open limited streams
+	publishing map[string]int // agent credential holder -> open Publish streams
 }
 
-func newAuthorizer(t Tokens, creds []Credential, maxStreams int, refusals func(method, holder string)) (*authorizer, error) {
+func newAuthorizer(t Tokens, creds []Credential, maxStreams, maxPublish int, refusals func(method, holder string)) (*authorizer, error) {
 	all, err := agentCredentials(t, creds)
 	if err != nil {
 		return nil, err
 	}
-	a := &authorizer{router: t.Router, admin: t.Admin, creds: all, maxStreams: maxStreams,
-		refusals: refusals, streams: map[string]int{}}
+	a := &authorizer{router: t.Router, admin: t.Admin, creds: all, maxStreams: maxStreams, maxPublish: maxPublish,
+		refusals: refusals, streams: map[string]int{}, publishing: map[string]int{}}
 	a.on = t.Router != "" || t.Admin != "" || len(all) > 0
 	if a.on && (len(all) == 0 || t.Router == "" || t.Admin == "") {
 		return nil, errors.New("node: set the router and admin tokens and an agent token or credential, or none")
@@ -290,31 +329,53 @@ func (n *Node) catchUp(ctx context.Context) bool {
 }
 
 // acquireStream counts a limited stream against its holder; release undoes
-// it. It refuses with ResourceExhausted over Config.MaxStreamsPerCredential.
+// it. It refuses with ResourceExhausted a WatchWorkers, Follow or Share
+// stream over Config.MaxStreamsPerCredential, and an agent credential's
+// Publish stream over PublishStreamLimit. The administrator's Publish
+// streams, and every Publish stream when authorisation is off, are not
+// counted: no worker bound applies to them either, so no Publish bound
+// could be sized to spare an honest deployment.
 func (a *authorizer) acquireStream(ctx context.Context, method string) (release func(), err error) {
-	name, limited := limitedStreams[method]
-	if !limited || a.maxStreams <= 0 {
-		return func() {}, nil
+	var (
+		name  string
+		count map[string]int
+		limit int
+		what  string // the refusal's explanation
+		c     caller
+	)
+	if method == publishMethod {
+		c = a.identify(ctx)
+		if !a.on || a.maxPublish <= 0 || c.cred == nil || c.roles&roleAdmin != 0 {
+			return func() {}, nil
+		}
+		name, count, limit = "Publish", a.publishing, a.maxPublish
+		what = fmt.Sprintf("Publish streams on this node (the limit: %d per worker it may own, --max-workers-per-credential %d); close some or raise --max-workers-per-credential",
+			PublishStreamsPerWorker, limit/PublishStreamsPerWorker)
+	} else {
+		var limited bool
+		if name, limited = limitedStreams[method]; !limited || a.maxStreams <= 0 {
+			return func() {}, nil
+		}
+		c, count, limit = a.identify(ctx), a.streams, a.maxStreams
+		what = "WatchWorkers, Follow and Share streams on this node (the limit); close some or raise --max-streams-per-credential"
 	}
-	holder := a.identify(ctx).holder()
+	holder := c.holder()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.streams[holder] >= a.maxStreams {
+	if count[holder] >= limit {
 		if a.refusals != nil {
 			a.refusals(name, holder)
 		}
-		return nil, status.Errorf(codes.ResourceExhausted,
-			"%s: %s already holds %d WatchWorkers, Follow and Share streams on this node (the limit); close some or raise --max-streams-per-credential",
-			name, holder, a.maxStreams)
+		return nil, status.Errorf(codes.ResourceExhausted, "%s: %s already holds %d %s", name, holder, limit, what)
 	}
-	a.streams[holder]++
+	count[holder]++
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			a.mu.Lock()
 			defer a.mu.Unlock()
-			if a.streams[holder]--; a.streams[holder] <= 0 {
-				delete(a.streams, holder)
+			if count[holder]--; count[holder] <= 0 {
+				delete(count, holder)
 			}
 		})
 	}, nil

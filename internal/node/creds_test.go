@@ -273,6 +273,67 @@ func TestCredentialLimits(t *testing.T) {
 		}
 		return err == nil, status.Convert(err).Message()
 	})
+
+	// Publish streams: an agent credential's count apart, up to
+	// PublishStreamsPerWorker per worker it may own (8 here, past the 2 of
+	// the other streams). A stream is open once it answered a batch (one
+	// for an unregistered worker is answered at once, without a token).
+	limit := node.PublishStreamLimit(2, 2)
+	if limit != 2*node.PublishStreamsPerWorker {
+		t.Fatalf("PublishStreamLimit(2, 2) = %d", limit)
+	}
+	pub := kvdirv1.NewAgentServiceClient(c.Conn(i))
+	// openPublish opens a Publish stream as bearer for worker id; cancel
+	// closes it.
+	openPublish := func(bearer, id string) (cancel context.CancelFunc, err error) {
+		ctx, cancel := context.WithCancel(as(bearer, ""))
+		t.Cleanup(cancel)
+		s, err := pub.Publish(ctx)
+		if err == nil {
+			err = s.Send(&kvdirv1.PublishRequest{Batch: storedBatch(id, 1, 1, 1)})
+		}
+		var r *kvdirv1.PublishResponse
+		if err == nil {
+			r, err = s.Recv()
+		}
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		if r.Status != kvdirv1.PublishStatus_PUBLISH_STATUS_UNKNOWN_WORKER {
+			t.Fatalf("publish for an unregistered worker: %v", r)
+		}
+		return cancel, nil
+	}
+	var closers []context.CancelFunc
+	for n := range limit {
+		cl, err := openPublish(alice, "a-9")
+		if err != nil {
+			t.Fatalf("publish stream %d of %d: %v", n+1, limit, err)
+		}
+		closers = append(closers, cl)
+	}
+	refused := sumCounter(t, regs[i], "kvdir_stream_limit_refusals_total")
+	_, err = openPublish(alice, "a-9")
+	wantCode(t, "a Publish stream past the limit", err, codes.ResourceExhausted)
+	if msg := status.Convert(err).Message(); !strings.Contains(msg, fmt.Sprintf("holds %d Publish streams", limit)) ||
+		!strings.Contains(msg, "--max-workers-per-credential") {
+		t.Fatalf("refusal %q names not the limit and the flag", msg)
+	}
+	if n := sumCounter(t, regs[i], "kvdir_stream_limit_refusals_total"); n != refused+1 {
+		t.Fatalf("refusals counted: %v, want %v", n, refused+1)
+	}
+	// Another credential's Publish streams count apart.
+	if _, err := openPublish(testCreds[1].Token, "b-9"); err != nil {
+		t.Fatalf("bob at alice's Publish limit: %v", err)
+	}
+	// Closing one frees a slot, once its handler returned (on this node and
+	// on the leader it forwards to).
+	closers[0]()
+	testkit.Eventually(t, 10*time.Second, "a freed Publish slot", func() (bool, string) {
+		_, err := openPublish(alice, "a-9")
+		return err == nil, status.Convert(err).Message()
+	})
 }
 
 // sumCounter sums the named metric family's counters.

@@ -84,7 +84,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}, []string{"reason"})
 	m.streamRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvdir_stream_limit_refusals_total",
-		Help: "WatchWorkers, Follow and Share streams refused because their credential or role held --max-streams-per-credential on this node, by method and holder.",
+		Help: "Streams refused because their credential or role held its limit on this node, by method and holder: WatchWorkers, Follow and Share over --max-streams-per-credential, an agent credential's Publish over 4 per worker of --max-workers-per-credential.",
 	}, []string{"method", "holder"})
 	m.loadsClamped = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvdir_heartbeat_loads_clamped_total",

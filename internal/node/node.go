@@ -136,7 +136,10 @@ type Config struct {
 	MaxWorkersPerCredential int
 	// MaxStreamsPerCredential bounds the WatchWorkers, Follow and Share
 	// streams one credential or role holds on this node (default
-	// DefaultMaxStreamsPerCredential; Unlimited: no bound).
+	// DefaultMaxStreamsPerCredential; Unlimited: no bound, of those and of
+	// Publish streams). An agent credential's Publish streams count apart,
+	// up to PublishStreamLimit (PublishStreamsPerWorker per worker of
+	// MaxWorkersPerCredential).
 	MaxStreamsPerCredential int
 	// WorkerBlockQuota bounds the blocks one worker holds in the index:
 	// blocks past it are not stored (default DefaultWorkerBlockQuota;
@@ -216,7 +219,8 @@ func New(cfg Config) (*Node, error) {
 	n.guard = newEntryGuard(n.log, cfg.SkipUndecodableEntries, cfg.Registerer)
 	fsmOpts.Fatal, fsmOpts.SkipUndecodable = n.guard.fatal, n.guard.skipUndecodable
 	n.fsm = raftfsm.New(fsmOpts)
-	auth, err := newAuthorizer(cfg.Tokens, cfg.AgentCredentials, cfg.MaxStreamsPerCredential, n.metrics.streamRefused)
+	auth, err := newAuthorizer(cfg.Tokens, cfg.AgentCredentials, cfg.MaxStreamsPerCredential,
+		PublishStreamLimit(cfg.MaxStreamsPerCredential, cfg.MaxWorkersPerCredential), n.metrics.streamRefused)
 	if err != nil {
 		return nil, err
 	}

@@ -96,7 +96,7 @@ func newRegisterNode(t testing.TB) *Node {
 	for i, fc := range fuzzCreds {
 		creds[i] = fc.cred
 	}
-	auth, err := newAuthorizer(fuzzTokens, creds, 0, nil)
+	auth, err := newAuthorizer(fuzzTokens, creds, 0, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -281,9 +281,9 @@ func (f *FSM) apply(d Decoded, index uint64) (any, []string) {
 		}
 		return nil, ids
 	case *kvdirv1.ExpireWorkerCommand:
-		return f.retire(c.WorkerId, c.Epoch, kvdirv1.WorkerState_WORKER_STATE_EXPIRED)
+		return f.retire(c.WorkerId, c.Epoch, kvdirv1.WorkerState_WORKER_STATE_EXPIRED, index)
 	case *kvdirv1.DeregisterCommand:
-		return f.retire(c.WorkerId, c.Epoch, kvdirv1.WorkerState_WORKER_STATE_DEREGISTERED)
+		return f.retire(c.WorkerId, c.Epoch, kvdirv1.WorkerState_WORKER_STATE_DEREGISTERED, index)
 	case *kvdirv1.DrainCommand:
 		w := st.workers[c.WorkerId]
 		if w == nil || !alive(w) {
@@ -420,8 +420,11 @@ func (f *FSM) countOwned(owner string) int {
 	return n
 }
 
-// pruneGone forgets the oldest records of gone workers over the bound,
-// raising the epoch floor to their epochs.
+// pruneGone forgets the records of gone workers over the bound, those that
+// went gone earliest first, raising the epoch floor to their epochs. A
+// worker registered long ago that went gone a moment ago is kept over one
+// that went gone long ago. The order depends only on the log (indexes, then
+// ids), so every replica forgets the same records.
 func (f *FSM) pruneGone() {
 	if len(f.st.workers)-f.st.alive <= f.opts.MaxGoneWorkers {
 		return
@@ -436,10 +439,7 @@ func (f *FSM) pruneGone() {
 		return
 	}
 	slices.SortFunc(gone, func(a, b *kvdirv1.Worker) int {
-		if a.RegisteredIndex != b.RegisteredIndex {
-			return cmp.Compare(a.RegisteredIndex, b.RegisteredIndex)
-		}
-		return strings.Compare(a.Spec.Id, b.Spec.Id)
+		return cmp.Or(cmp.Compare(goneAt(a), goneAt(b)), strings.Compare(a.Spec.Id, b.Spec.Id))
 	})
 	for _, w := range gone[:len(gone)-f.opts.MaxGoneWorkers] {
 		f.st.epochFloor = max(f.st.epochFloor, w.Epoch)
@@ -447,8 +447,21 @@ func (f *FSM) pruneGone() {
 	}
 }
 
-// retire expires or deregisters a worker at epoch and removes its blocks.
-func (f *FSM) retire(id string, epoch uint64, to kvdirv1.WorkerState) (any, []string) {
+// goneAt is the log index at which a gone worker went gone, for pruning. A
+// record restored from a snapshot of a build that did not record it
+// (GoneIndex 0) counts as gone at its registration: it went gone between
+// that and the snapshot, before any worker retired since, and such records
+// keep the registration order among themselves that those builds pruned in.
+func goneAt(w *kvdirv1.Worker) uint64 {
+	if w.GoneIndex != 0 {
+		return w.GoneIndex
+	}
+	return w.RegisteredIndex
+}
+
+// retire expires or deregisters a worker at epoch and removes its blocks;
+// index is the log index of the command, recorded as when it went gone.
+func (f *FSM) retire(id string, epoch uint64, to kvdirv1.WorkerState, index uint64) (any, []string) {
 	w := f.st.workers[id]
 	switch {
 	case w == nil || !alive(w):
@@ -459,6 +472,7 @@ func (f *FSM) retire(id string, epoch uint64, to kvdirv1.WorkerState) (any, []st
 	f.st.index.ClearWorker(id)
 	f.overQuota.Delete(id)
 	w.State = to
+	w.GoneIndex = index
 	f.st.alive--
 	w.Load = nil
 	f.pruneGone()

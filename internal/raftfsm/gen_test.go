@@ -21,6 +21,7 @@ import (
 // mworker is the model of one worker record.
 type mworker struct {
 	epoch, seq, regIdx uint64
+	goneIdx            uint64 // index of the command that retired it; 0 while alive
 	state              kvdirv1.WorkerState
 }
 
@@ -109,20 +110,20 @@ func (g *streamGen) countAlive() int {
 }
 
 // prune mirrors the documented pruning: gone records beyond maxGone go,
-// oldest registration first.
+// earliest gone first.
 func (g *streamGen) prune() {
 	type gone struct {
-		id  string
-		reg uint64
+		id string
+		at uint64
 	}
 	var gs []gone
 	for id, w := range g.workers {
 		if !w.alive() {
-			gs = append(gs, gone{id, w.regIdx})
+			gs = append(gs, gone{id, w.goneIdx})
 		}
 	}
 	slices.SortFunc(gs, func(a, b gone) int {
-		return cmp.Or(cmp.Compare(a.reg, b.reg), cmp.Compare(a.id, b.id))
+		return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.id, b.id))
 	})
 	for len(gs) > g.maxGone {
 		g.floor = max(g.floor, g.workers[gs[0].id].epoch)
@@ -269,7 +270,7 @@ func (g *streamGen) next() genCmd {
 				g.workers[id] = w
 			}
 			w.epoch = max(w.epoch+1, g.floor+1) // epochs never restart
-			w.seq, w.regIdx, w.state = 0, g.idx, wsActive
+			w.seq, w.regIdx, w.goneIdx, w.state = 0, g.idx, 0, wsActive
 			c.want.epoch = w.epoch
 			g.prune()
 		}
@@ -323,7 +324,7 @@ func (g *streamGen) next() genCmd {
 		case w.epoch != e:
 			c.want.err = raftfsm.ErrStaleEpoch
 		default:
-			w.state = to
+			w.state, w.goneIdx = to, g.idx
 			g.prune()
 		}
 		if c.typ == tDeregister {
@@ -433,8 +434,9 @@ func (g *streamGen) checkModel(t testing.TB, f *raftfsm.FSM) {
 		if !ok {
 			continue
 		}
-		if w.Epoch != mw.epoch || w.AppliedSeq != mw.seq || w.State != mw.state || w.RegisteredIndex != mw.regIdx {
-			t.Fatalf("worker %s: epoch %d seq %d state %v reg %d; model %+v", id, w.Epoch, w.AppliedSeq, w.State, w.RegisteredIndex, *mw)
+		if w.Epoch != mw.epoch || w.AppliedSeq != mw.seq || w.State != mw.state || w.RegisteredIndex != mw.regIdx || w.GoneIndex != mw.goneIdx {
+			t.Fatalf("worker %s: epoch %d seq %d state %v reg %d gone %d; model %+v",
+				id, w.Epoch, w.AppliedSeq, w.State, w.RegisteredIndex, w.GoneIndex, *mw)
 		}
 		if !mw.alive() && (w.Blocks != 0 || w.Load != nil) {
 			t.Fatalf("gone worker %s holds %d blocks, load %v", id, w.Blocks, w.Load)

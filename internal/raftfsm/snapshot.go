@@ -30,8 +30,13 @@ import (
 // record. A state without one (no record pruned yet) is written as version
 // 1, which builds that predate version 2 read, so a cluster being upgraded
 // node by node keeps exchanging snapshots until the first prune. Fields
-// added to the records' protobufs (a worker's owner, token hash and block
-// quota) need no new version: older readers skip them.
+// added to the records' protobufs (a worker's owner, token hash, block
+// quota and gone index) need no new version: older readers skip them, and
+// a record written without one reads as its zero value. A gone worker's
+// record without a gone index (written before builds recorded it) is
+// pruned as if it went gone at its registration (see goneAt), which keeps
+// the order those builds pruned in among such records and puts them before
+// every worker retired since.
 //
 // Capture (on the apply goroutine) encodes everything into memory, which at
 // 10 M index entries takes tens of milliseconds; Persist streams the bytes to

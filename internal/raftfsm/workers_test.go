@@ -165,9 +165,8 @@ func TestDeregister(t *testing.T) {
 func TestPruneGoneWorkers(t *testing.T) {
 	h := newHarness(t, raftfsm.Options{MaxGoneWorkers: 2})
 	for _, id := range []string{"a", "b", "c", "d", "e"} {
-		h.register(id)
+		h.register(id) // a at index 1 ... e at index 5
 	}
-	h.register("a") // a's registration is now the newest
 	expire := func(id string, epoch uint64) {
 		t.Helper()
 		if res := h.apply(tExpireWorker, &kvdirv1.ExpireWorkerCommand{WorkerId: id, Epoch: epoch}); res != nil {
@@ -184,24 +183,45 @@ func TestPruneGoneWorkers(t *testing.T) {
 			t.Fatalf("known workers %v, want %v", got, want)
 		}
 	}
-	expire("a", 2)
-	h.apply(tDeregister, &kvdirv1.DeregisterCommand{WorkerId: "b", Epoch: 1})
+	// e, registered last, goes first; a, registered first, goes next.
+	h.apply(tDeregister, &kvdirv1.DeregisterCommand{WorkerId: "e", Epoch: 1}) // index 6
+	expire("a", 1)                                                            // index 7
 	known("a", "b", "c", "d", "e")
-	expire("c", 1) // gone: a(6) b(2) c(3) -> b, the oldest registration, goes
-	known("a", "c", "d", "e")
-	expire("d", 1) // gone: a(6) c(3) d(4) -> c goes
-	known("a", "d", "e")
-	if _, ok := h.f.Worker("b"); ok {
-		t.Fatalf("pruned worker b still known")
+	if w := mustWorker(t, h.f, "a"); w.GoneIndex != 7 || w.RegisteredIndex != 1 {
+		t.Fatalf("a: gone index %d registered index %d, want 7 and 1", w.GoneIndex, w.RegisteredIndex)
+	}
+	if w := mustWorker(t, h.f, "b"); w.GoneIndex != 0 {
+		t.Fatalf("live b has gone index %d", w.GoneIndex)
+	}
+	// Gone: e(6) a(7) b(8) -> e, gone earliest, goes, though a was
+	// registered before it (ordering by registration would drop a).
+	expire("b", 1)
+	known("a", "b", "c", "d")
+	// Gone: a(7) b(8) c(9) -> a goes.
+	expire("c", 1)
+	known("b", "c", "d")
+	for _, id := range []string{"a", "e"} {
+		if _, ok := h.f.Worker(id); ok {
+			t.Fatalf("pruned worker %s still known", id)
+		}
 	}
 	// A pruned worker does not start over: its epoch goes above every
-	// pruned one (b and c were at 1), so batches and tokens of its old
+	// pruned one (a and e were at 1), so batches and tokens of its old
 	// incarnations stay fenced.
-	if e := h.register("b"); e != 2 {
+	if e := h.register("a"); e != 2 { // index 10
 		t.Fatalf("pruned worker re-registered at epoch %d, want 2", e)
 	}
-	known("a", "b", "d", "e")
-	if len(h.f.Workers("", false)) != 2 {
+	if w := mustWorker(t, h.f, "a"); w.GoneIndex != 0 {
+		t.Fatalf("re-registered a keeps gone index %d", w.GoneIndex)
+	}
+	known("a", "b", "c", "d")
+	// Going gone again records the new index: gone b(8) c(9) a(11) -> b goes.
+	expire("a", 2)
+	if w := mustWorker(t, h.f, "a"); w.GoneIndex != h.idx {
+		t.Fatalf("a: gone index %d, want %d", w.GoneIndex, h.idx)
+	}
+	known("a", "c", "d")
+	if len(h.f.Workers("", false)) != 1 {
 		t.Fatalf("alive workers %v", h.f.Workers("", false))
 	}
 }

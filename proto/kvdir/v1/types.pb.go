@@ -441,6 +441,11 @@ type Worker struct {
 	// Blocks its events stored past block_quota in this epoch, which the
 	// directory did not keep.
 	DroppedBlocks uint64 `protobuf:"varint,18,opt,name=dropped_blocks,json=droppedBlocks,proto3" json:"dropped_blocks,omitempty"`
+	// Raft log index of the command that expired or deregistered it (0
+	// while it is live, and on records of workers that went gone before
+	// builds recorded it). Pruning of gone records forgets the earliest
+	// gone first.
+	GoneIndex     uint64 `protobuf:"varint,19,opt,name=gone_index,json=goneIndex,proto3" json:"gone_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -597,6 +602,13 @@ func (x *Worker) GetBlockQuota() uint64 {
 func (x *Worker) GetDroppedBlocks() uint64 {
 	if x != nil {
 		return x.DroppedBlocks
+	}
+	return 0
+}
+
+func (x *Worker) GetGoneIndex() uint64 {
+	if x != nil {
+		return x.GoneIndex
 	}
 	return 0
 }
@@ -1474,7 +1486,7 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"\vprefix_hits\x18\x06 \x01(\x04R\n" +
 	"prefixHits\x12&\n" +
 	"\fview_partial\x18\a \x01(\bH\x00R\vviewPartial\x88\x01\x01B\x0f\n" +
-	"\r_view_partial\"\xa3\x05\n" +
+	"\r_view_partial\"\xc2\x05\n" +
 	"\x06Worker\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.kvdir.v1.WorkerSpecR\x04spec\x12+\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x15.kvdir.v1.WorkerStateR\x05state\x12\x14\n" +
@@ -1500,7 +1512,9 @@ const file_kvdir_v1_types_proto_rawDesc = "" +
 	"token_hash\x18\x10 \x01(\fR\ttokenHash\x12\x1f\n" +
 	"\vblock_quota\x18\x11 \x01(\x04R\n" +
 	"blockQuota\x12%\n" +
-	"\x0edropped_blocks\x18\x12 \x01(\x04R\rdroppedBlocks\"\xbd\x03\n" +
+	"\x0edropped_blocks\x18\x12 \x01(\x04R\rdroppedBlocks\x12\x1d\n" +
+	"\n" +
+	"gone_index\x18\x13 \x01(\x04R\tgoneIndex\"\xbd\x03\n" +
 	"\x0fCacheAccounting\x12\x14\n" +
 	"\x05turns\x18\x01 \x01(\x04R\x05turns\x12\x1b\n" +
 	"\thit_turns\x18\x02 \x01(\x04R\bhitTurns\x12)\n" +
