@@ -38,15 +38,17 @@ func ctlWorker(t *testing.T, f *fleet.Fleet, id string) (ctlview.Worker, bool) {
 
 // warmEngine sends distinct prompts straight to e and waits until the
 // directory's block count of its worker stops changing; it returns that
-// count, the engine's cache as the directory knows it.
-func warmEngine(t *testing.T, ctx context.Context, f *fleet.Fleet, e *fleet.Engine) ctlview.Worker {
+// count, the engine's cache as the directory knows it, and the prompts.
+func warmEngine(t *testing.T, ctx context.Context, f *fleet.Fleet, e *fleet.Engine) (ctlview.Worker, []chatRequest) {
 	t.Helper()
+	var chats []chatRequest
 	for i := range rebuildPrompts {
 		c := chatRequest{Model: "llama3-8b", MaxTokens: 4, Messages: []message{
 			{Role: "system", Content: systemPrompt(300 + i)}, {Role: "user", Content: "Warm the cache."}}}
 		if a, err := sendWith(ctx, e.URL, fmt.Sprintf("rebuild-%d", i), c, nil); err != nil || a.status != 200 {
 			t.Fatalf("prompt %d on %s: %v %+v", i, e.WorkerID, err, a)
 		}
+		chats = append(chats, c)
 	}
 	var last ctlview.Worker
 	var stable int
@@ -60,7 +62,7 @@ func warmEngine(t *testing.T, ctx context.Context, f *fleet.Fleet, e *fleet.Engi
 		last = w
 		return stable >= 3, fmt.Sprintf("%d blocks, seq %d", w.Blocks, w.AppliedSeq)
 	})
-	return last
+	return last, chats
 }
 
 // waitRebuilt waits for id to be registered in an epoch after before's
@@ -88,7 +90,7 @@ func TestRebuildAfterExpiry(t *testing.T) {
 	defer cancel()
 	f := fleet.New(t, fleet.Config{Engines: 1, DirectoryArgs: []string{"--lease", "2s"}})
 	e := f.Engines[0]
-	before := warmEngine(t, ctx, f, e)
+	before, _ := warmEngine(t, ctx, f, e)
 
 	if out, errOut, code := ctl(t, "--directory", f.DirectoryAddrs(), "expire", e.WorkerID); code != 0 || !strings.Contains(out, "expired "+e.WorkerID) {
 		t.Fatalf("kvdirctl expire: exit %d: %s %s", code, out, errOut)
@@ -127,7 +129,7 @@ func TestRebuildPartialWithoutReplay(t *testing.T) {
 	defer cancel()
 	f := fleet.New(t, fleet.Config{Engines: 1, AgentArgs: []string{"--kv-events-replay-endpoint", "", "--heartbeat-interval", "200ms"}})
 	e := f.Engines[0]
-	before := warmEngine(t, ctx, f, e)
+	before, _ := warmEngine(t, ctx, f, e)
 	if before.ViewPartial {
 		t.Fatalf("%s partial before any expiry", e.WorkerID)
 	}
@@ -156,7 +158,7 @@ func TestRebuildPartialShortReplayBuffer(t *testing.T) {
 	f := fleet.New(t, fleet.Config{Engines: 1, EngineArgs: []string{"--replay-buffer-steps", "2"},
 		AgentArgs: []string{"--heartbeat-interval", "200ms"}})
 	e := f.Engines[0]
-	before := warmEngine(t, ctx, f, e)
+	before, _ := warmEngine(t, ctx, f, e)
 	if _, errOut, code := ctl(t, "--directory", f.DirectoryAddrs(), "expire", e.WorkerID); code != 0 {
 		t.Fatalf("kvdirctl expire: exit %d: %s", code, errOut)
 	}
