@@ -28,7 +28,7 @@ func TestEngineDownBehindLiveAgent(t *testing.T) {
 	defer cancel()
 	f := fleet.New(t, fleet.Config{Engines: 1, DirectoryArgs: []string{"--lease", lease.String()}})
 	e := f.Engines[0]
-	warm := warmEngine(t, ctx, f, e)
+	warm, _ := warmEngine(t, ctx, f, e)
 
 	dir, err := dirclient.New(dirclient.Config{Addrs: strings.Split(f.DirectoryAddrs(), ",")})
 	if err != nil {
@@ -73,7 +73,7 @@ func TestEngineDownBehindLiveAgent(t *testing.T) {
 	if back.Blocks != 0 {
 		t.Errorf("restarted (empty) engine's worker holds %d blocks, want 0", back.Blocks)
 	}
-	again := warmEngine(t, ctx, f, e)
+	again, _ := warmEngine(t, ctx, f, e)
 	if again.Blocks != warm.Blocks || again.GPUBlocks != warm.GPUBlocks {
 		t.Errorf("after the same warm-up: %d blocks (%d GPU), before the kill %d (%d GPU)",
 			again.Blocks, again.GPUBlocks, warm.Blocks, warm.GPUBlocks)

@@ -38,15 +38,17 @@ func ctlWorker(t *testing.T, f *fleet.Fleet, id string) (ctlview.Worker, bool) {
 
 // warmEngine sends distinct prompts straight to e and waits until the
 // directory's block count of its worker stops changing; it returns that
-// count, the engine's cache as the directory knows it.
-func warmEngine(t *testing.T, ctx context.Context, f *fleet.Fleet, e *fleet.Engine) ctlview.Worker {
+// count, the engine's cache as the directory knows it, and the prompts.
+func warmEngine(t *testing.T, ctx context.Context, f *fleet.Fleet, e *fleet.Engine) (ctlview.Worker, []chatRequest) {
 	t.Helper()
+	var chats []chatRequest
 	for i := range rebuildPrompts {
 		c := chatRequest{Model: "llama3-8b", MaxTokens: 4, Messages: []message{
 			{Role: "system", Content: systemPrompt(300 + i)}, {Role: "user", Content: "Warm the cache."}}}
 		if a, err := sendWith(ctx, e.URL, fmt.Sprintf("rebuild-%d", i), c, nil); err != nil || a.status != 200 {
 			t.Fatalf("prompt %d on %s: %v %+v", i, e.WorkerID, err, a)
 		}
+		chats = append(chats, c)
 	}
 	var last ctlview.Worker
 	var stable int
@@ -60,7 +62,65 @@ func warmEngine(t *testing.T, ctx context.Context, f *fleet.Fleet, e *fleet.Engi
 		last = w
 		return stable >= 3, fmt.Sprintf("%d blocks, seq %d", w.Blocks, w.AppliedSeq)
 	})
-	return last
+	return last, chats
+}
+
+// viewMismatches compares, for each of chats, the directory's view of e's
+// worker with the engine's own cache and returns every disagreement. The
+// directory's side is kvdirctl match read through the leader: it renders
+// the chat with the engine's template and tokenizer, hashes it in the
+// worker's registered namespace and reports the tokens the engine would
+// serve from cache (its matched blocks, short of the prompt's last token).
+// The engine's side is the same chat asked again with one output token,
+// whose usage.prompt_tokens_details.cached_tokens is what the engine
+// holds of the prompt; with one output token the ask stores no block the
+// prompt did not have. Every prompt must still be cached on the engine,
+// so that an agreement on nothing cannot pass.
+func viewMismatches(t *testing.T, ctx context.Context, f *fleet.Fleet, e *fleet.Engine, chats []chatRequest) []string {
+	t.Helper()
+	var bad []string
+	for i, c := range chats {
+		out, errOut, code := ctl(t, "--directory", f.DirectoryAddrs(), "match", "--consistent", "--messages", writeJSON(t, c), "-o", "json")
+		if code != 0 {
+			t.Fatalf("kvdirctl match of prompt %d: exit %d: %s", i, code, errOut)
+		}
+		var m ctlview.Match
+		if err := json.Unmarshal([]byte(out), &m); err != nil {
+			t.Fatalf("kvdirctl match of prompt %d: %v\n%s", i, err, out)
+		}
+		var row ctlview.MatchRow
+		for _, r := range m.Workers {
+			if r.Worker == e.WorkerID {
+				row = r
+			}
+		}
+		ask := c
+		ask.MaxTokens = 1
+		a, err := sendWith(ctx, e.URL, "", ask, nil)
+		if err != nil || a.status != 200 {
+			t.Fatalf("asking %s for prompt %d: %v %+v", e.WorkerID, i, err, a)
+		}
+		if a.prompt != m.PromptTokens {
+			t.Fatalf("prompt %d: the engine rendered %d tokens, kvdirctl match %d: they hash different tokens", i, a.prompt, m.PromptTokens)
+		}
+		if a.cached == 0 {
+			t.Fatalf("prompt %d: %s no longer caches any of it; the check needs the warm prompts cached", i, e.WorkerID)
+		}
+		if uint64(a.cached) != row.HitTokens {
+			bad = append(bad, fmt.Sprintf("prompt %d (%d tokens): engine served %d cached tokens, directory holds %d blocks (%d hit tokens)",
+				i, a.prompt, a.cached, row.MatchedBlocks, row.HitTokens))
+		}
+	}
+	return bad
+}
+
+// checkView fails t unless the directory's view of e's worker agrees with
+// the engine's cache on every one of chats (viewMismatches).
+func checkView(t *testing.T, ctx context.Context, f *fleet.Fleet, e *fleet.Engine, chats []chatRequest, when string) {
+	t.Helper()
+	for _, m := range viewMismatches(t, ctx, f, e, chats) {
+		t.Errorf("%s: %s", when, m)
+	}
 }
 
 // waitRebuilt waits for id to be registered in an epoch after before's
@@ -82,13 +142,15 @@ func waitRebuilt(t *testing.T, f *fleet.Fleet, before ctlview.Worker, since time
 // kvdirctl and checks that its agent registers it again with the engine's
 // whole cache, replayed from the engine, without new traffic; then does
 // the same for an agent paused past its lease. Both times it logs how long
-// the view took to come back (target: 5 s from the agent's resume).
+// the view took to come back (target: 5 s from the agent's resume) and
+// checks the rebuilt view against the engine's own cache, prompt by
+// prompt (checkView).
 func TestRebuildAfterExpiry(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	f := fleet.New(t, fleet.Config{Engines: 1, DirectoryArgs: []string{"--lease", "2s"}})
 	e := f.Engines[0]
-	before := warmEngine(t, ctx, f, e)
+	before, chats := warmEngine(t, ctx, f, e)
 
 	if out, errOut, code := ctl(t, "--directory", f.DirectoryAddrs(), "expire", e.WorkerID); code != 0 || !strings.Contains(out, "expired "+e.WorkerID) {
 		t.Fatalf("kvdirctl expire: exit %d: %s %s", code, out, errOut)
@@ -102,6 +164,7 @@ func TestRebuildAfterExpiry(t *testing.T) {
 	if w.ViewPartial {
 		t.Errorf("%s marked partial after a complete replay", e.WorkerID)
 	}
+	checkView(t, ctx, f, e, chats, "after kvdirctl expire")
 
 	// An agent paused past its lease: the leader expires the worker; once
 	// resumed, the agent's heartbeat finds it unknown and registers again.
@@ -117,6 +180,7 @@ func TestRebuildAfterExpiry(t *testing.T) {
 	if took > 5*time.Second {
 		t.Errorf("view rebuilt %v after the agent resumed, want <= 5s", took)
 	}
+	checkView(t, ctx, f, e, chats, "after a pause past the lease")
 }
 
 // TestRebuildPartialWithoutReplay runs an agent without the engine's
@@ -127,7 +191,7 @@ func TestRebuildPartialWithoutReplay(t *testing.T) {
 	defer cancel()
 	f := fleet.New(t, fleet.Config{Engines: 1, AgentArgs: []string{"--kv-events-replay-endpoint", "", "--heartbeat-interval", "200ms"}})
 	e := f.Engines[0]
-	before := warmEngine(t, ctx, f, e)
+	before, _ := warmEngine(t, ctx, f, e)
 	if before.ViewPartial {
 		t.Fatalf("%s partial before any expiry", e.WorkerID)
 	}
@@ -156,7 +220,7 @@ func TestRebuildPartialShortReplayBuffer(t *testing.T) {
 	f := fleet.New(t, fleet.Config{Engines: 1, EngineArgs: []string{"--replay-buffer-steps", "2"},
 		AgentArgs: []string{"--heartbeat-interval", "200ms"}})
 	e := f.Engines[0]
-	before := warmEngine(t, ctx, f, e)
+	before, _ := warmEngine(t, ctx, f, e)
 	if _, errOut, code := ctl(t, "--directory", f.DirectoryAddrs(), "expire", e.WorkerID); code != 0 {
 		t.Fatalf("kvdirctl expire: exit %d: %s", code, errOut)
 	}
