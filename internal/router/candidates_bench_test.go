@@ -53,6 +53,7 @@ func BenchmarkDecisionCandidates(b *testing.B) {
 			parts[j]["hash"] = append(parts[j]["hash"], us(d.hashDur))
 			parts[j]["match"] = append(parts[j]["match"], us(d.matchDur))
 			parts[j]["score"] = append(parts[j]["score"], us(d.scoreDur))
+			d.compact(f.s) // as placing it does
 		}
 	}
 	b.StopTimer()

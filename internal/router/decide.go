@@ -119,6 +119,77 @@ type decision struct {
 	pickChain []uint64
 
 	renderDur, hashDur, matchDur, scoreDur time.Duration
+
+	// bufs holds the per-candidate slices above until the decision is
+	// compacted or recycled; one keeps the pick's entries after.
+	bufs *candBufs
+	one  pickOnly
+}
+
+// candBufs are a decision's per-candidate slices, reused from one decision
+// to the next (Server.candBufs): over a thousand candidates they are over
+// 100 KB a decision, which, allocated anew, made the collector run often
+// enough to show in the decisions' tail.
+type candBufs struct {
+	ws    []*worker
+	of    []int32
+	cands []placement.Candidate
+	ints  []int
+}
+
+// pickOnly is a compacted decision's per-candidate entries: the pick's.
+type pickOnly struct {
+	w               [1]*worker
+	of              [1]int32
+	cand            [1]placement.Candidate
+	dir, spec, bs   [1]int
+	peerSpec, peerQ [1]int
+	peerInF         [1]int
+}
+
+// candBufsFor returns buffers for n candidates.
+func (s *Server) candBufsFor(n int) *candBufs {
+	b, _ := s.candBufs.Get().(*candBufs)
+	if b == nil {
+		b = &candBufs{}
+	}
+	if cap(b.ws) < n {
+		b.ws, b.of, b.cands, b.ints = make([]*worker, n), make([]int32, n), make([]placement.Candidate, n), make([]int, 3*n)
+	}
+	return b
+}
+
+// recycle returns d's per-candidate buffers for reuse; d's per-candidate
+// slices must not be read after. The buffers keep no worker.
+func (d *decision) recycle(s *Server) {
+	b := d.bufs
+	if b == nil {
+		return
+	}
+	d.bufs = nil
+	clear(b.ws[:cap(b.ws)])
+	clear(b.cands[:cap(b.cands)])
+	s.candBufs.Put(b)
+}
+
+// compact keeps, of d's per-candidate entries, only the pick's (then
+// candidate 0), and recycles the buffers: what a placed request needs
+// until it ends (its worker, namespace, match and load at placement).
+func (d *decision) compact(s *Server) {
+	if d.bufs == nil {
+		return
+	}
+	i, o := d.pick.Index, &d.one
+	o.w[0], o.of[0], o.cand[0] = d.workers[i], d.ns.of[i], d.cands[i]
+	o.dir[0], o.spec[0], o.bs[0] = d.dir[i], d.spec[i], d.bs[i]
+	d.workers, d.ns.of, d.cands = o.w[:], o.of[:], o.cand[:]
+	d.dir, d.spec, d.bs = o.dir[:], o.spec[:], o.bs[:]
+	if d.peerSpec != nil {
+		o.peerSpec[0], o.peerQ[0], o.peerInF[0] = d.peerSpec[i], d.peerQueued[i], d.peerInFlight[i]
+		d.peerSpec, d.peerQueued, d.peerInFlight = o.peerSpec[:], o.peerQ[:], o.peerInF[:]
+	}
+	d.pick.Index = 0
+	d.recycle(s)
 }
 
 // needsDirectory reports whether a policy uses matched blocks.
@@ -271,8 +342,9 @@ func (s *Server) decideWith(ctx context.Context, req *request, exclude []string,
 	}
 	sc.cands = cs[:0] // keep what it grew to
 	n := len(cs)
-	ws := make([]*worker, n)
-	d := &decision{group: g, policy: s.policy.Name(), workers: ws, ns: nsSet{of: make([]int32, n)}}
+	b := s.candBufsFor(n)
+	ws := b.ws[:n]
+	d := &decision{group: g, policy: s.policy.Name(), workers: ws, ns: nsSet{of: b.of[:n]}, bufs: b}
 	for i, c := range cs {
 		ws[i] = c.w
 		// The agent indexes its engine's blocks under the model it
@@ -310,8 +382,9 @@ func (s *Server) decideWith(ctx context.Context, req *request, exclude []string,
 	t2 := time.Now()
 	d.hashDur = t2.Sub(t1)
 
-	d.cands = make([]placement.Candidate, n)
-	ints := make([]int, 3*n) // one allocation for the three
+	d.cands = b.cands[:n] // each is set below
+	ints := b.ints[:3*n]
+	clear(ints)
 	d.dir, d.spec, d.bs = ints[:n:n], ints[n:2*n:2*n], ints[2*n:]
 	match := needsDirectory(d.policy)
 	if match {

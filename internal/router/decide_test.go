@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvdir/kvdir/internal/blockhash"
 	"github.com/kvdir/kvdir/internal/openai"
+	"github.com/kvdir/kvdir/internal/placement"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/tokenize"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
@@ -85,13 +86,23 @@ func TestDecisionUsesDirectory(t *testing.T) {
 }
 
 // TestDecisionBuffersDoNotLeak checks that the buffers decisions reuse
-// (decideScratch) carry nothing from one decision into the next:
+// (decideScratch, candBufs) carry nothing from one decision into the next:
 // decisions over both workers, then one of them, then both, then the
 // other, in a row on one router, each equal a fresh router's; decide
-// keeps no breakdown, decideExplained one score per candidate.
+// keeps no breakdown, decideExplained one score per candidate. Each
+// decision is compacted as placing it does, so the next reuses its
+// buffers, and keeps its pick's entries through the later decisions.
 func TestDecisionBuffersDoNotLeak(t *testing.T) {
 	m := &fakeMatcher{blocks: map[string]uint32{"b": 1000}}
 	s := decisionServer(t, m)
+	type kept struct {
+		d      *decision
+		worker string
+		ns     blockhash.Namespace
+		cand   placement.Candidate
+		entry  [3]int // dir, spec, bs
+	}
+	var placed []kept
 	for i, exclude := range [][]string{nil, {"b"}, nil, {"a"}, nil} {
 		got, aerr := s.decide(t.Context(), longChat(t), exclude)
 		if aerr != nil {
@@ -120,12 +131,23 @@ func TestDecisionBuffersDoNotLeak(t *testing.T) {
 			t.Fatalf("decision %d (excluding %v): %v over %v, cands %+v, dir %v, scores %d; fresh: %v over %v, cands %+v, dir %v",
 				i, exclude, got, ids(got), got.cands, got.dir, len(got.pick.Scores), want, ids(want), want.cands, want.dir)
 		}
+		p := got.pick.Index
+		placed = append(placed, kept{got, got.workers[p].id, got.ns.at(p), got.cands[p], [3]int{got.dir[p], got.spec[p], got.bs[p]}})
+		got.compact(s)
 		e, aerr := s.decideExplained(t.Context(), longChat(t))
 		if aerr != nil {
 			t.Fatal(aerr)
 		}
 		if len(e.pick.Scores) != len(e.cands) || e.pick.Scores[e.pick.Index].Worker != e.pick.Worker {
 			t.Fatalf("explained decision %d: %d scores over %d candidates", i, len(e.pick.Scores), len(e.cands))
+		}
+	}
+	for i, k := range placed {
+		d, p := k.d, k.d.pick.Index
+		if p != 0 || len(d.workers) != 1 || d.workers[p].id != k.worker || d.pick.Worker != k.worker || d.ns.at(p) != k.ns ||
+			d.cands[p] != k.cand || [3]int{d.dir[p], d.spec[p], d.bs[p]} != k.entry || d.bufs != nil {
+			t.Errorf("compacted decision %d: pick %d of %d (%s), cand %+v, entries %d %d %d; want %s, %+v, %v",
+				i, p, len(d.workers), d.pick.Worker, d.cands[p], d.dir[p], d.spec[p], d.bs[p], k.worker, k.cand, k.entry)
 		}
 	}
 }

@@ -55,6 +55,7 @@ func (s *Server) place(ctx context.Context, req *request, exclude []string, firs
 		if t != nil {
 			*ticket = t
 			start = time.Now()
+			d.recycle(s)
 			d, aerr = s.decide(ctx, req, exclude)
 		}
 	}
@@ -80,6 +81,7 @@ func (s *Server) place(ctx context.Context, req *request, exclude []string, firs
 	wk.spec.pending(d.chain, f.sent)
 	// ... and tell the other routers (shared intents).
 	f.it = d.group.share.placed(wk, d, f.uncached, f.sent)
+	d.compact(s) // the flight needs only the pick's entries
 	return f, nil, false
 }
 

@@ -251,6 +251,7 @@ type Server struct {
 	transport *http.Transport
 	bufs      sync.Pool
 	scratch   sync.Pool // *decideScratch
+	candBufs  sync.Pool // *candBufs
 	log       *slog.Logger
 	mux       *http.ServeMux // admin plus the proxied API
 	admin     *http.ServeMux
