@@ -125,6 +125,11 @@ type authorizer struct {
 	maxStreams int // per credential or role; <= 0: unlimited
 	maxPublish int // Publish streams per agent credential; <= 0: unlimited
 	refusals   func(method, holder string)
+	// member reports whether id is a member of the cluster: another node's
+	// relay of its routers' intents (a Share stream marked with
+	// kvdirv1.MetadataRelay) counts under that node, not against the
+	// routers' own streams. Nil: every relay counts as the router's.
+	member     func(id string) bool
 	mu         sync.Mutex
 	streams    map[string]int // holder -> open limited streams
 	publishing map[string]int // agent credential holder -> open Publish streams
@@ -328,6 +333,26 @@ func (n *Node) catchUp(ctx context.Context) bool {
 	return true
 }
 
+// shareMethod is the routers' (and the nodes' relays') Share stream.
+const shareMethod = "/kvdir.v1.DirectoryService/Share"
+
+// relayFrom returns the member node a router-role Share stream says it
+// relays for, or "". Each node relays to each other one, so with peers'
+// relays counted as the router's, a cluster of n nodes took n−1 of every
+// node's router streams before any router connected. A claim of a
+// non-member counts as the router's own, so the claim cannot be used to
+// open streams without bound.
+func (a *authorizer) relayFrom(ctx context.Context, method string, c caller) string {
+	if method != shareMethod || a.member == nil || c.roles&roleRouter == 0 {
+		return ""
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	if from := md.Get(kvdirv1.MetadataRelay); len(from) == 1 && a.member(from[0]) {
+		return from[0]
+	}
+	return ""
+}
+
 // acquireStream counts a limited stream against its holder; release undoes
 // it. It refuses with ResourceExhausted a WatchWorkers, Follow or Share
 // stream over Config.MaxStreamsPerCredential, and an agent credential's
@@ -360,6 +385,9 @@ func (a *authorizer) acquireStream(ctx context.Context, method string) (release 
 		what = "WatchWorkers, Follow and Share streams on this node (the limit); close some or raise --max-streams-per-credential"
 	}
 	holder := c.holder()
+	if from := a.relayFrom(ctx, method, c); from != "" {
+		holder = "relay:" + from
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if count[holder] >= limit {
