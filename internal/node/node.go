@@ -224,7 +224,7 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	auth.member = func(id string) bool { return id != cfg.ID && n.fsm.MemberAPI(id) != "" }
+	auth.member = n.isPeer
 	n.auth = auth
 	n.fwd = newForwarder(n)
 	n.pub = newPublishBatcher(n)

@@ -225,6 +225,25 @@ func (s *shareState) relayOnce(ctx context.Context, conn *grpc.ClientConn, r *re
 	}
 }
 
+// isPeer reports whether id is another server in the Raft configuration
+// (which every node knows from its start, unlike the replicated member
+// table, which a peer's first relay can beat).
+func (n *Node) isPeer(id string) bool {
+	if id == n.cfg.ID || n.raft == nil {
+		return false
+	}
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, srv := range f.Configuration().Servers {
+		if string(srv.ID) == id {
+			return true
+		}
+	}
+	return false
+}
+
 // Share is a router's stream of placement intents (or another node's
 // relay of its routers' intents, marked with MetadataRelay).
 func (d *directoryService) Share(stream kvdirv1.DirectoryService_ShareServer) error {
