@@ -28,7 +28,8 @@ import (
 //	b(w)        = u/(1−u), u = min(Busy(w), 0.9)
 //	extra(w)    = max(n(w), mean over candidates of n, b(w)) · (prefill(w) − min over candidates of prefill)
 //	future(w)   = later · b(w) · service, for a session not seen recently (else 0)
-//	cost(w)     = ttft(w) + extra(w) + future(w)
+//	displace(w) = D(w) · rate · (1 + later) · (1 + b(w)), "kvdir-displace" only
+//	cost(w)     = ttft(w) + extra(w) + future(w) + displace(w)
 //
 // interf is the decode batch riding along with every chunked-prefill step
 // until our prefill is done: each such step costs the chunk plus the decodes'
@@ -67,6 +68,23 @@ import (
 // already counts it, so comparing busy fractions would only reward moving
 // it on noise; its placement is left to the present costs.
 //
+// displace(w) prices the cache content the placement pushes out (ledger):
+// D(w) is how many tokens of other sessions' content, valued by the chance
+// they come back, no longer fit in the caches once the request's new
+// content is on w (and, if the session moves, freed on its latest worker),
+// beyond what the cluster's whole KV could not hold anyway. Each is
+// prefilled again at each of the session's expected reuses and delays the
+// requests behind it. The session's latest worker is never charged, so the
+// term only weighs moving or homing content. Without it kvdir homed groups
+// sharing a long prompt on whichever worker was a few percent cheaper at
+// that moment; workers left with three groups' prompts in room for fewer
+// thrashed (kvbench sim, shared prefixes, 16 × llama3-8b, KV half the
+// working set). Score, which sees one candidate, leaves it out. The term
+// is the policy "kvdir-displace", not the default: on the evaluation set
+// (bench/testdata/evalset.json, three seeds) it raised the shared prefixes
+// on 16 × llama3-8b 1.8 times and lowered the demo trace on 8 × llama3-8b
+// by 4.5 % (docs/benchmarks.md, "A displacement term").
+//
 // The worker with the lowest cost wins; candidates within TieTolerance
 // (relative) of the best are ties, broken uniformly at random.
 //
@@ -100,6 +118,7 @@ type KVDir struct {
 	chunk   int
 	context int
 
+	displace    bool          // the displacement term (Options.Displace)
 	live        ProfileSource // if set, read into prof per call (see current)
 	*kvdirState               // shared by the per-call copies
 }
@@ -112,6 +131,7 @@ type kvdirState struct {
 	mu  sync.Mutex
 	rng *rand.Rand
 	fut future
+	led ledger
 	// surv and meanOut are read on every Pick and written by ObserveCache.
 	surv survival
 	// meanOut is the mean generated tokens per request (outcomes, decayed);
@@ -150,7 +170,7 @@ func NewKVDir(opts Options) (*KVDir, error) {
 		return nil, fmt.Errorf("placement: %w", err)
 	}
 	p := &KVDir{prof: prof, tol: opts.TieTolerance, chunk: opts.ChunkTokens, context: opts.DecodeContext,
-		live: opts.LiveProfile, kvdirState: &kvdirState{rng: newRand(opts.Seed)}}
+		displace: opts.Displace, live: opts.LiveProfile, kvdirState: &kvdirState{rng: newRand(opts.Seed)}}
 	if p.tol <= 0 {
 		p.tol = 0.01
 	}
@@ -163,8 +183,13 @@ func NewKVDir(opts Options) (*KVDir, error) {
 	return p, nil
 }
 
-// Name returns "kvdir".
-func (p *KVDir) Name() string { return "kvdir" }
+// Name returns "kvdir", or "kvdir-displace" with the displacement term.
+func (p *KVDir) Name() string {
+	if p.displace {
+		return "kvdir-displace"
+	}
+	return "kvdir"
+}
 
 // Retain is the prior probability that a worker's matched blocks are still
 // cached when the request runs, given its KV-cache usage u: 1 below 90 %
@@ -303,11 +328,23 @@ func (p *KVDir) PickInto(req Request, cands []Candidate, scores []Score) (Decisi
 	p.mu.Lock()
 	surv, meanOut := p.surv, p.meanOut
 	later, service, fresh := p.fut.observe(req.SessionKey)
+	var entry *ledgerEntry
+	if p.displace {
+		entry = p.led.lookup(req.SessionKey)
+	}
 	p.mu.Unlock()
 	minPrefill := math.Inf(1)
 	for i := range cands {
 		p.score(&scores[i], req, &cands[i], cold, rate, &surv, meanOut)
 		minPrefill = min(minPrefill, scores[i].PrefillMs)
+	}
+	if p.displace && req.SessionKey != "" {
+		p.mu.Lock()
+		d := p.led.view(entry, cands)
+		for i := range cands {
+			addDisplace(&scores[i], &cands[i], p.led.displaced(&d, &cands[i], req.PromptTokens, scores[i].CachedTokens), rate, later)
+		}
+		p.mu.Unlock()
 	}
 	var mean float64
 	for i := range cands {
@@ -340,6 +377,9 @@ func (p *KVDir) PickInto(req Request, cands []Candidate, scores []Score) (Decisi
 			if k == 0 {
 				p.mu.Lock()
 				p.fut.served(scores[i].PrefillMs)
+				if p.displace {
+					p.led.placed(req.SessionKey, cands[i].Worker, req.PromptTokens, int(scores[i].CachedTokens))
+				}
 				p.mu.Unlock()
 				return Decision{Worker: cands[i].Worker, Index: i, PredictedCachedTokens: int(scores[i].CachedTokens), Scores: scores}, nil
 			}

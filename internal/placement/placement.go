@@ -6,7 +6,7 @@
 // name through [New]: "round-robin", "random", "least-load", "session-hash"
 // (bounded-load consistent hashing, HAProxy's hash-balance-factor), "prefix"
 // (longest match) and "kvdir" (lowest expected time to first token, see
-// [KVDir]), plus baselines of peers' published policies: "llm-d" and
+// [KVDir]; "kvdir-displace" adds its displacement term), plus baselines of peers' published policies: "llm-d" and
 // "llm-d-sticky" ([LLMD]), "sglang" ([SGLang]) and "dynamo" ([Dynamo]).
 //
 // kvdir prices prefills and decode interference with an engine timing model
@@ -99,7 +99,8 @@ type Score struct {
 	ColdPrefillMs  float64 // our prefill with no cache
 	ExtraMs        float64 // delay our recomputation (prefill beyond the best candidate's) imposes on the requests waiting there
 	FutureMs       float64 // expected queueing of the session's later requests, which follow their prefix here
-	TotalMs        float64 // cost: expected time to first token (WaitMs + TransferMs + PrefillMs) plus ExtraMs
+	DisplaceMs     float64 // recomputation of the other sessions' cache content this placement pushes out
+	TotalMs        float64 // cost: expected time to first token (WaitMs + TransferMs + PrefillMs) plus ExtraMs, FutureMs and DisplaceMs
 }
 
 // Decision is a policy's choice.
@@ -157,6 +158,10 @@ type Options struct {
 	// DecodeContext is the assumed context length of each running sequence
 	// for the decode-interference term (default DefaultDecodeContext).
 	DecodeContext int
+	// Displace adds kvdir's displacement term (policy "kvdir-displace"):
+	// a placement pays for the other sessions' cache content it pushes out
+	// (see KVDir).
+	Displace bool
 }
 
 // DefaultDecodeContext is kvdir's default assumed context length of each
@@ -176,7 +181,7 @@ var ErrNoCandidates = errors.New("placement: no candidate workers")
 // ErrUnknownPolicy is returned by New for a name that is not registered.
 var ErrUnknownPolicy = errors.New("placement: unknown policy")
 
-var policyNames = []string{"round-robin", "random", "least-load", "session-hash", "prefix", "kvdir", "llm-d", "llm-d-sticky", "sglang", "dynamo"}
+var policyNames = []string{"round-robin", "random", "least-load", "session-hash", "prefix", "kvdir", "kvdir-displace", "llm-d", "llm-d-sticky", "sglang", "dynamo"}
 
 // Names returns the registered policy names.
 func Names() []string { return append([]string(nil), policyNames...) }
@@ -195,6 +200,9 @@ func New(name string, opts Options) (Policy, error) {
 	case "session-hash":
 		return NewSessionHash(opts)
 	case "kvdir":
+		return NewKVDir(opts)
+	case "kvdir-displace":
+		opts.Displace = true
 		return NewKVDir(opts)
 	case "llm-d":
 		return NewLLMD(opts, false), nil

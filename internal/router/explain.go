@@ -124,8 +124,9 @@ type WorkerScore struct {
 	WaitMs              float64 `json:"wait_ms"`
 	PrefillMs           float64 `json:"prefill_ms"`
 	ColdPrefillMs       float64 `json:"cold_prefill_ms"`
-	ExtraMs             float64 `json:"extra_ms"`  // delay its recomputation imposes on the requests waiting there
-	FutureMs            float64 `json:"future_ms"` // a new session's later requests' expected queueing there
+	ExtraMs             float64 `json:"extra_ms"`    // delay its recomputation imposes on the requests waiting there
+	FutureMs            float64 `json:"future_ms"`   // a new session's later requests' expected queueing there
+	DisplaceMs          float64 `json:"displace_ms"` // recomputing the other sessions' content the placement would push out there
 	TotalMs             float64 `json:"total_ms"`
 
 	// PeerSpeculativeBlocks are the blocks other routers placed there
@@ -206,7 +207,7 @@ func (s *Server) explain(req *request, d *decision) Explanation {
 			sc := d.pick.Scores[i]
 			ws.Retain, ws.CachedTokens, ws.QueueMs, ws.InterferenceMs = sc.Retain, sc.CachedTokens, sc.QueueMs, sc.InterferenceMs
 			ws.WaitMs, ws.PrefillMs, ws.ColdPrefillMs, ws.ExtraMs, ws.TotalMs = sc.WaitMs, sc.PrefillMs, sc.ColdPrefillMs, sc.ExtraMs, sc.TotalMs
-			ws.FutureMs, ws.KVWaitMs = sc.FutureMs, sc.KVWaitMs
+			ws.FutureMs, ws.KVWaitMs, ws.DisplaceMs = sc.FutureMs, sc.KVWaitMs, sc.DisplaceMs
 			ws.LoadedTokens, ws.TransferMs = sc.LoadedTokens, sc.TransferMs
 		}
 		e.Workers[i] = ws
