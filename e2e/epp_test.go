@@ -108,6 +108,10 @@ func TestEndpointPicker(t *testing.T) {
 		EngineArgs: []string{"--time-scale", "0.02", "--default-max-tokens", "4"},
 		RouterArgs: []string{"--policy", "kvdir", "--match-timeout", "50ms", "--share-intents=false"}})
 	g0, g1 := dialEPP(t, f.Routers[0]), dialEPP(t, f.Routers[1])
+	// Picker 1's data plane streams both bodies in full duplex, as the
+	// inference extension's reference Envoy configuration does: the client
+	// gets only the response the picker streams back.
+	g1.FullDuplex, g1.FullDuplexResponse = true, true
 	endpoint := map[string]string{} // worker id -> pod endpoint
 	for _, e := range f.Engines {
 		endpoint[e.WorkerID] = strings.TrimPrefix(e.URL, "http://")

@@ -110,6 +110,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.StringVar(&c.WorkerID, "worker-id", c.WorkerID, "worker `ID`, unique in the directory (required)")
 	fs.StringVar(&c.WorkerAddress, "worker-address", c.WorkerAddress, "the engine's HTTP base `URL`, e.g. http://10.0.0.7:8000")
 	fs.StringVar(&c.Model, "model", c.Model, "served model `NAME` (part of the content-hash namespace)")
+	fs.Var(cli.StringMap(&c.Labels), "labels", "`KEY=VALUE,...` registered with the worker (zone, GPU type, pool...): kvdirctl shows them, and a router's --worker-selector keeps only the workers whose labels match")
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "block size the engine is expected to use (0: not told); routers hash with the sizes learned from the engine's events, and a different one is warned about and counted")
 	fs.StringVar(&o.token, "token", "", "agent bearer `TOKEN` for the directory: its agent credential's token (--agent-credentials or --agent-token there), which must allow --worker-id (prefer --token-file or "+p.EnvVar("token")+": flags show in ps)")
 	fs.StringVar(&o.tokenFile, "token-file", "", "`FILE` holding the agent bearer token (surrounding white space ignored)")

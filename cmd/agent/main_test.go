@@ -32,6 +32,16 @@ func TestParseFlagsEnv(t *testing.T) {
 	if o.cfg.MetricsURL != "http://e:8000/metrics" {
 		t.Fatalf("metrics url %q", o.cfg.MetricsURL)
 	}
+	_, o, err = parseFlags([]string{"--worker-id", "w", "--directory", "a:1", "--labels", "kvdir.io/inference-pool=vllm, zone=z1"}, env(nil), io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := o.cfg.Labels; len(l) != 2 || l["kvdir.io/inference-pool"] != "vllm" || l["zone"] != "z1" {
+		t.Fatalf("labels %v", l)
+	}
+	if _, _, err := parseFlags([]string{"--worker-id", "w", "--directory", "a:1", "--labels", "zone"}, env(nil), io.Discard, io.Discard); err == nil || !cli.IsUsage(err) {
+		t.Fatalf("a label without a value accepted, or not as a usage error: %v", err)
+	}
 	if _, _, err := parseFlags(nil, env(nil), io.Discard, io.Discard); err == nil || !cli.IsUsage(err) {
 		t.Fatalf("missing --directory accepted, or not as a usage error: %v", err)
 	}

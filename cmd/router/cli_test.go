@@ -24,6 +24,8 @@ func TestCLI(t *testing.T) {
 			{Args: append(static, "--policy", "fastest"), Want: "--policy"},
 			{Args: append(static, "--tokenizer", "remote"), Want: "--tokenize-url"},
 			{Args: []string{"--workers", "a=ftp://x"}, Want: "scheme"},
+			{Args: append(static, "--worker-selector", "pool=a"), Want: "--worker-selector picks among the directory's registered workers"},
+			{Args: []string{"--directory", "127.0.0.1:1", "--worker-selector", "pool"}, Want: "--worker-selector"},
 			{Args: static, Env: []string{"KVDIR_ROUTER_MATCH_TIMEOUT=soon"}, Want: `KVDIR_ROUTER_MATCH_TIMEOUT="soon"`},
 		},
 	}.Run(t, clitest.InProcess(runMain))
@@ -36,6 +38,13 @@ func TestCLI(t *testing.T) {
 	}
 	if o.policy != "prefix" || o.workers != "a=http://h:1" || o.cfg.MatchTimeout != 7*time.Millisecond {
 		t.Errorf("options %+v", o)
+	}
+	_, o, err = parseFlags([]string{"--directory", "127.0.0.1:1"}, env(map[string]string{"KVDIR_ROUTER_WORKER_SELECTOR": "kvdir.io/inference-pool=vllm,zone=z1"}), io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel := o.cfg.WorkerSelector; len(sel) != 2 || sel["kvdir.io/inference-pool"] != "vllm" || sel["zone"] != "z1" {
+		t.Errorf("worker selector %v", sel)
 	}
 }
 

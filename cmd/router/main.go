@@ -129,6 +129,7 @@ func newProgram(getenv func(string) string, stdout, stderr io.Writer) (*cli.Prog
 	fs.Var(cli.StringList(&o.directory), "directory", "comma-separated gRPC addresses (`HOST:PORT,...`) of directory nodes")
 	fs.Var(cli.NamedLists(&o.groups), "directory-group", "one directory group of several side by side, each serving some models (its nodes' --models): `NAME=HOST:PORT[,HOST:PORT...]`; repeat the flag for each group (in the environment, separate groups with ';'). Workers are discovered from every group and a request goes to the workers of its model's group only, matched and recorded there; a model two groups claim is routed with the first given. Instead of --directory (which is one group, named default)")
 	fs.StringVar(&o.workers, "workers", o.workers, "static workers instead of discovery: `id=url[@model][#rank],...` (model learned from the engine's metrics if omitted; #rank: one data-parallel rank of the engine at url, its load read from that rank's series and its requests sent with "+router.HeaderDataParallelRank+"); with --directory, prefixes are still matched there")
+	fs.Var(cli.StringMap(&c.WorkerSelector), "worker-selector", "only the directory's workers whose registered labels (the agent's --labels) hold every `KEY=VALUE,...` pair are candidates, the others as if not registered; in EPP mode, the InferencePool's pods when other pods on the directory serve the same model (default: every registered worker)")
 	fs.StringVar(&c.EngineKind, "engine-kind", "auto", "shape of the engines' /metrics: "+enginemetrics.KindNames+" (auto: detected from each scrape)")
 	fs.StringVar(&o.token, "token", o.token, "bearer `TOKEN` for the directory (prefer --token-file or "+p.EnvVar("token")+": flags show in ps)")
 	fs.StringVar(&o.tokenFile, "token-file", o.tokenFile, "`FILE` holding the bearer token for the directory (surrounding white space ignored)")
@@ -184,6 +185,9 @@ func parseFlags(args []string, getenv func(string) string, stdout, stderr io.Wri
 	}
 	if len(o.directory) > 0 && len(o.groups) > 0 {
 		return p, nil, cli.Usagef("give --directory (one directory group) or --directory-group (one or more, named), not both")
+	}
+	if len(o.cfg.WorkerSelector) > 0 && o.workers != "" {
+		return p, nil, cli.Usagef("--worker-selector picks among the directory's registered workers; --workers lists them instead")
 	}
 	if len(o.groups) > 1 && o.workers != "" {
 		return p, nil, cli.Usagef("--workers takes one directory at most: give --directory, or a single --directory-group")
@@ -438,7 +442,7 @@ func serve(ctx context.Context, o *options, ready chan<- string) error {
 	}
 	go func() { serveErr <- httpserve.Serve(hs, ln) }()
 	log.Info("router: serving", "mode", o.mode, "addr", ln.Addr().String(), "policy", pol.Name(), "fallback", fb.Name(),
-		"directory", strings.Join(o.directory, ","), "directory_groups", o.groupsString(), "static_workers", len(cfg.Static))
+		"directory", strings.Join(o.directory, ","), "directory_groups", o.groupsString(), "static_workers", len(cfg.Static), "worker_selector", cli.StringMap(&cfg.WorkerSelector).String())
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}

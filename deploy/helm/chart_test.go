@@ -114,6 +114,20 @@ func TestChartRendersStrictly(t *testing.T) {
 				if env["KVDIR_ROUTER_EPP_ADDR"] != "0.0.0.0:9002" || env["KVDIR_ROUTER_EPP_TLS_CERT"] != "/etc/kvdir/epp-tls/tls.crt" {
 					t.Errorf("epp router: KVDIR_ROUTER_EPP_ADDR %q, KVDIR_ROUTER_EPP_TLS_CERT %q; want the gRPC port on the pod's interfaces, over TLS", env["KVDIR_ROUTER_EPP_ADDR"], env["KVDIR_ROUTER_EPP_TLS_CERT"])
 				}
+				// The picker's candidates are the pool's workers: the
+				// label its selector names is the one the pool's agents
+				// register.
+				var agentLabels string
+				for _, ic := range find[*appsv1.Deployment](objs, "Deployment", "vllm").Spec.Template.Spec.InitContainers {
+					for _, e := range ic.Env {
+						if ic.Name == "kvdir-agent" && e.Name == "KVDIR_AGENT_LABELS" {
+							agentLabels = e.Value
+						}
+					}
+				}
+				if want := "kvdir.io/inference-pool=vllm"; env["KVDIR_ROUTER_WORKER_SELECTOR"] != want || agentLabels != want {
+					t.Errorf("epp router KVDIR_ROUTER_WORKER_SELECTOR %q, vLLM agents' KVDIR_AGENT_LABELS %q; want both %q", env["KVDIR_ROUTER_WORKER_SELECTOR"], agentLabels, want)
+				}
 				p := find[*k8s.InferencePool](objs, "InferencePool", "vllm")
 				if p.Spec.EndpointPickerRef.Name != "kvdir-router" || p.Spec.EndpointPickerRef.Port == nil || p.Spec.EndpointPickerRef.Port.Number != 9002 ||
 					p.Spec.EndpointPickerRef.FailureMode != "FailOpen" {

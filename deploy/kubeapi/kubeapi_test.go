@@ -161,25 +161,52 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 	if h == "" {
 		t.Skip("no helm: make test-apiserver installs it")
 	}
+	kz := binaryOrSkip(t, "KVDIR_KUSTOMIZE", "kustomize")
 	c := startAPIServer(t)
 	ctx := context.Background()
 
 	loadUpstreamCRDs(t, c)
 
-	// deploy/k8s, as kubectl apply -k would (the kustomization's namespace).
+	// deploy/k8s as kubectl apply -k applies it: kustomize's output, with
+	// the kustomization's namespace, labels and image tags.
 	kust, _, err := k8s.LoadDir(filepath.Join("..", "k8s"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	total := 0
-	for _, r := range kust.Resources {
-		b, err := os.ReadFile(filepath.Join("..", "k8s", r))
-		if err != nil {
-			t.Fatal(err)
-		}
-		total += applyAll(t, c, kust.Namespace, "k8s/"+r, b)
+	base, err := filepath.Abs(filepath.Join("..", "k8s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	built := kustomizeBuild(t, kz, base, "app.kubernetes.io/part-of: kvdir", "image: kvdir/router:dev")
+	total := applyAll(t, c, kust.Namespace, "kustomize build deploy/k8s", built)
+	if want := len(kust.Resources); total < want {
+		t.Errorf("kustomize build deploy/k8s: %d objects applied, want at least one per resource file (%d)", total, want)
 	}
 	t.Logf("deploy/k8s: %d objects applied in namespace %s", total, kust.Namespace)
+
+	// An overlay of it, as an operator writes one: another namespace,
+	// an image tag and the engines' replicas changed without templates.
+	overlay := t.TempDir()
+	rel, err := filepath.Rel(overlay, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: kvdir-overlay
+resources:
+  - `+filepath.ToSlash(rel)+`
+images:
+  - name: kvdir/router
+    newTag: v0.1.0
+replicas:
+  - name: vllm
+    count: 4
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	built = kustomizeBuild(t, kz, overlay, "name: kvdir-overlay\n", "image: kvdir/router:v0.1.0", "replicas: 4")
+	t.Logf("an overlay of deploy/k8s: %d objects applied in namespace kvdir-overlay", applyAll(t, c, "kvdir-overlay", "overlay", built))
 
 	// The Secrets make deploy-secrets writes, in the same namespace.
 	bins, err := testkit.Build(t.TempDir(), "deploy/gensecrets")
@@ -340,6 +367,26 @@ func loadUpstreamCRDs(t *testing.T, c *Client) {
 
 func runOut(bin string, args ...string) ([]byte, error) {
 	return exec.Command(bin, args...).CombinedOutput()
+}
+
+// kustomizeBuild runs kustomize build on dir and checks that its output
+// holds each of want (what the kustomization's transforms put there).
+func kustomizeBuild(t *testing.T, kz, dir string, want ...string) []byte {
+	t.Helper()
+	out, err := exec.Command(kz, "build", dir).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("%w: %s", err, ee.Stderr)
+		}
+		t.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	for _, w := range want {
+		if !strings.Contains(string(out), w) {
+			t.Fatalf("kustomize build %s: no %q in its output", dir, w)
+		}
+	}
+	return out
 }
 
 // pick returns the first document of data whose kind is kind.

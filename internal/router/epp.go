@@ -197,7 +197,8 @@ func destinationMetadata(endpoint string) *structpb.Struct {
 // gets an ImmediateResponse with the status and body the proxy would
 // answer. The response phases (headers, body chunks, trailers) are
 // observed as the proxy observes a relayed response: first byte, usage,
-// end of stream.
+// end of stream; with response_body_mode FULL_DUPLEX_STREAMED each body
+// chunk is streamed back unchanged.
 func (s *Server) RegisterEPP(ctx context.Context, gs *grpc.Server) {
 	extprocv3.RegisterExternalProcessorServer(gs, &eppServer{s: s})
 	hs := health.NewServer()
@@ -252,7 +253,10 @@ type eppExchange struct {
 	stream extprocv3.ExternalProcessor_ProcessServer
 	ctx    context.Context
 
-	fullDuplex bool        // request_body_mode FULL_DUPLEX_STREAMED: the headers are answered with the pick
+	fullDuplex bool // request_body_mode FULL_DUPLEX_STREAMED: the headers are answered with the pick
+	// respDuplex: response_body_mode FULL_DUPLEX_STREAMED, where the data
+	// plane sends on only the body the picker streams back.
+	respDuplex bool
 	reqHeaders http.Header // the request's headers, pseudo-headers included
 	subset     *endpointSubset
 	hinted     bool // a message carried the subset hint (subset may still be nil: then none)
@@ -280,6 +284,7 @@ func (x *eppExchange) run() error {
 		}
 		if pc := msg.GetProtocolConfig(); pc != nil {
 			x.fullDuplex = pc.GetRequestBodyMode() == procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED
+			x.respDuplex = pc.GetResponseBodyMode() == procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED
 		}
 		if !x.hinted {
 			if sub := subsetHint(msg.GetMetadataContext()); sub != nil {
@@ -363,7 +368,7 @@ func (x *eppExchange) handle(msg *extprocv3.ProcessingRequest) (done bool, err e
 			x.f.firstByte()
 			x.usage.feed(b)
 		}
-		err := x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}})
+		err := x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: x.responseChunk(r.ResponseBody)}})
 		if r.ResponseBody.GetEndOfStream() {
 			x.end(OutcomeOK)
 		}
@@ -373,6 +378,19 @@ func (x *eppExchange) handle(msg *extprocv3.ProcessingRequest) (done bool, err e
 		return false, x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}})
 	}
 	return false, nil
+}
+
+// responseChunk answers one response body chunk: an empty answer when the
+// data plane keeps the chunk (STREAMED, BUFFERED), the chunk itself,
+// unchanged, when it sends on what the picker streams back
+// (FULL_DUPLEX_STREAMED).
+func (x *eppExchange) responseChunk(b *extprocv3.HttpBody) *extprocv3.BodyResponse {
+	if !x.respDuplex {
+		return &extprocv3.BodyResponse{}
+	}
+	return &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{
+			Body: b.GetBody(), EndOfStream: b.GetEndOfStream()}}}}}
 }
 
 // checkTarget refuses a request that is not an OpenAI chat or completion

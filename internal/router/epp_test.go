@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -350,6 +351,39 @@ func TestEPPCalibratesStreamed(t *testing.T) {
 	testkit.Eventually(t, 5*time.Second, "one calibration observation", func() (bool, string) {
 		st := cal.Stats()
 		return st.Accepted == 1 && counterValue(t, s, "kvdir_router_engine_cached_tokens_total", "w0") == 16, fmt.Sprintf("%+v", st)
+	})
+}
+
+// TestEPPFullDuplexResponse checks response_body_mode
+// FULL_DUPLEX_STREAMED: the data plane sends on only what the picker
+// streams back, so every chunk comes back unchanged, the last with
+// end_of_stream, and the response is still accounted (usage, the worker
+// released).
+func TestEPPFullDuplexResponse(t *testing.T) {
+	up := newUpstream(t, "m", okJSON(0))
+	s, _ := testRouter(t, "round-robin", []StaticWorker{{ID: "w0", Address: up.URL, Model: "m"}}, nil)
+	g := testEPP(t, s)
+	g.FullDuplex, g.FullDuplexResponse = true, true
+	x, err := g.Start(t.Context(), chatRequest(strings.Replace(chatBody, `"max_tokens":4`, `"stream":true`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := [][]byte{
+		[]byte("data: {\"choices\":[{\"delta\":{\"content\":\"he\"}}]}\n\n"),
+		[]byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":16}}}\n\n"),
+		[]byte("data: [DONE]\n\n"),
+	}
+	if err := x.Respond(http.StatusOK, http.Header{"Content-Type": {"text/event-stream"}}, events); err != nil {
+		t.Fatal(err)
+	}
+	if want := string(bytes.Join(events, nil)); string(x.Body) != want {
+		t.Fatalf("the client got %q, want the engine's body %q", x.Body, want)
+	}
+	w := s.pool.snapshot()["w0"]
+	testkit.Eventually(t, 5*time.Second, "the response accounted", func() (bool, string) {
+		return w.inFlight.Load() == 0 && counterValue(t, s, "kvdir_router_requests_total", OutcomeOK) == 1 &&
+				counterValue(t, s, "kvdir_router_engine_cached_tokens_total", "w0") == 16,
+			fmt.Sprintf("in flight %d", w.inFlight.Load())
 	})
 }
 

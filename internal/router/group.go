@@ -242,7 +242,9 @@ func (s *Server) watchGroup(ctx context.Context, g *group) error {
 		var gone []string
 		for _, w := range resp.GetWorkers() {
 			st := w.GetState()
-			if st == kvdirv1.WorkerState_WORKER_STATE_EXPIRED || st == kvdirv1.WorkerState_WORKER_STATE_DEREGISTERED {
+			// A worker outside the selector is gone to this router (one
+			// that registered again with other labels leaves the pool).
+			if st == kvdirv1.WorkerState_WORKER_STATE_EXPIRED || st == kvdirv1.WorkerState_WORKER_STATE_DEREGISTERED || !s.selected(w) {
 				gone = append(gone, w.GetSpec().GetId())
 				continue
 			}

@@ -98,6 +98,12 @@ type Config struct {
 	// Static lists the workers when they are not discovered from the
 	// directory.
 	Static []StaticWorker
+	// WorkerSelector, when set, keeps only the directory's workers whose
+	// registered labels hold every pair of it (an agent's --labels): the
+	// rest are not candidates, as if not registered. It is how a picker
+	// serves one InferencePool's pods of a model that other pods on the
+	// same directory serve too.
+	WorkerSelector map[string]string
 	// EngineKind is the shape of the engines' /metrics: "auto" (or "")
 	// detects it from each scrape; vllm, sglang or trtllm force it (see
 	// enginemetrics.ParseKind).
@@ -400,6 +406,18 @@ func (s *Server) Run(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// selected says whether w's registered labels hold every pair of the
+// router's WorkerSelector.
+func (s *Server) selected(w *kvdirv1.Worker) bool {
+	labels := w.GetSpec().GetLabels()
+	for k, v := range s.cfg.WorkerSelector {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
 }
 
 // specOf converts a directory worker.

@@ -4,8 +4,9 @@
 // Extension pool, one stream per request: the request headers, the body
 // buffered (request_body_mode BUFFERED, here sent in one message or
 // several, the last with end_of_stream; or FULL_DUPLEX_STREAMED), then, once
-// the picker named an endpoint, the response headers, body chunks and end
-// of stream. It can send the request to the picked endpoint over HTTP and
+// the picker named an endpoint, the response headers, body chunks (STREAMED,
+// or FULL_DUPLEX_STREAMED with each chunk streamed back by the picker) and
+// end of stream. It can send the request to the picked endpoint over HTTP and
 // feed the real response through the response phases, as the gateway
 // would.
 package gateway
@@ -48,6 +49,11 @@ type Gateway struct {
 	// protocol configuration: the picker answers the headers with the pick,
 	// after the body.
 	FullDuplex bool
+	// FullDuplexResponse announces response_body_mode FULL_DUPLEX_STREAMED:
+	// every response body chunk must be answered with the chunk to send
+	// on (a streamed body mutation), and the client gets only what the
+	// picker streams back.
+	FullDuplexResponse bool
 	// HTTP sends requests to picked endpoints (default: a client without
 	// compression).
 	HTTP *http.Client
@@ -203,7 +209,11 @@ func (x *Exchange) requestPhases() error {
 	if x.g.FullDuplex {
 		mode = procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED
 	}
-	first.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: mode, ResponseBodyMode: procmodev3.ProcessingMode_STREAMED}
+	respMode := procmodev3.ProcessingMode_STREAMED
+	if x.g.FullDuplexResponse {
+		respMode = procmodev3.ProcessingMode_FULL_DUPLEX_STREAMED
+	}
+	first.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: mode, ResponseBodyMode: respMode}
 	if err := x.stream.Send(first); err != nil {
 		return fmt.Errorf("gateway: send headers: %w", err)
 	}
@@ -297,7 +307,6 @@ func (x *Exchange) respond(status int, header http.Header, noBody bool, chunks f
 	if !noBody {
 		var sendErr error
 		chunks(func(c []byte) bool {
-			x.Body = append(x.Body, c...)
 			if sendErr = x.sendBody(c, false); sendErr != nil {
 				return false
 			}
@@ -313,14 +322,33 @@ func (x *Exchange) respond(status int, header http.Header, noBody bool, chunks f
 	return x.Close()
 }
 
+// sendBody sends one response body chunk and reads its answer. The client
+// gets the chunk itself, or in full-duplex mode what the answer streams
+// back (which must end the body when the chunk does).
 func (x *Exchange) sendBody(b []byte, end bool) error {
 	if err := x.stream.Send(&extprocv3.ProcessingRequest{MetadataContext: x.servedMetadata(),
 		Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: b, EndOfStream: end}}}); err != nil {
 		return fmt.Errorf("gateway: send response body: %w", err)
 	}
-	if _, ok, err := x.recv(); err != nil || !ok {
+	r, ok, err := x.recv()
+	if err != nil || !ok {
 		return errors.Join(err, errors.New("gateway: no answer to a response body chunk"))
 	}
+	if r.GetResponseBody() == nil {
+		return fmt.Errorf("gateway: answer to a response body chunk is %T", r.GetResponse())
+	}
+	if !x.g.FullDuplexResponse {
+		x.Body = append(x.Body, b...)
+		return nil
+	}
+	sr := r.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+	if sr == nil {
+		return errors.New("gateway: full duplex: a response body chunk's answer streams no body back (the client would get nothing)")
+	}
+	if sr.GetEndOfStream() != end {
+		return fmt.Errorf("gateway: full duplex: a response body chunk with end_of_stream %v answered with %v", end, sr.GetEndOfStream())
+	}
+	x.Body = append(x.Body, sr.GetBody()...)
 	return nil
 }
 
