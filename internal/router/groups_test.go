@@ -20,12 +20,18 @@ import (
 // leader, and returns its epoch.
 func registerIn(t *testing.T, c *dirtest.Cluster, id, model, addr string) uint64 {
 	t.Helper()
+	return registerLabelled(t, c, id, model, addr, nil)
+}
+
+// registerLabelled is registerIn with the worker's labels.
+func registerLabelled(t *testing.T, c *dirtest.Cluster, id, model, addr string, labels map[string]string) uint64 {
+	t.Helper()
 	var epoch uint64
 	testkit.Eventually(t, 10*time.Second, "registration of "+id, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 		defer cancel()
 		resp, err := kvdirv1.NewAgentServiceClient(c.Conn(c.Leader())).Register(ctx,
-			&kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{Id: id, Model: model, Address: addr, BlockSize: 16}})
+			&kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{Id: id, Model: model, Address: addr, BlockSize: 16, Labels: labels}})
 		if err != nil {
 			return false, err.Error()
 		}

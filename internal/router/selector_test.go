@@ -1,7 +1,6 @@
 package router
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -11,7 +10,6 @@ import (
 	"github.com/kvdir/kvdir/internal/node"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/testkit/dirtest"
-	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
 // TestWorkerSelector runs a router with --worker-selector pool=a over a
@@ -29,50 +27,26 @@ func TestWorkerSelector(t *testing.T) {
 	t.Cleanup(func() { dc.Close() })
 	register := func(id string, labels map[string]string) uint64 {
 		t.Helper()
-		var epoch uint64
-		testkit.Eventually(t, 10*time.Second, "registration of "+id, func() (bool, string) {
-			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
-			defer cancel()
-			resp, err := kvdirv1.NewAgentServiceClient(c.Conn(c.Leader())).Register(ctx, &kvdirv1.RegisterRequest{Worker: &kvdirv1.WorkerSpec{
-				Id: id, Model: "m", Address: newUpstream(t, "m", okJSON(0)).URL, BlockSize: 16, Labels: labels}})
-			if err != nil {
-				return false, err.Error()
-			}
-			epoch = resp.Epoch
-			return true, ""
-		})
-		return epoch
+		return registerLabelled(t, c, id, "m", newUpstream(t, "m", okJSON(0)).URL, labels)
 	}
 	register("p1", map[string]string{"pool": "a", "zone": "z1"})
 	register("p2", map[string]string{"pool": "a"})
 	epQ1 := register("q1", map[string]string{"pool": "b"})
 	register("u1", nil)
 
-	s, err := New(Config{Policy: mustPolicy(t, "kvdir"), Renderer: mustRenderer(t), ScrapeInterval: 20 * time.Millisecond,
-		MatchTimeout: 5 * time.Second, Logger: testkit.Logger(t), Directory: dc,
-		WorkerSelector: map[string]string{"pool": "a"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-
-	workers := func() []string {
-		var ids []string
-		for id := range s.pool.snapshot() {
-			ids = append(ids, id)
-		}
-		slices.Sort(ids)
-		return ids
-	}
+	s, _ := testRouter(t, "kvdir", nil, func(cfg *Config) {
+		cfg.Directory, cfg.MatchTimeout, cfg.Logger = dc, 5*time.Second, testkit.Logger(t)
+		cfg.WorkerSelector = map[string]string{"pool": "a"}
+	})
 	waitWorkers := func(what string, want ...string) {
 		t.Helper()
 		testkit.Eventually(t, 10*time.Second, what, func() (bool, string) {
-			ok, why := s.Ready()
-			got := workers()
-			return ok && slices.Equal(got, want), fmt.Sprintf("ready %v %s, workers %v, want %v", ok, why, got, want)
+			var got []string
+			for id := range s.pool.snapshot() {
+				got = append(got, id)
+			}
+			slices.Sort(got)
+			return slices.Equal(got, want), fmt.Sprintf("workers %v, want %v", got, want)
 		})
 	}
 	waitWorkers("the pool: the workers labelled pool=a", "p1", "p2")
