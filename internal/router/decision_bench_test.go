@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/kvdir/kvdir/internal/blockhash"
-	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/follow"
 	"github.com/kvdir/kvdir/internal/node"
 	"github.com/kvdir/kvdir/internal/openai"
@@ -105,11 +104,7 @@ func newDecisionFixture(b *testing.B, local bool) *decisionFixture {
 func newDecisionFixtureWorkers(b *testing.B, workers int, local bool) *decisionFixture {
 	const model, blockSize = "m", 16
 	c := dirtest.New(b, 1, func(_ int, cfg *node.Config) { cfg.Lease = time.Hour })
-	dc, err := dirclient.New(dirclient.Config{Addrs: c.APIAddrs(), Logger: testkit.Logger(b)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = dc.Close() })
+	dc := dirClientFor(b, c)
 	ctx := context.Background()
 	var epochs []uint64
 	for i := range workers {
@@ -122,6 +117,7 @@ func newDecisionFixtureWorkers(b *testing.B, workers int, local bool) *decisionF
 	}
 	var fl *follow.Follower
 	if local {
+		var err error
 		if fl, err = follow.New(follow.Config{Addrs: c.APIAddrs(), Logger: testkit.Logger(b)}); err != nil {
 			b.Fatal(err)
 		}

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/node"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/testkit/dirtest"
@@ -27,11 +26,7 @@ import (
 // not blaming the agents.
 func TestDirectoryDownTripsBreakerAtOnce(t *testing.T) {
 	c := dirtest.New(t, 1, func(_ int, cfg *node.Config) { cfg.Lease = time.Hour })
-	dc, err := dirclient.New(dirclient.Config{Addrs: c.APIAddrs(), Logger: testkit.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dc.Close() })
+	dc := dirClientFor(t, c)
 
 	// A router that knows its worker and asks the directory for matches.
 	s, err := New(Config{Policy: mustPolicy(t, "kvdir"), Renderer: mustRenderer(t), Directory: dc, MatchTimeout: time.Hour,

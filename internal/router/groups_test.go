@@ -16,6 +16,17 @@ import (
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
 )
 
+// dirClientFor is a directory client of c's nodes, closed when t ends.
+func dirClientFor(t testing.TB, c *dirtest.Cluster) *dirclient.Client {
+	t.Helper()
+	dc, err := dirclient.New(dirclient.Config{Addrs: c.APIAddrs(), Logger: testkit.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dc.Close() })
+	return dc
+}
+
 // registerIn registers worker id of model at addr in c, through its
 // leader, and returns its epoch.
 func registerIn(t *testing.T, c *dirtest.Cluster, id, model, addr string) uint64 {
@@ -81,14 +92,6 @@ func groupChat(t *testing.T, model string) *request {
 func TestGroupsRouteEachModelInItsGroup(t *testing.T) {
 	ga := dirtest.New(t, 1, func(_ int, c *node.Config) { c.Lease = time.Hour; c.Models = []string{"a"} })
 	gb := dirtest.New(t, 3, func(_ int, c *node.Config) { c.Lease = time.Hour; c.Models = []string{"b"} })
-	client := func(c *dirtest.Cluster) *dirclient.Client {
-		dc, err := dirclient.New(dirclient.Config{Addrs: c.APIAddrs(), Logger: testkit.Logger(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { dc.Close() })
-		return dc
-	}
 	ua1, ua2, ub1 := newUpstream(t, "a", okJSON(0)), newUpstream(t, "a", okJSON(0)), newUpstream(t, "b", okJSON(0))
 	registerIn(t, ga, "a1", "a", ua1.URL)
 	epA2 := registerIn(t, ga, "a2", "a", ua2.URL)
@@ -96,7 +99,7 @@ func TestGroupsRouteEachModelInItsGroup(t *testing.T) {
 
 	s, err := New(Config{Policy: mustPolicy(t, "kvdir"), Renderer: mustRenderer(t), ScrapeInterval: 20 * time.Millisecond,
 		MatchTimeout: 5 * time.Second, Logger: testkit.Logger(t),
-		Groups: []DirectoryGroup{{Name: "a", Directory: client(ga)}, {Name: "b", Directory: client(gb)}}})
+		Groups: []DirectoryGroup{{Name: "a", Directory: dirClientFor(t, ga)}, {Name: "b", Directory: dirClientFor(t, gb)}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,12 +197,7 @@ func TestGroupsModelInTwoGroups(t *testing.T) {
 	gb := dirtest.New(t, 1, func(_ int, c *node.Config) { c.Lease = time.Hour })
 	var dcs []*dirclient.Client
 	for _, c := range []*dirtest.Cluster{ga, gb} {
-		dc, err := dirclient.New(dirclient.Config{Addrs: c.APIAddrs(), Logger: testkit.Logger(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { dc.Close() })
-		dcs = append(dcs, dc)
+		dcs = append(dcs, dirClientFor(t, c))
 	}
 	ua, ub := newUpstream(t, "m", okJSON(0)), newUpstream(t, "m", okJSON(0))
 	registerIn(t, ga, "wa", "m", ua.URL)
@@ -247,12 +245,7 @@ func TestGroupsReadyWithoutADownGroup(t *testing.T) {
 	gb.Stop(0)
 	var dcs []*dirclient.Client
 	for _, c := range []*dirtest.Cluster{ga, gb} {
-		dc, err := dirclient.New(dirclient.Config{Addrs: c.APIAddrs(), Logger: testkit.Logger(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { dc.Close() })
-		dcs = append(dcs, dc)
+		dcs = append(dcs, dirClientFor(t, c))
 	}
 	s, err := New(Config{Policy: mustPolicy(t, "kvdir"), Renderer: mustRenderer(t), Logger: testkit.Logger(t), ScrapeInterval: 20 * time.Millisecond,
 		Groups: []DirectoryGroup{{Name: "a", Directory: dcs[0]}, {Name: "b", Directory: dcs[1]}}})

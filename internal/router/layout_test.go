@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/testkit/dirtest"
 	kvdirv1 "github.com/kvdir/kvdir/proto/kvdir/v1"
@@ -104,11 +103,7 @@ func TestDecisionHashesWithLearnedBlockSize(t *testing.T) {
 // same id.
 func TestStaticWorkerTakesDirectoryLayout(t *testing.T) {
 	c := dirtest.New(t, 1, nil)
-	dir, err := dirclient.New(dirclient.Config{Addrs: c.APIAddrs(), Logger: testkit.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = dir.Close() })
+	dir := dirClientFor(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	s, err := New(Config{Policy: mustPolicy(t, "kvdir"), Renderer: mustRenderer(t), Directory: dir,

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvdir/kvdir/internal/dirclient"
 	"github.com/kvdir/kvdir/internal/node"
 	"github.com/kvdir/kvdir/internal/testkit"
 	"github.com/kvdir/kvdir/internal/testkit/dirtest"
@@ -20,11 +19,7 @@ import (
 // labelled pool=a it joins.
 func TestWorkerSelector(t *testing.T) {
 	c := dirtest.New(t, 1, func(_ int, cfg *node.Config) { cfg.Lease = time.Hour })
-	dc, err := dirclient.New(dirclient.Config{Addrs: c.APIAddrs(), Logger: testkit.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dc.Close() })
+	dc := dirClientFor(t, c)
 	register := func(id string, labels map[string]string) uint64 {
 		t.Helper()
 		return registerLabelled(t, c, id, "m", newUpstream(t, "m", okJSON(0)).URL, labels)
