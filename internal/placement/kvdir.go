@@ -81,8 +81,8 @@ import (
 // thrashed (kvbench sim, shared prefixes, 16 × llama3-8b, KV half the
 // working set). Score, which sees one candidate, leaves it out. The term
 // is the policy "kvdir-displace", not the default: on the evaluation set
-// (bench/testdata/evalset.json, three seeds) it raised the shared prefixes
-// on 16 × llama3-8b 1.8 times and lowered the demo trace on 8 × llama3-8b
+// (bench/testdata/evalset.json, eight seeds) it raised the shared prefixes
+// on 16 × llama3-8b 2.0 times and lowered the demo trace on 8 × llama3-8b
 // by 4.5 % (docs/benchmarks.md, "A displacement term").
 //
 // The worker with the lowest cost wins; candidates within TieTolerance
