@@ -111,7 +111,7 @@ type evalFlags struct {
 	set, members, outDir, policies string
 	seed                           int64
 	parallel                       int
-	noCharts, list                 bool
+	noCharts, list, summarize      bool
 	sweepSearch
 }
 
@@ -126,7 +126,11 @@ capacity-eval-<member>.json, .md and -p90.png per member, then capacity-eval.jso
 row per member with a result in --out-dir (those just run and any earlier ones), giving kvdir's
 capacity, the best baseline and its capacity, kvdir / best baseline, kvdir / round-robin,
 kvdir's reuse against the pooled bound, and whether kvdir has the lowest p90 TTFT at the best
-baseline's capacity; and the median of kvdir / best baseline over the rows.
+baseline's capacity; and the median of kvdir / best baseline over the rows. A second table says
+what limits kvdir on each member: the reuse left to win against the pooled bound, the best
+baseline's spread, the prefill round-robin computes per token kvdir computes, and kvdir's p90
+against the lowest at the best baseline's capacity. --summarize rewrites the summary from the
+member results in --out-dir without simulating.
 
 A member's trace is a file (a path from the repository's root) or generated in-process by
 kvbench gen with the member's argv. Its SLO is the member's, else --slo, else the profile's
@@ -147,6 +151,7 @@ default. --list prints the members' traces and KV sizes without simulating.`,
 	fl.IntVar(&f.parallel, "parallel", capacity.DefaultParallel, "policies swept at the same time")
 	fl.BoolVar(&f.noCharts, "no-charts", false, "do not write PNG charts")
 	fl.BoolVar(&f.list, "list", false, "print each member's trace and cluster, simulate nothing")
+	fl.BoolVar(&f.summarize, "summarize", false, "simulate nothing: write capacity-eval.json and .md from the member results already in --out-dir")
 	f.sweepSearch.register(fl)
 	return cmd
 }
@@ -184,7 +189,17 @@ func runEval(cmd *cobra.Command, f *evalFlags, log *slog.Logger) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	argv := slices.DeleteFunc(argvOf(cmd, nil), func(a string) bool { return strings.HasPrefix(a, "--members=") })
+	// The summary is a function of the member results, so it carries the
+	// command that made them: without --members or --summarize.
+	argv := slices.DeleteFunc(argvOf(cmd, nil), func(a string) bool {
+		return strings.HasPrefix(a, "--members=") || strings.HasPrefix(a, "--summarize")
+	})
+	if f.summarize {
+		if f.list || strings.TrimSpace(f.members) != "" {
+			return cli.Usagef("--summarize simulates nothing: drop --list and --members")
+		}
+		return writeEvalSummary(set, f.set, f.outDir, argv, log)
+	}
 	for _, m := range members {
 		cf, label, err := f.memberFlags(cmd.Context(), m, root, tmp)
 		if err != nil {
@@ -293,6 +308,8 @@ type evalRow struct {
 	// KvdirLowestP90 says whether kvdir's p90 TTFT at the best baseline's
 	// capacity is the lowest of all policies.
 	KvdirLowestP90 bool `json:"kvdir_lowest_p90_at_best_baseline"`
+	// Limits say what limits kvdir's capacity on the member.
+	Limits evalLimits `json:"limits"`
 }
 
 // evalSummary is capacity-eval.json's details.
@@ -320,7 +337,7 @@ func writeEvalSummary(set *evalSet, setPath, outDir string, argv []string, log *
 			return err
 		}
 		row := evalRow{Member: m.Name, Trace: res.Trace, Replicas: res.Replicas, Profile: res.Profile,
-			KVToWorkingSet: res.KVToWorkingSet, SLOMs: res.SLOMs, BestBaseline: res.BestBaseline}
+			KVToWorkingSet: res.KVToWorkingSet, SLOMs: res.SLOMs, BestBaseline: res.BestBaseline, Limits: limitsOf(res)}
 		if b, ok := res.Policy(res.BestBaseline); ok {
 			row.BestBaselineRPS = b.CapacityRPS
 		}
@@ -399,6 +416,7 @@ func evalMarkdown(b *strings.Builder, s *evalSummary, argv []string) {
 	if s.MedianKvdirVsBest != nil {
 		fmt.Fprintf(b, "\nMedian kvdir / best baseline over %d members: %.2fx.\n", s.MedianOver, *s.MedianKvdirVsBest)
 	}
+	limitsMarkdown(b, s)
 }
 
 func or(s, alt string) string {

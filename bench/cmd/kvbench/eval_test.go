@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/kvdir/kvdir/bench/capacity"
 	"github.com/kvdir/kvdir/internal/benchjson"
 	"github.com/kvdir/kvdir/internal/workload"
 )
@@ -60,6 +62,68 @@ func TestEval(t *testing.T) {
 	}
 	if err := run(t, "eval", "--set", set, "--members", "nope"); err == nil || !strings.Contains(err.Error(), "not in") {
 		t.Fatalf("unknown member: %v", err)
+	}
+	// --summarize rewrites the summary from the member files alone, to the
+	// same rows, and carries the command that made them.
+	before, err := os.ReadFile(filepath.Join(out, "capacity-eval.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(out, "capacity-eval.md")); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t, append(args, "--summarize")...); err != nil {
+		t.Fatal(err)
+	}
+	after, err := os.ReadFile(filepath.Join(out, "capacity-eval.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(after) != string(before) {
+		t.Fatalf("summary rewritten by --summarize:\n%s\nwant\n%s", after, before)
+	}
+	if !strings.Contains(string(after), "What limits kvdir on each member") || strings.Contains(string(after), "--summarize") {
+		t.Fatalf("summary:\n%s", after)
+	}
+	if err := run(t, append(args, "--summarize", "--members", "file-2x8b")...); err == nil || !strings.Contains(err.Error(), "simulates nothing") {
+		t.Fatalf("--summarize with --members: %v", err)
+	}
+}
+
+// TestLimitsOf checks each limit against a sweep result built by hand.
+func TestLimitsOf(t *testing.T) {
+	p90 := func(v float64) *float64 { return &v }
+	res := &capacity.Result{Replicas: 4, PooledHitRate: 0.6, BestBaseline: "sglang", LowestP90AtBestBaseline: "sglang",
+		Policies: []capacity.Policy{
+			{Name: "kvdir", CapacityRPS: 4, HitRate: 0.5, TTFTP90AtBestBaselineMs: p90(1100),
+				Points: []capacity.Point{{Multiplier: 2, HitRate: 0.52}, {Multiplier: 0.5, HitRate: 0.58}, {Multiplier: 4, HitRate: 0.5}}},
+			{Name: capacity.RoundRobin, CapacityRPS: 2, HitRate: 0.2, TTFTP90AtBestBaselineMs: p90(5000),
+				Points: []capacity.Point{{Multiplier: 1, HitRate: 0.2}}},
+			{Name: "sglang", CapacityRPS: 3, HitRate: 0.55, MaxReplicaShare: 0.3, TTFTP90AtBestBaselineMs: p90(1000),
+				Points: []capacity.Point{{Multiplier: 1, HitRate: 0.59}, {Multiplier: 3, HitRate: 0.55}}},
+		}}
+	l := limitsOf(res)
+	near := func(got *float64, want float64) bool { return got != nil && math.Abs(*got-want) < 1e-9 }
+	switch {
+	case l.MaxHitRate != 0.59 || l.MaxHitPolicy != "sglang":
+		t.Errorf("highest hit rate %v (%s), want 0.59 (sglang)", l.MaxHitRate, l.MaxHitPolicy)
+	case l.KvdirLightMultiplier != 0.5 || l.KvdirLightHitRate != 0.58 || l.KvdirHitRate != 0.5:
+		t.Errorf("kvdir's hit rates %+v", l)
+	case !near(l.ReuseHeadroom, 0.45/0.4) || !near(l.BestBusiest, 1.2):
+		t.Errorf("best baseline's headroom %v, busiest %v", *l.ReuseHeadroom, *l.BestBusiest)
+	case !near(l.RRWorkVsKvdir, 0.8/0.5) || !near(l.RRWorkVsPooled, 0.8/0.4):
+		t.Errorf("round-robin's prefill %v, %v", *l.RRWorkVsKvdir, *l.RRWorkVsPooled)
+	case !near(l.KvdirP90VsLowest, 1.1) || l.LowestP90Policy != "sglang":
+		t.Errorf("p90 over the lowest %v (%s)", *l.KvdirP90VsLowest, l.LowestP90Policy)
+	}
+	// Without a round-robin capacity or kvdir, those figures are absent.
+	res.Policies[1].CapacityRPS = 0
+	if l := limitsOf(res); l.RRWorkVsKvdir != nil || l.RRWorkVsPooled != nil {
+		t.Errorf("round-robin without a capacity: %+v", l)
+	}
+	res.Policies = res.Policies[1:]
+	if l := limitsOf(res); l.KvdirLightMultiplier != 0 || l.KvdirP90VsLowest != nil || l.ReuseHeadroom == nil {
+		t.Errorf("without kvdir: %+v", l)
 	}
 }
 
