@@ -136,7 +136,7 @@ A member's trace is a file (a path from the repository's root) or generated in-p
 kvbench gen with the member's argv. Its SLO is the member's, else --slo, else the profile's
 default. --list prints the members' traces and KV sizes without simulating.`,
 		Example: `  kvbench eval --out-dir bench/results
-  kvbench eval --members agent-8x70b-kv1 --policies kvdir,round-robin,llm-d --out-dir /tmp/eval
+  kvbench eval --members agent-8x70b-kv0.5 --policies kvdir,round-robin,llm-d --out-dir /tmp/eval
   kvbench eval --summarize --out-dir bench/results`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
