@@ -54,6 +54,16 @@ func (r *replica) onApplied(index uint64) {
 	r.mu.Unlock()
 }
 
+// recorded reports whether an advance to index or past it was recorded
+// since recording started. The follower's applied index moves before its
+// hook reports the move, so waiting on AppliedIndex alone can stop the
+// recording just before the last advance is recorded.
+func (r *replica) recorded(index uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.applies) > 0 && r.applies[len(r.applies)-1].index >= index
+}
+
 // recording starts (on) or stops recording the applied index's advances,
 // and returns those recorded since the last start.
 func (r *replica) recording(on bool) []applied {

@@ -151,7 +151,7 @@ func lagPhase(ctx context.Context, leader *fleet.DirNode, live *replica, churner
 	}
 	last := maxAcked.Load()
 	deadline := time.Now().Add(time.Minute)
-	for live.f.AppliedIndex() < last {
+	for last > 0 && !live.recorded(last) {
 		if time.Now().After(deadline) {
 			close(stopSampling)
 			<-sampled
