@@ -1,9 +1,13 @@
 package testkit
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -89,4 +93,54 @@ func FreePortRun(t testing.TB, n int) int {
 	}
 	t.Fatalf("no %d consecutive free ports", n)
 	return 0
+}
+
+// ErrNoProcNet is returned by ListensOn where the kernel's socket tables
+// cannot be read (a system without Linux's /proc).
+var ErrNoProcNet = errors.New("testkit: no /proc/net/tcp to read listening sockets from")
+
+// ListensOn reports whether process pid holds a TCP socket listening on
+// port (on any local address). A port picked free and handed to a child
+// process may be taken by another process first; a health check on it
+// then reaches the other process, so a caller that must know its child
+// is the one serving asks this. It reads Linux's /proc and returns
+// ErrNoProcNet elsewhere.
+func ListensOn(pid, port int) (bool, error) {
+	inodes := map[string]bool{}
+	read := false
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		data, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		read = true
+		for _, line := range strings.Split(string(data), "\n")[1:] {
+			f := strings.Fields(line)
+			// sl local_address rem_address st ... inode (the tenth field)
+			if len(f) < 10 || f[3] != "0A" { // 0A: LISTEN
+				continue
+			}
+			i := strings.LastIndexByte(f[1], ':')
+			if p, err := strconv.ParseUint(f[1][i+1:], 16, 16); err == nil && int(p) == port {
+				inodes["socket:["+f[9]+"]"] = true
+			}
+		}
+	}
+	if !read {
+		return false, ErrNoProcNet
+	}
+	if len(inodes) == 0 {
+		return false, nil
+	}
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		return false, fmt.Errorf("testkit: read the sockets of process %d: %w", pid, err)
+	}
+	for _, fd := range fds {
+		if link, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && inodes[link] {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -419,7 +421,15 @@ func startServing(ctx context.Context, name, bin string, nports int, args func(p
 			return err == nil && code == 200, fmt.Sprint(code, err)
 		})
 		if err == nil && p.Running() {
-			return p, ports, nil
+			owns, oerr := ownsHealthPort(p, health)
+			if oerr != nil || owns {
+				return p, ports, nil // where the sockets cannot be read, the answer is taken as p's
+			}
+			// Another process took the port and answered; p failed to
+			// bind it, or is about to.
+			_ = p.Terminate(5 * time.Second)
+			last = fmt.Errorf("%s: another process answered %s\n%s", name, health, p.Tail(20))
+			continue
 		}
 		if err == nil { // it exited
 			err = fmt.Errorf("%s exited before serving", name)
@@ -430,4 +440,17 @@ func startServing(ctx context.Context, name, bin string, nports int, args func(p
 		}
 	}
 	return nil, nil, last
+}
+
+// ownsHealthPort reports whether p listens on the port of the health URL.
+func ownsHealthPort(p *testkit.Proc, health string) (bool, error) {
+	u, err := url.Parse(health)
+	if err != nil {
+		return false, err
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil {
+		return false, fmt.Errorf("health URL %s: %w", health, err)
+	}
+	return testkit.ListensOn(p.Pid(), port)
 }

@@ -2,12 +2,16 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/kvdir/kvdir/internal/testkit"
 )
 
 // A fleet that fails to start returns the error (having stopped what it
@@ -39,6 +43,47 @@ func TestHelperProcess(t *testing.T) {
 	case "serve":
 		_ = http.ListenAndServe(os.Args[i+2], http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		os.Exit(1)
+	case "idle": // runs without binding anything, as a process about to fail its bind
+		select {}
+	}
+}
+
+// A health check answered by another process that took the port is not
+// the child serving: it is started again on new ports.
+func TestStartServingChecksWhoAnswers(t *testing.T) {
+	if _, err := testkit.ListensOn(os.Getpid(), 1); errors.Is(err, testkit.ErrNoProcNet) {
+		t.Skip("no /proc/net/tcp here: startServing trusts the answer")
+	}
+	attempts := 0
+	var thief *http.Server
+	defer func() {
+		if thief != nil {
+			thief.Close()
+		}
+	}()
+	p, ports, err := startServing(context.Background(), "helper", os.Args[0], 1, func(ports []int) ([]string, string) {
+		attempts++
+		addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+		if attempts == 1 {
+			l, err := net.Listen("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			thief = &http.Server{Handler: http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})}
+			go thief.Serve(l)
+			return []string{"-test.run=^TestHelperProcess$", "--", "idle"}, "http://" + addr
+		}
+		return []string{"-test.run=^TestHelperProcess$", "--", "serve", addr}, "http://" + addr
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Kill9()
+	if attempts != 2 || !p.Running() {
+		t.Fatalf("attempts %d, running %v: want a second attempt, its own server", attempts, p.Running())
+	}
+	if owns, err := testkit.ListensOn(p.Pid(), ports[0]); err != nil || !owns {
+		t.Fatalf("the child serving on port %d: listens %v, %v", ports[0], owns, err)
 	}
 }
 
