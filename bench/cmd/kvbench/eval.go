@@ -180,16 +180,6 @@ func runEval(cmd *cobra.Command, f *evalFlags, log *slog.Logger) error {
 			members = append(members, set.Members[i])
 		}
 	}
-	abs, err := filepath.Abs(f.set)
-	if err != nil {
-		return err
-	}
-	root := repoRoot(filepath.Dir(abs))
-	tmp, err := os.MkdirTemp("", "kvbench-eval-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(tmp)
 	// The summary is a function of the member results, so it carries the
 	// command that made them: without --members or --summarize.
 	argv := slices.DeleteFunc(argvOf(cmd, nil), func(a string) bool {
@@ -201,6 +191,16 @@ func runEval(cmd *cobra.Command, f *evalFlags, log *slog.Logger) error {
 		}
 		return writeEvalSummary(set, f.set, f.outDir, argv, log)
 	}
+	abs, err := filepath.Abs(f.set)
+	if err != nil {
+		return err
+	}
+	root := repoRoot(filepath.Dir(abs))
+	tmp, err := os.MkdirTemp("", "kvbench-eval-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
 	for _, m := range members {
 		cf, label, err := f.memberFlags(cmd.Context(), m, root, tmp)
 		if err != nil {

@@ -1,8 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
-	"math"
+	"slices"
 	"strings"
 
 	"github.com/kvdir/kvdir/bench/capacity"
@@ -73,14 +74,9 @@ func limitsOf(res *capacity.Result) evalLimits {
 		return l
 	}
 	l.KvdirHitRate = k.HitRate
-	l.KvdirLightMultiplier = math.Inf(1)
-	for _, pt := range k.Points {
-		if pt.Multiplier < l.KvdirLightMultiplier {
-			l.KvdirLightMultiplier, l.KvdirLightHitRate = pt.Multiplier, pt.HitRate
-		}
-	}
-	if len(k.Points) == 0 {
-		l.KvdirLightMultiplier = 0
+	if len(k.Points) > 0 {
+		light := slices.MinFunc(k.Points, func(a, b capacity.Point) int { return cmp.Compare(a.Multiplier, b.Multiplier) })
+		l.KvdirLightMultiplier, l.KvdirLightHitRate = light.Multiplier, light.HitRate
 	}
 	if rr, ok := res.Policy(capacity.RoundRobin); ok && rr.CapacityRPS > 0 {
 		l.RRWorkVsKvdir = workOver(rr.HitRate, k.HitRate)

@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -448,9 +447,9 @@ func ownsHealthPort(p *testkit.Proc, health string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	port, err := strconv.Atoi(u.Port())
-	if err != nil {
-		return false, fmt.Errorf("health URL %s: %w", health, err)
+	port := testkit.Port(u.Host)
+	if port == 0 {
+		return false, fmt.Errorf("health URL %s has no port", health)
 	}
 	return testkit.ListensOn(p.Pid(), port)
 }
